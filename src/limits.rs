@@ -1,0 +1,101 @@
+//! Every bound in mcpyard, named once.
+//!
+//! Limits are derived from as few knobs as possible (the slot size, the per-worker table
+//! sizes, the tick) and their relationships are checked at compile time. Configuration may
+//! lower a limit, never raise it past what is written here. When a bound is hit the code
+//! gives a defined answer (a canned HTTP status, a JSON-RPC error or a stream reset) and
+//! moves a counter; nothing grows without bound.
+
+use std::time::Duration;
+
+/// One pooled buffer slot: the unit of socket reads, of encode staging and of stream credit.
+pub const SLOT_BYTES: usize = 32 * 1024;
+
+/// Slots owned by one worker; a connection borrows one while it has a read in flight.
+pub const SLOTS_PER_WORKER: usize = 1024;
+
+/// Request head (request line + headers) larger than this is answered 431.
+pub const HEADER_BYTES_MAX: usize = 16 * 1024;
+
+/// Header fields per request or response head; more is answered 431.
+pub const HEADERS_PER_MESSAGE_MAX: usize = 64;
+
+/// Request target longer than this is answered 414.
+pub const REQUEST_TARGET_BYTES_MAX: usize = 4 * 1024;
+
+/// Largest JSON-RPC message body accepted from an agent or an upstream (413 above it).
+pub const MESSAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// Longest chunk-size line (hex size plus extensions) in a chunked body.
+pub const CHUNK_LINE_BYTES_MAX: usize = 1024;
+
+/// Largest single SSE event (all its lines) accepted from an upstream.
+pub const SSE_EVENT_BYTES_MAX: usize = MESSAGE_BYTES_MAX;
+
+/// Pipelined requests decoded ahead of the response being written, per connection.
+pub const PIPELINE_DEPTH_MAX: usize = 16;
+
+/// Open connections per worker (agent side); more are answered 503 and closed.
+pub const CONNECTIONS_PER_WORKER_MAX: usize = 16 * 1024;
+
+/// Live MCP sessions per worker; `initialize` beyond this gets 503.
+pub const SESSIONS_PER_WORKER_MAX: usize = 32 * 1024;
+
+/// Concurrent internal streams (in-flight requests) per worker.
+pub const STREAMS_PER_WORKER_MAX: usize = 16 * 1024;
+
+/// In-flight requests per session; more get JSON-RPC -32603 "too many requests".
+pub const REQUESTS_PER_SESSION_MAX: usize = 256;
+
+/// Messages queued toward one worker from the others (session hand-off, scrapes).
+pub const CROSS_WORKER_QUEUE_LEN: usize = 1024;
+
+/// Response parts queued from an owning worker back to the connection's worker.
+pub const CROSS_WORKER_REPLY_QUEUE_LEN: usize = 64;
+
+/// Frames buffered on one direction of an internal stream beyond its byte credit
+/// (FLUSH events, END); DATA is bounded by the window itself.
+pub const STREAM_FRAMES_MAX: usize = 256;
+
+/// Events kept per session for GET-stream `Last-Event-ID` replay.
+pub const SESSION_REPLAY_EVENTS_MAX: usize = 64;
+
+/// Events kept per request SSE stream for `Last-Event-ID` replay after a dropped connection.
+pub const REQUEST_REPLAY_EVENTS_MAX: usize = 256;
+
+/// The default credit window of an internal stream direction: one slot.
+pub const STREAM_WINDOW_BYTES: u32 = SLOT_BYTES as u32;
+
+/// Timer granularity for idle and request deadlines.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// A keep-alive connection with no request in flight is closed after this long.
+pub const CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A request head or body that does not arrive in full within this long is answered 408.
+pub const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default deadline for a request's reply from the exit (config may lower it).
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
+
+/// Default and largest session inactivity timeout (config may lower it).
+pub const SESSION_IDLE_TIMEOUT_MAX: Duration = Duration::from_secs(30 * 60);
+
+/// Keepalive comment interval on GET event streams.
+pub const SSE_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+
+/// How long a graceful drain waits for in-flight requests before exiting anyway.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Workers at most (one per core; `runtime.workers` may not exceed it).
+pub const WORKERS_MAX: usize = 256;
+
+/// Bytes of a log line's quoted outside input (names, paths), to keep logs bounded.
+pub const LOG_FIELD_BYTES_MAX: usize = 128;
+
+const _: () = assert!(HEADER_BYTES_MAX <= SLOT_BYTES);
+const _: () = assert!(REQUEST_TARGET_BYTES_MAX < HEADER_BYTES_MAX);
+const _: () = assert!(CHUNK_LINE_BYTES_MAX < SLOT_BYTES);
+const _: () = assert!(SSE_EVENT_BYTES_MAX <= MESSAGE_BYTES_MAX);
+const _: () = assert!(REQUESTS_PER_SESSION_MAX <= STREAMS_PER_WORKER_MAX);
+const _: () = assert!(STREAM_WINDOW_BYTES as usize <= SLOT_BYTES);
