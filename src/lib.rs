@@ -1,4 +1,8 @@
 //! mcpyard: a thread-per-core MCP gateway.
 #![forbid(unused_must_use)]
 
+pub mod config;
+pub mod http;
+pub mod jsonrpc;
 pub mod limits;
+pub mod sse;
