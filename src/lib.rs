@@ -5,4 +5,6 @@ pub mod config;
 pub mod http;
 pub mod jsonrpc;
 pub mod limits;
+pub mod metrics;
 pub mod sse;
+pub mod stream;

@@ -1,0 +1,361 @@
+//! Per-worker counters and HDR histograms, merged on scrape into Prometheus text.
+//!
+//! Each worker records into its own thread-local [`WorkerMetrics`]; nothing on the request
+//! path takes a lock or touches a shared cache line. A scrape asks every worker (over its
+//! cross-worker queue) for a [`WorkerMetrics`] clone and merges them with [`render`].
+
+use crate::stream::Kind;
+use hdrhistogram::Histogram;
+use std::cell::RefCell;
+use std::fmt::Write;
+use std::time::Duration;
+
+/// How a request ended, as a metrics label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A result reached the agent.
+    Ok,
+    /// A JSON-RPC error or bearer challenge reached the agent.
+    Error,
+    /// The agent cancelled it, or its connection went away for good.
+    Cancelled,
+    /// Refused before reaching the exit (limits, bad input).
+    Rejected,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 4] = [
+        Outcome::Ok,
+        Outcome::Error,
+        Outcome::Cancelled,
+        Outcome::Rejected,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Rejected => "rejected",
+        }
+    }
+}
+
+/// Upper bound of recorded latencies and stalls, in microseconds (one hour).
+const LATENCY_US_MAX: u64 = 3_600_000_000;
+/// Upper bound of recorded window grants, in bytes.
+const GRANT_BYTES_MAX: u64 = 1 << 32;
+/// Significant figures kept by every histogram.
+const SIGFIGS: u8 = 3;
+/// Method labels: the request kinds plus the methods the server answers itself.
+const LOCAL_METHODS: [&str; 3] = ["initialize", "ping", "other"];
+const METHODS: usize = Kind::REQUESTS.len() + LOCAL_METHODS.len();
+
+fn histogram(max: u64) -> Histogram<u64> {
+    // Bounds are constants known to be valid, so construction cannot fail.
+    match Histogram::new_with_bounds(1, max, SIGFIGS) {
+        Ok(h) => h,
+        Err(e) => unreachable!("histogram bounds are constant: {e}"),
+    }
+}
+
+/// One worker's counters, gauges and histograms.
+#[derive(Clone)]
+pub struct WorkerMetrics {
+    /// Request latency in µs, per method label and outcome.
+    pub requests: Vec<Histogram<u64>>,
+    /// Bytes returned per WINDOW frame on internal streams.
+    pub window_grants: Histogram<u64>,
+    /// µs a sender waited for credit.
+    pub window_stalls: Histogram<u64>,
+    /// Slots borrowed now, and slots owned by this worker.
+    pub slots_in_use: u64,
+    pub slots_total: u64,
+    /// Slots registered with the ring as fixed buffers.
+    pub slots_registered: u64,
+    /// Reads that found the slot pool empty and used a small heap buffer instead.
+    pub slot_exhausted: u64,
+    /// Live sessions and connections now.
+    pub sessions: u64,
+    pub connections: u64,
+    /// Sessions created, expired; connections accepted.
+    pub sessions_created: u64,
+    pub sessions_expired: u64,
+    pub connections_accepted: u64,
+    /// Requests refused by a full table (sessions, connections, streams).
+    pub overload_rejections: u64,
+    /// Requests handed to another worker (the session lives there).
+    pub handoffs: u64,
+    /// HTTP requests answered with a 4xx/5xx before reaching MCP handling.
+    pub http_errors: u64,
+}
+
+impl WorkerMetrics {
+    fn new() -> Self {
+        Self {
+            requests: (0..METHODS * Outcome::ALL.len())
+                .map(|_| histogram(LATENCY_US_MAX))
+                .collect(),
+            window_grants: histogram(GRANT_BYTES_MAX),
+            window_stalls: histogram(LATENCY_US_MAX),
+            slots_in_use: 0,
+            slots_total: 0,
+            slots_registered: 0,
+            slot_exhausted: 0,
+            sessions: 0,
+            connections: 0,
+            sessions_created: 0,
+            sessions_expired: 0,
+            connections_accepted: 0,
+            overload_rejections: 0,
+            handoffs: 0,
+            http_errors: 0,
+        }
+    }
+
+    fn merge(&mut self, other: &WorkerMetrics) {
+        for (a, b) in self.requests.iter_mut().zip(&other.requests) {
+            // Same bounds on both sides, so adding cannot fail.
+            let _ = a.add(b);
+        }
+        let _ = self.window_grants.add(&other.window_grants);
+        let _ = self.window_stalls.add(&other.window_stalls);
+        self.slots_in_use += other.slots_in_use;
+        self.slots_total += other.slots_total;
+        self.slots_registered += other.slots_registered;
+        self.slot_exhausted += other.slot_exhausted;
+        self.sessions += other.sessions;
+        self.connections += other.connections;
+        self.sessions_created += other.sessions_created;
+        self.sessions_expired += other.sessions_expired;
+        self.connections_accepted += other.connections_accepted;
+        self.overload_rejections += other.overload_rejections;
+        self.handoffs += other.handoffs;
+        self.http_errors += other.http_errors;
+    }
+}
+
+thread_local! {
+    static LOCAL: RefCell<WorkerMetrics> = RefCell::new(WorkerMetrics::new());
+}
+
+/// Runs `f` on this worker's metrics.
+pub fn with<R>(f: impl FnOnce(&mut WorkerMetrics) -> R) -> R {
+    LOCAL.with(|m| f(&mut m.borrow_mut()))
+}
+
+/// A copy of this worker's metrics, for a scrape.
+pub fn snapshot() -> WorkerMetrics {
+    LOCAL.with(|m| m.borrow().clone())
+}
+
+fn method_index(method: &str) -> usize {
+    if let Some(i) = Kind::REQUESTS.iter().position(|k| k.method() == method) {
+        return i;
+    }
+    let local = LOCAL_METHODS
+        .iter()
+        .position(|m| *m == method)
+        .unwrap_or(LOCAL_METHODS.len() - 1);
+    Kind::REQUESTS.len() + local
+}
+
+fn method_label(index: usize) -> &'static str {
+    match Kind::REQUESTS.get(index) {
+        Some(k) => k.method(),
+        None => LOCAL_METHODS
+            .get(index - Kind::REQUESTS.len())
+            .copied()
+            .unwrap_or("other"),
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Records one finished request.
+pub fn record_request(method: &str, outcome: Outcome, latency: Duration) {
+    let i = method_index(method) * Outcome::ALL.len() + outcome as usize;
+    with(|m| {
+        if let Some(h) = m.requests.get_mut(i) {
+            h.saturating_record(micros(latency));
+        }
+    });
+}
+
+/// Records one WINDOW grant of `bytes`.
+pub fn record_window_grant(bytes: u32) {
+    with(|m| m.window_grants.saturating_record(u64::from(bytes).max(1)));
+}
+
+/// Records a sender having waited `stall` for credit.
+pub fn record_window_stall(stall: Duration) {
+    with(|m| m.window_stalls.saturating_record(micros(stall)));
+}
+
+/// Quantiles exported for every histogram.
+const QUANTILES: [f64; 6] = [0.5, 0.9, 0.99, 0.999, 0.9999, 1.0];
+
+fn write_summary(out: &mut String, name: &str, labels: &str, h: &Histogram<u64>, scale: f64) {
+    let sep = if labels.is_empty() { "" } else { "," };
+    for q in QUANTILES {
+        let v = h.value_at_quantile(q) as f64 / scale;
+        let _ = writeln!(out, "{name}{{{labels}{sep}quantile=\"{q}\"}} {v}");
+    }
+    let sum = h.mean() * h.len() as f64 / scale;
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.len());
+}
+
+/// Merges the workers' metrics and renders Prometheus text exposition format.
+pub fn render(workers: &[WorkerMetrics]) -> String {
+    let mut all = WorkerMetrics::new();
+    for w in workers {
+        all.merge(w);
+    }
+    let mut out = String::with_capacity(8 * 1024);
+    out.push_str(
+        "# HELP mcpyard_request_seconds Downstream request latency by method and outcome.\n",
+    );
+    out.push_str("# TYPE mcpyard_request_seconds summary\n");
+    for (i, h) in all.requests.iter().enumerate() {
+        if h.is_empty() {
+            continue;
+        }
+        let method = method_label(i / Outcome::ALL.len());
+        let outcome = Outcome::ALL
+            .get(i % Outcome::ALL.len())
+            .map_or("ok", |o| o.label());
+        let labels = format!("method=\"{method}\",outcome=\"{outcome}\"");
+        write_summary(&mut out, "mcpyard_request_seconds", &labels, h, 1e6);
+    }
+    out.push_str(
+        "# HELP mcpyard_window_grant_bytes Credit returned per WINDOW on internal streams.\n",
+    );
+    out.push_str("# TYPE mcpyard_window_grant_bytes summary\n");
+    write_summary(
+        &mut out,
+        "mcpyard_window_grant_bytes",
+        "",
+        &all.window_grants,
+        1.0,
+    );
+    out.push_str("# HELP mcpyard_window_stall_seconds Time a stream sender waited for credit.\n");
+    out.push_str("# TYPE mcpyard_window_stall_seconds summary\n");
+    write_summary(
+        &mut out,
+        "mcpyard_window_stall_seconds",
+        "",
+        &all.window_stalls,
+        1e6,
+    );
+    let gauges: [(&str, &str, u64); 7] = [
+        (
+            "mcpyard_slots_in_use",
+            "Buffer slots borrowed now.",
+            all.slots_in_use,
+        ),
+        (
+            "mcpyard_slots",
+            "Buffer slots owned by all workers.",
+            all.slots_total,
+        ),
+        (
+            "mcpyard_slots_registered",
+            "Slots registered with io_uring as fixed buffers.",
+            all.slots_registered,
+        ),
+        ("mcpyard_sessions", "Live MCP sessions.", all.sessions),
+        (
+            "mcpyard_connections",
+            "Open downstream connections.",
+            all.connections,
+        ),
+        (
+            "mcpyard_workers",
+            "Workers (one per core).",
+            workers.len() as u64,
+        ),
+        ("mcpyard_up", "1 while mcpyard serves.", 1),
+    ];
+    for (name, help, v) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
+    let counters: [(&str, &str, u64); 7] = [
+        (
+            "mcpyard_slot_exhausted_total",
+            "Reads that found the slot pool empty.",
+            all.slot_exhausted,
+        ),
+        (
+            "mcpyard_sessions_created_total",
+            "Sessions created.",
+            all.sessions_created,
+        ),
+        (
+            "mcpyard_sessions_expired_total",
+            "Sessions expired for inactivity.",
+            all.sessions_expired,
+        ),
+        (
+            "mcpyard_connections_accepted_total",
+            "Downstream connections accepted.",
+            all.connections_accepted,
+        ),
+        (
+            "mcpyard_overload_rejections_total",
+            "Requests refused because a table or pool was full.",
+            all.overload_rejections,
+        ),
+        (
+            "mcpyard_handoffs_total",
+            "Requests handed to the worker owning their session.",
+            all.handoffs,
+        ),
+        (
+            "mcpyard_http_errors_total",
+            "Requests answered with an HTTP error before MCP handling.",
+            all.http_errors,
+        ),
+    ];
+    for (name, help, v) in counters {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_merges_workers() {
+        let mut a = WorkerMetrics::new();
+        let mut b = WorkerMetrics::new();
+        a.sessions = 2;
+        b.sessions = 3;
+        a.requests[0].saturating_record(100);
+        b.requests[0].saturating_record(300);
+        let text = render(&[a, b]);
+        assert!(text.contains("mcpyard_sessions 5\n"), "{text}");
+        assert!(
+            text.contains(
+                "mcpyard_request_seconds_count{method=\"tools/list\",outcome=\"ok\"} 2\n"
+            )
+        );
+        assert!(text.contains("mcpyard_workers 2\n"));
+    }
+
+    #[test]
+    fn request_labels_round_trip() {
+        for k in Kind::REQUESTS {
+            assert_eq!(method_label(method_index(k.method())), k.method());
+        }
+        assert_eq!(method_label(method_index("initialize")), "initialize");
+        assert_eq!(method_label(method_index("something/else")), "other");
+    }
+}

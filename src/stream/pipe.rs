@@ -1,0 +1,430 @@
+//! One internal stream on one worker: two directions, each a bounded frame queue with a
+//! credit window, plus the throttle frames (RESET, CHALLENGE) flowing against it.
+
+use super::frame::{Begin, Challenge, Flush, Frame, Reset};
+use super::window::Window;
+use crate::limits::{STREAM_FRAMES_MAX, STREAM_WINDOW_BYTES};
+use crate::metrics;
+use bytes::Bytes;
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::Instant;
+
+/// The other end of a direction is gone (reset, or dropped without a frame).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gone;
+
+/// A frame flowing against a direction, from its receiver back to its sender.
+#[derive(Debug)]
+pub enum Throttle {
+    /// The receiver rejected the direction.
+    Reset(Reset),
+    /// The receiver asks something of the sender.
+    Challenge(Challenge),
+}
+
+/// Where a direction is in its life; moves forward only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Half {
+    Open,
+    /// END or ABORT queued; nothing more may be sent.
+    Closed,
+}
+
+struct Direction {
+    frames: VecDeque<Frame>,
+    throttles: VecDeque<Throttle>,
+    window: Window,
+    half: Half,
+    /// The receiver reset the direction or was dropped: sends fail from now on.
+    refused: bool,
+    /// The sender was dropped (frames still queued are delivered first).
+    sender_dropped: bool,
+    recv_waker: Option<Waker>,
+    send_waker: Option<Waker>,
+}
+
+type Shared = Rc<RefCell<Direction>>;
+
+fn direction() -> Shared {
+    Rc::new(RefCell::new(Direction {
+        frames: VecDeque::new(),
+        throttles: VecDeque::new(),
+        window: Window::new(STREAM_WINDOW_BYTES),
+        half: Half::Open,
+        refused: false,
+        sender_dropped: false,
+        recv_waker: None,
+        send_waker: None,
+    }))
+}
+
+fn wake(waker: &mut Option<Waker>) {
+    if let Some(w) = waker.take() {
+        w.wake();
+    }
+}
+
+/// The sending end of one direction.
+pub struct Sender {
+    dir: Shared,
+}
+
+impl Sender {
+    /// Sends raw JSON bytes, waiting for credit as needed; splits `data` at the window.
+    /// Returns `Err(Gone)` if the receiver reset the direction or went away.
+    pub async fn data(&self, mut data: Bytes) -> Result<(), Gone> {
+        while !data.is_empty() {
+            let credit = self.credit().await?;
+            let piece = data.split_to(data.len().min(credit as usize));
+            let mut d = self.dir.borrow_mut();
+            assert!(d.half == Half::Open);
+            d.window.on_sent(piece.len() as u32);
+            d.frames.push_back(Frame::Data(piece));
+            wake(&mut d.recv_waker);
+        }
+        Ok(())
+    }
+
+    /// Waits until some credit is available and returns it, recording a stall if it had to wait.
+    async fn credit(&self) -> Result<u32, Gone> {
+        let mut stalled: Option<Instant> = None;
+        let credit = poll_fn(|cx| {
+            let mut d = self.dir.borrow_mut();
+            if d.refused {
+                return Poll::Ready(Err(Gone));
+            }
+            let credit = d.window.credit();
+            if credit > 0 {
+                return Poll::Ready(Ok(credit));
+            }
+            stalled.get_or_insert_with(Instant::now);
+            d.send_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        if let Some(since) = stalled {
+            metrics::record_window_stall(since.elapsed());
+        }
+        credit
+    }
+
+    /// Queues a typed frame (BEGIN or FLUSH), waiting while the queue is full.
+    async fn push(&self, frame: Frame) -> Result<(), Gone> {
+        poll_fn(|cx| {
+            let mut d = self.dir.borrow_mut();
+            if d.refused {
+                return Poll::Ready(Err(Gone));
+            }
+            if d.frames.len() < STREAM_FRAMES_MAX {
+                return Poll::Ready(Ok(()));
+            }
+            d.send_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await?;
+        let mut d = self.dir.borrow_mut();
+        assert!(d.half == Half::Open);
+        d.frames.push_back(frame);
+        wake(&mut d.recv_waker);
+        Ok(())
+    }
+
+    /// Opens the reply direction.
+    pub async fn begin(&self, begin: super::ReplyBegin) -> Result<(), Gone> {
+        self.push(Frame::Begin(begin)).await
+    }
+
+    /// Sends a typed in-band event.
+    pub async fn flush(&self, flush: Flush) -> Result<(), Gone> {
+        self.push(Frame::Flush(flush)).await
+    }
+
+    /// Ends the direction gracefully; idempotent (a second close is ignored).
+    pub fn end(&self) {
+        self.close(Frame::End);
+    }
+
+    /// Ends the direction abortively; idempotent.
+    pub fn abort(&self) {
+        self.close(Frame::Abort);
+    }
+
+    fn close(&self, frame: Frame) {
+        let mut d = self.dir.borrow_mut();
+        if d.half == Half::Closed {
+            return;
+        }
+        d.half = Half::Closed;
+        // END/ABORT may exceed STREAM_FRAMES_MAX by one: a close must never wait.
+        d.frames.push_back(frame);
+        wake(&mut d.recv_waker);
+    }
+
+    /// True once END or ABORT was sent.
+    pub fn is_closed(&self) -> bool {
+        self.dir.borrow().half == Half::Closed
+    }
+
+    /// The next RESET or CHALLENGE from the receiver; `None` once the receiver is gone
+    /// and nothing is pending.
+    pub async fn throttle(&self) -> Option<Throttle> {
+        poll_fn(|cx| {
+            let mut d = self.dir.borrow_mut();
+            if let Some(t) = d.throttles.pop_front() {
+                return Poll::Ready(Some(t));
+            }
+            if d.refused {
+                return Poll::Ready(None);
+            }
+            d.send_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// A pending RESET or CHALLENGE, without waiting.
+    pub fn try_throttle(&self) -> Option<Throttle> {
+        self.dir.borrow_mut().throttles.pop_front()
+    }
+
+    /// True if the receiver reset the direction or went away.
+    pub fn is_refused(&self) -> bool {
+        self.dir.borrow().refused
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        let mut d = self.dir.borrow_mut();
+        d.sender_dropped = true;
+        if d.half == Half::Open {
+            // A sender that vanished without closing aborted: say so to the receiver.
+            d.half = Half::Closed;
+            d.frames.push_back(Frame::Abort);
+        }
+        wake(&mut d.recv_waker);
+    }
+}
+
+/// The receiving end of one direction.
+pub struct Receiver {
+    dir: Shared,
+}
+
+impl Receiver {
+    /// The next frame; `None` after END or ABORT was taken (the direction is over).
+    /// DATA must be acknowledged with [`Receiver::ack`] once consumed.
+    pub async fn next(&self) -> Option<Frame> {
+        poll_fn(|cx| {
+            let mut d = self.dir.borrow_mut();
+            if let Some(f) = d.frames.pop_front() {
+                // The sender may be waiting for queue room.
+                wake(&mut d.send_waker);
+                return Poll::Ready(Some(f));
+            }
+            if d.half == Half::Closed || d.sender_dropped {
+                return Poll::Ready(None);
+            }
+            d.recv_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// A queued frame, without waiting.
+    pub fn try_next(&self) -> Option<Frame> {
+        let mut d = self.dir.borrow_mut();
+        let f = d.frames.pop_front();
+        if f.is_some() {
+            wake(&mut d.send_waker);
+        }
+        f
+    }
+
+    /// Returns `bytes` of credit to the sender (a WINDOW frame).
+    pub fn ack(&self, bytes: u32) {
+        if bytes == 0 {
+            return;
+        }
+        let mut d = self.dir.borrow_mut();
+        d.window.on_ack(bytes);
+        metrics::record_window_grant(bytes);
+        wake(&mut d.send_waker);
+    }
+
+    /// Rejects the direction: the sender's later sends fail and it sees the reset.
+    pub fn reset(&self, reset: Reset) {
+        let mut d = self.dir.borrow_mut();
+        if d.refused {
+            return;
+        }
+        d.refused = true;
+        d.throttles.push_back(Throttle::Reset(reset));
+        wake(&mut d.send_waker);
+    }
+
+    /// Sends a CHALLENGE to the sender (bounded: ignored past the frame limit, which only
+    /// a misbehaving peer could reach).
+    pub fn challenge(&self, challenge: Challenge) -> Result<(), Gone> {
+        let mut d = self.dir.borrow_mut();
+        if d.refused || d.sender_dropped || d.throttles.len() >= STREAM_FRAMES_MAX {
+            return Err(Gone);
+        }
+        d.throttles.push_back(Throttle::Challenge(challenge));
+        wake(&mut d.send_waker);
+        Ok(())
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let mut d = self.dir.borrow_mut();
+        d.refused = true;
+        d.frames.clear();
+        wake(&mut d.send_waker);
+    }
+}
+
+/// The caller's ends of a stream: it sends the initial direction and reads the reply.
+pub struct Caller {
+    pub initial: Sender,
+    pub reply: Receiver,
+}
+
+/// The callee's ends of a stream: the caller's [`Begin`], the initial to read, the reply
+/// to send.
+pub struct Callee {
+    pub begin: Begin,
+    pub initial: Receiver,
+    pub reply: Sender,
+}
+
+/// Opens a stream: the caller keeps [`Caller`], the exit serves [`Callee`].
+pub fn open(begin: Begin) -> (Caller, Callee) {
+    let initial = direction();
+    let reply = direction();
+    let caller = Caller {
+        initial: Sender {
+            dir: initial.clone(),
+        },
+        reply: Receiver { dir: reply.clone() },
+    };
+    let callee = Callee {
+        begin,
+        initial: Receiver { dir: initial },
+        reply: Sender { dir: reply },
+    };
+    (caller, callee)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::{Event, Kind};
+    use std::time::Duration;
+
+    fn begin() -> Begin {
+        Begin {
+            kind: Kind::ToolsCall,
+            session: Rc::from(""),
+            target: None,
+            params_len: 0,
+            deadline: Instant::now() + Duration::from_secs(1),
+            progress_token: None,
+            client: None,
+        }
+    }
+
+    fn run<F: std::future::Future>(f: F) -> F::Output {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("test runtime");
+        tokio::task::LocalSet::new().block_on(&rt, f)
+    }
+
+    #[test]
+    fn data_is_split_at_the_window_and_flows_as_acked() {
+        run(async {
+            let (caller, callee) = open(begin());
+            let big = Bytes::from(vec![7u8; STREAM_WINDOW_BYTES as usize * 3 + 5]);
+            let total = big.len();
+            let sender = tokio::task::spawn_local(async move {
+                callee.reply.data(big).await.expect("receiver alive");
+                callee.reply.end();
+            });
+            let mut got = 0usize;
+            while let Some(f) = caller.reply.next().await {
+                match f {
+                    Frame::Data(b) => {
+                        assert!(b.len() <= STREAM_WINDOW_BYTES as usize);
+                        got += b.len();
+                        caller.reply.ack(b.len() as u32);
+                    }
+                    Frame::End => break,
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            assert_eq!(got, total);
+            sender.await.expect("sender task");
+        });
+    }
+
+    #[test]
+    fn reset_reaches_the_sender_and_fails_later_sends() {
+        run(async {
+            let (caller, callee) = open(begin());
+            caller.reply.reset(Reset::Plain);
+            assert!(matches!(
+                callee.reply.throttle().await,
+                Some(Throttle::Reset(Reset::Plain))
+            ));
+            assert_eq!(callee.reply.data(Bytes::from_static(b"x")).await, Err(Gone));
+        });
+    }
+
+    #[test]
+    fn dropped_sender_reads_as_abort_and_close_is_idempotent() {
+        run(async {
+            let (caller, callee) = open(begin());
+            callee.reply.end();
+            callee.reply.end();
+            callee.reply.abort();
+            assert!(matches!(caller.reply.next().await, Some(Frame::End)));
+            assert!(caller.reply.next().await.is_none());
+            let (caller, callee) = open(begin());
+            drop(callee);
+            assert!(matches!(caller.reply.next().await, Some(Frame::Abort)));
+        });
+    }
+
+    #[test]
+    fn flush_waits_when_the_queue_is_full() {
+        run(async {
+            let (caller, callee) = open(begin());
+            let producer = tokio::task::spawn_local(async move {
+                for _ in 0..STREAM_FRAMES_MAX * 2 {
+                    let flush = Flush {
+                        id: None,
+                        event: Event::Resumable,
+                    };
+                    callee.reply.flush(flush).await.expect("alive");
+                }
+                callee.reply.end();
+            });
+            tokio::task::yield_now().await;
+            let mut n = 0;
+            while let Some(f) = caller.reply.next().await {
+                if matches!(f, Frame::Flush(_)) {
+                    n += 1;
+                }
+            }
+            assert_eq!(n, STREAM_FRAMES_MAX * 2);
+            producer.await.expect("producer");
+        });
+    }
+}
