@@ -1,6 +1,7 @@
 //! mcpyard: a thread-per-core MCP gateway.
 #![forbid(unused_must_use)]
 
+pub mod binding;
 pub mod config;
 pub mod http;
 pub mod jsonrpc;

@@ -1,0 +1,22 @@
+//! Bindings: the agent-facing `server`, the upstream-facing `client`, the `proxy`, and the
+//! embedded `demo` toolkit, joined by internal MCP streams ([`crate::stream`]).
+//!
+//! A binding that serves streams is an [`Exit`]. Callers open a stream with
+//! [`crate::stream::open`] and hand the callee end to the exit, which spawns its handling
+//! on the current worker; every stream stays on the worker that opened it.
+
+pub mod demo;
+
+use crate::stream::Callee;
+
+/// A binding that serves internal streams: the exit of a server or of a proxy route.
+pub trait Exit {
+    /// Takes one stream and serves it on this worker (spawning a local task as needed).
+    ///
+    /// The exit reads exactly `callee.begin.params_len` bytes of params DATA from the
+    /// initial direction (acknowledging them), then answers on the reply direction with a
+    /// `ReplyBegin`, optional FLUSH events, the raw `result` DATA and END — or a RESET of
+    /// the initial direction carrying a JSON-RPC error. The caller holds the initial
+    /// direction open until the reply ends.
+    fn open(&self, callee: Callee);
+}
