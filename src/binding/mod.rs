@@ -15,8 +15,10 @@ pub trait Exit {
     ///
     /// The exit reads exactly `callee.begin.params_len` bytes of params DATA from the
     /// initial direction (acknowledging them), then answers on the reply direction with a
-    /// `ReplyBegin`, optional FLUSH events, the raw `result` DATA and END — or a RESET of
-    /// the initial direction carrying a JSON-RPC error. The caller holds the initial
-    /// direction open until the reply ends.
+    /// `ReplyBegin`, optional FLUSH events, the raw `result` DATA and END. To fail a
+    /// request it RESETs the initial direction (`callee.initial.reset(Reset::Error{..})`
+    /// or `Reset::Bearer`) and then ABORTs the reply; the caller, seeing the ABORT, takes
+    /// the RESET to render. The caller holds the initial direction open until the reply
+    /// ends, and sends CHALLENGEs against the reply (`callee.reply.throttle()`).
     fn open(&self, callee: Callee);
 }
