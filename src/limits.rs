@@ -75,6 +75,9 @@ pub const CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// A request head or body that does not arrive in full within this long is answered 408.
 pub const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a GET stream waits for the exit to say whether it has an event stream.
+pub const EVENTS_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Default deadline for a request's reply from the exit (config may lower it).
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 

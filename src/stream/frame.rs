@@ -272,6 +272,11 @@ pub enum Challenge {
     Resume { last_event_id: Option<Rc<str>> },
     /// The agent's connection went away; keep the request alive for a resume.
     Suspended,
-    /// The agent answered a server-to-client request: the raw JSON-RPC response body.
-    Answer { body: Bytes },
+    /// The agent answered a server-to-client request: the request's raw id and the raw
+    /// `result` or `error` member of the agent's response.
+    Answer {
+        id: Bytes,
+        result: Option<Bytes>,
+        error: Option<Bytes>,
+    },
 }

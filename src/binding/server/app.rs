@@ -1,0 +1,338 @@
+//! MCP over POST: initialize, requests opened as internal streams, notifications and the
+//! agent's answers to server-to-client requests.
+//!
+//! A request's reply is rendered as `application/json` unless the agent asked for progress
+//! or the exit sends an event before the result, in which case it becomes an SSE stream
+//! whose events are kept (bounded) for `Last-Event-ID` resume. Result bytes are the
+//! exit's, verbatim, wrapped in an envelope echoing the agent's request id lexeme.
+
+use super::events::{self, Inflight, Session};
+use super::net::Request;
+use super::sink::Sink;
+use super::{PROTOCOL_VERSIONS, Server, session_id};
+use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
+use crate::limits::{REQUESTS_PER_SESSION_MAX, SESSIONS_PER_WORKER_MAX};
+use crate::metrics::{self, Outcome};
+use crate::sse;
+use crate::stream::{self, Begin, Caps, ClientHello, Event, Frame, Kind, Reset, Throttle};
+use bytes::{Bytes, BytesMut};
+use std::rc::Rc;
+use std::time::Instant;
+
+/// Writes an HTTP error whose body is a JSON-RPC error without id (MCP allows this for
+/// transport-level refusals), or the given id.
+pub async fn http_error(sink: Sink, status: u16, message: &str, id: Option<&str>) {
+    let code = match status {
+        400 | 406 | 415 => jsonrpc::INVALID_REQUEST,
+        404 => jsonrpc::INVALID_REQUEST,
+        _ => jsonrpc::INTERNAL_ERROR,
+    };
+    let mut body = BytesMut::with_capacity(128);
+    jsonrpc::write_error(id, code, message, None, &mut body);
+    let allow: &[(&str, &[u8])] = if status == 405 {
+        &[("content-type", b"application/json"), ("allow", b"GET, POST, DELETE")]
+    } else {
+        &[("content-type", b"application/json")]
+    };
+    metrics::with(|m| m.http_errors += 1);
+    let _ = sink.respond(status, allow, &body).await;
+}
+
+/// Writes a JSON-RPC error response (HTTP 200) for a request that was understood.
+async fn rpc_error(sink: Sink, id: &str, code: i32, message: &str, session: Option<&str>) {
+    let mut body = BytesMut::with_capacity(128);
+    jsonrpc::write_error(Some(id), code, message, None, &mut body);
+    let mut headers: Vec<(&str, &[u8])> = vec![("content-type", b"application/json")];
+    if let Some(s) = session {
+        headers.push(("mcp-session-id", s.as_bytes()));
+    }
+    let _ = sink.respond(200, &headers, &body).await;
+}
+
+fn media_type(value: &[u8]) -> &[u8] {
+    let end = value.iter().position(|b| *b == b';').unwrap_or(value.len());
+    value.get(..end).unwrap_or_default().trim_ascii()
+}
+
+/// True if `Accept` admits both JSON and SSE (wildcards count).
+fn accepts(req: &Request, json: bool, sse: bool) -> bool {
+    let Some(accept) = req.head.headers.get("accept") else {
+        return false;
+    };
+    let (mut j, mut s) = (!json, !sse);
+    for item in accept.split(|b| *b == b',') {
+        let mt = media_type(item);
+        let any = mt.eq_ignore_ascii_case(b"*/*");
+        j |= any || mt.eq_ignore_ascii_case(b"application/json") || mt.eq_ignore_ascii_case(b"application/*");
+        s |= any || mt.eq_ignore_ascii_case(b"text/event-stream") || mt.eq_ignore_ascii_case(b"text/*");
+    }
+    j && s
+}
+
+/// Checks the `Accept` header of a GET event stream.
+pub(super) fn accepts_sse(req: &Request) -> bool {
+    accepts(req, false, true)
+}
+
+/// Handles one POST.
+pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
+    let json_body = req
+        .head
+        .headers
+        .get("content-type")
+        .is_some_and(|v| media_type(v).eq_ignore_ascii_case(b"application/json"));
+    if !json_body {
+        return http_error(sink, 415, "Unsupported Media Type: Content-Type must be application/json", None).await;
+    }
+    if !accepts(&req, true, true) {
+        return http_error(sink, 406, "Not Acceptable: Accept must list application/json and text/event-stream", None).await;
+    }
+    let env = match jsonrpc::parse_envelope(&req.body) {
+        Ok(env) => env,
+        Err(e) => return http_error(sink, 400, e.message, e.id.as_deref()).await,
+    };
+    if env.kind == MsgKind::Request && env.method.as_deref() == Some("initialize") {
+        return initialize(&server, &req, &env, sink).await;
+    }
+    let session = match events::lookup(&server, &req) {
+        Ok(s) => s,
+        Err((status, message)) => return http_error(sink, status, message, None).await,
+    };
+    if !Server::version_ok(&req) {
+        return http_error(sink, 400, "Bad Request: unsupported MCP-Protocol-Version", None).await;
+    }
+    session.touch();
+    match env.kind {
+        MsgKind::Notification => {
+            if env.method.as_deref() == Some("notifications/cancelled")
+                && let Some(key) = env
+                    .params
+                    .and_then(|p| jsonrpc::param_raw(p, "requestId"))
+                    .and_then(|raw| jsonrpc::id_key_of_raw(raw.get()))
+            {
+                session.cancel(&key);
+            }
+            let _ = sink.respond(202, &[], b"").await;
+        }
+        MsgKind::Response | MsgKind::ErrorResponse => {
+            if let Some(id) = env.id {
+                let result = env.result.map(|r| Bytes::copy_from_slice(r.get().as_bytes()));
+                let error = env.error.map(|r| Bytes::copy_from_slice(r.get().as_bytes()));
+                session.answer(Bytes::copy_from_slice(id.raw.as_bytes()), result, error);
+            }
+            let _ = sink.respond(202, &[], b"").await;
+        }
+        MsgKind::Request => request(server, session, &req, &env, sink).await,
+    }
+}
+
+/// Negotiates the version, opens the session's lifecycle stream and answers once the exit
+/// has answered it.
+async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink: Sink) {
+    let started = Instant::now();
+    let id = env.id.map_or("null", |i| i.raw);
+    let Some(params) = env.params.filter(|p| jsonrpc::raw_is_object(p)) else {
+        return rpc_error(sink, id, jsonrpc::INVALID_PARAMS, "Invalid params: initialize needs params", None).await;
+    };
+    let requested = match jsonrpc::param_str(params, "protocolVersion") {
+        Ok(Some(v)) => v,
+        _ => return rpc_error(sink, id, jsonrpc::INVALID_PARAMS, "Invalid params: protocolVersion must be a string", None).await,
+    };
+    let Some(capabilities) = jsonrpc::param_raw(params, "capabilities").filter(|c| jsonrpc::raw_is_object(c)) else {
+        return rpc_error(sink, id, jsonrpc::INVALID_PARAMS, "Invalid params: capabilities must be an object", None).await;
+    };
+    let version = PROTOCOL_VERSIONS
+        .iter()
+        .find(|v| **v == requested)
+        .copied()
+        .unwrap_or(PROTOCOL_VERSIONS[0]);
+    if server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
+        metrics::with(|m| m.overload_rejections += 1);
+        return http_error(sink, 503, "Service Unavailable: session table full", Some(id)).await;
+    }
+    let session_id = match session_id::mint(0, server.worker) {
+        Ok(s) => s,
+        Err(_) => return http_error(sink, 503, "Service Unavailable: no entropy for a session id", Some(id)).await,
+    };
+    let begin = Begin {
+        kind: Kind::Lifecycle,
+        session: Rc::from(""),
+        target: None,
+        params_len: 0,
+        deadline: Instant::now() + server.cfg.request_timeout,
+        progress_token: None,
+        client: Some(ClientHello {
+            capabilities: Bytes::copy_from_slice(capabilities.get().as_bytes()),
+            protocol_version: version,
+            authorization: req.head.headers.get("authorization").map(Bytes::copy_from_slice),
+        }),
+    };
+    let (caller, callee) = stream::open(begin);
+    server.exit.open(callee);
+    let deadline = tokio::time::sleep(server.cfg.request_timeout);
+    let first = tokio::select! {
+        f = caller.reply.next() => f,
+        () = deadline => None,
+    };
+    let reply = match first {
+        Some(Frame::Begin(reply)) => reply,
+        _ => {
+            metrics::record_request("initialize", Outcome::Error, started.elapsed());
+            caller.initial.abort();
+            return render_reset(sink, id, caller.initial.try_throttle(), None).await;
+        }
+    };
+    let session = Session::create(server, Rc::from(session_id.as_str()), version, reply.clone(), caller);
+    let mut body = BytesMut::with_capacity(512);
+    jsonrpc::write_result_prefix(id, &mut body);
+    body.extend_from_slice(b"{\"protocolVersion\":\"");
+    body.extend_from_slice(version.as_bytes());
+    body.extend_from_slice(b"\",\"capabilities\":");
+    write_caps(reply.caps, &mut body);
+    body.extend_from_slice(b",\"serverInfo\":{\"name\":\"mcpyard\",\"version\":\"");
+    body.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes());
+    body.extend_from_slice(b"\"}");
+    if let Some(instructions) = &reply.instructions {
+        body.extend_from_slice(b",\"instructions\":");
+        body.extend_from_slice(instructions);
+    }
+    body.extend_from_slice(b"}");
+    jsonrpc::write_result_suffix(&mut body);
+    let headers: [(&str, &[u8]); 2] = [
+        ("content-type", b"application/json"),
+        ("mcp-session-id", session.id.as_bytes()),
+    ];
+    metrics::record_request("initialize", Outcome::Ok, started.elapsed());
+    let _ = sink.respond(200, &headers, &body).await;
+}
+
+/// Renders the exit's capability bits as the MCP `capabilities` object.
+fn write_caps(caps: Caps, out: &mut BytesMut) {
+    let mut members: Vec<String> = Vec::with_capacity(5);
+    let flag = |c: Caps| caps.contains(c);
+    if flag(Caps::TOOLS) {
+        members.push(format!("\"tools\":{{\"listChanged\":{}}}", flag(Caps::TOOLS_LIST_CHANGED)));
+    }
+    if flag(Caps::PROMPTS) {
+        members.push(format!("\"prompts\":{{\"listChanged\":{}}}", flag(Caps::PROMPTS_LIST_CHANGED)));
+    }
+    if flag(Caps::RESOURCES) {
+        members.push(format!(
+            "\"resources\":{{\"subscribe\":{},\"listChanged\":{}}}",
+            flag(Caps::RESOURCES_SUBSCRIBE),
+            flag(Caps::RESOURCES_LIST_CHANGED)
+        ));
+    }
+    if flag(Caps::LOGGING) {
+        members.push("\"logging\":{}".to_owned());
+    }
+    if flag(Caps::COMPLETIONS) {
+        members.push("\"completions\":{}".to_owned());
+    }
+    out.extend_from_slice(b"{");
+    out.extend_from_slice(members.join(",").as_bytes());
+    out.extend_from_slice(b"}");
+}
+
+/// Renders a RESET (or a missing answer) from the exit on a response not yet started.
+async fn render_reset(sink: Sink, id: &str, throttle: Option<Throttle>, session: Option<&str>) {
+    match throttle {
+        Some(Throttle::Reset(Reset::Error { code, message, data })) => {
+            let mut body = BytesMut::with_capacity(128 + message.len());
+            jsonrpc::write_error(Some(id), code, &message, data.as_deref(), &mut body);
+            let mut headers: Vec<(&str, &[u8])> = vec![("content-type", b"application/json")];
+            if let Some(s) = session {
+                headers.push(("mcp-session-id", s.as_bytes()));
+            }
+            let _ = sink.respond(200, &headers, &body).await;
+        }
+        Some(Throttle::Reset(Reset::Bearer(challenge))) => {
+            let header = events::render_bearer(&challenge);
+            let status = if challenge.status == 403 { 403 } else { 401 };
+            let mut body = BytesMut::with_capacity(128);
+            let message = if status == 403 { "Forbidden: insufficient scope upstream" } else { "Unauthorized upstream" };
+            jsonrpc::write_error(Some(id), jsonrpc::INVALID_REQUEST, message, None, &mut body);
+            let headers: [(&str, &[u8]); 2] = [
+                ("content-type", b"application/json"),
+                ("www-authenticate", header.as_bytes()),
+            ];
+            let _ = sink.respond(status, &headers, &body).await;
+        }
+        _ => rpc_error(sink, id, jsonrpc::INTERNAL_ERROR, "Internal error", session).await,
+    }
+}
+
+/// Opens an internal stream for one request and renders its reply.
+async fn request(server: Rc<Server>, session: Rc<Session>, req: &Request, env: &Envelope<'_>, sink: Sink) {
+    let started = Instant::now();
+    let Some(id) = env.id else { return };
+    let method = env.method.as_deref().unwrap_or_default();
+    if method == "ping" {
+        let mut body = BytesMut::with_capacity(64);
+        jsonrpc::write_result(id.raw, b"{}", &mut body);
+        metrics::record_request("ping", Outcome::Ok, started.elapsed());
+        let headers: [(&str, &[u8]); 2] = [("content-type", b"application/json"), ("mcp-session-id", session.id.as_bytes())];
+        let _ = sink.respond(200, &headers, &body).await;
+        return;
+    }
+    let kind = match Kind::from_method(method) {
+        Some(k) if session.caps.contains(k.capability()) => k,
+        _ => {
+            metrics::record_request("other", Outcome::Rejected, started.elapsed());
+            return rpc_error(sink, id.raw, jsonrpc::METHOD_NOT_FOUND, "Method not found", Some(&session.id)).await;
+        }
+    };
+    let target_key = match kind {
+        Kind::ToolsCall | Kind::PromptsGet => Some("name"),
+        Kind::ResourcesRead | Kind::ResourcesSubscribe | Kind::ResourcesUnsubscribe => Some("uri"),
+        _ => None,
+    };
+    let target = match (target_key, env.params) {
+        (None, _) => None,
+        (Some(key), Some(p)) => match jsonrpc::param_str(p, key) {
+            Ok(Some(v)) => Some(Rc::from(v.as_ref())),
+            _ => None,
+        },
+        (Some(_), None) => None,
+    };
+    if target_key.is_some() && target.is_none() {
+        let message = if target_key == Some("name") { "Invalid params: name must be a string" } else { "Invalid params: uri must be a string" };
+        metrics::record_request(method, Outcome::Rejected, started.elapsed());
+        return rpc_error(sink, id.raw, jsonrpc::INVALID_PARAMS, message, Some(&session.id)).await;
+    }
+    if session.request_count() >= REQUESTS_PER_SESSION_MAX {
+        metrics::with(|m| m.overload_rejections += 1);
+        metrics::record_request(method, Outcome::Rejected, started.elapsed());
+        return rpc_error(sink, id.raw, jsonrpc::INTERNAL_ERROR, "Too many requests in flight on this session", Some(&session.id)).await;
+    }
+    let params = env
+        .params
+        .map(|p| req.body.slice_ref(p.get().as_bytes()))
+        .unwrap_or_default();
+    let progress_token = env
+        .params
+        .and_then(jsonrpc::progress_token)
+        .map(|t| req.body.slice_ref(t.get().as_bytes()));
+    let begin = Begin {
+        kind,
+        session: session.exit_session.clone(),
+        target,
+        params_len: params.len() as u32,
+        deadline: Instant::now() + server.cfg.request_timeout,
+        progress_token: progress_token.clone(),
+        client: None,
+    };
+    let deadline = begin.deadline;
+    let (caller, callee) = stream::open(begin);
+    server.exit.open(callee);
+    let inflight = session.register(id.key(), Bytes::copy_from_slice(id.raw.as_bytes()), caller);
+    let sent = inflight.caller.initial.data(params).await;
+    if sent.is_err() {
+        // The exit refused the params: its RESET is rendered below from the reply.
+    }
+    let outcome = events::pump(&session, &inflight, sink, progress_token.is_some(), deadline).await;
+    session.unregister(&inflight);
+    metrics::record_request(kind.method(), outcome, started.elapsed());
+    let _ = sse::encode_comment; // the pump writes SSE; keep the module linked here
+    let _ = Event::Resumable;
+}

@@ -1,0 +1,904 @@
+//! Sessions and everything that flows to the agent outside a plain JSON answer: the
+//! lifecycle stream, the GET event stream with keepalives and `Last-Event-ID` replay,
+//! request SSE streams that survive a dropped connection, cancellation and expiry.
+//!
+//! Event ids are `<stream>.<seq>`: stream 0 is the session's GET stream, streams 1.. are
+//! request SSE streams, so every id is unique within the session and names the stream it
+//! belongs to (MCP: ids encode the originating stream; replay never crosses streams).
+
+use super::Server;
+use super::app::{accepts_sse, http_error};
+use super::net::Request;
+use super::sink::Sink;
+use crate::jsonrpc::{self, IdKey};
+use crate::limits::{
+    EVENTS_PROBE_TIMEOUT, REQUEST_REPLAY_EVENTS_MAX, SESSION_REPLAY_EVENTS_MAX,
+    SSE_KEEPALIVE_INTERVAL,
+};
+use crate::metrics::{self, Outcome};
+use crate::sse;
+use crate::stream::{
+    BearerChallenge, Caller, Caps, Challenge, Event, Flush, Frame, ReplyBegin, Reset, Throttle,
+};
+use bytes::{Bytes, BytesMut};
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::{Rc, Weak};
+use std::time::Instant;
+use tokio::sync::Notify;
+
+/// Whether the exit has a server-to-agent event stream.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Support {
+    Unknown,
+    Yes,
+    No,
+}
+
+/// Where an agent's answer to a server-to-client request goes.
+enum AnswerTo {
+    Lifecycle,
+    Request(Weak<Inflight>),
+}
+
+struct State {
+    closed: bool,
+    last_active: Instant,
+    requests: HashMap<IdKey, Rc<Inflight>>,
+    streams: HashMap<u32, Weak<Inflight>>,
+    next_stream: u32,
+    /// Encoded GET-stream events kept for replay, oldest first.
+    ring: VecDeque<(u64, Bytes)>,
+    next_seq: u64,
+    get_generation: u64,
+    get_live: bool,
+    support: Support,
+    last_exit_event: Option<Rc<str>>,
+    answers: HashMap<IdKey, AnswerTo>,
+}
+
+/// One agent session, owned by the worker that created it.
+pub struct Session {
+    pub id: Rc<str>,
+    /// The exit's id for this session, sent in every request `Begin`.
+    pub exit_session: Rc<str>,
+    pub caps: Caps,
+    pub version: &'static str,
+    lifecycle: Caller,
+    st: RefCell<State>,
+    /// Woken on new GET events, a replaced GET, support news and close.
+    changed: Notify,
+}
+
+/// One request in flight on a session.
+pub struct Inflight {
+    pub caller: Caller,
+    id_raw: Bytes,
+    key: IdKey,
+    stream_no: u32,
+    cancelled: Cell<bool>,
+    wake: Notify,
+    /// A connection resuming this request's SSE stream, with the last seq it saw.
+    attach: RefCell<Option<(Sink, u64)>>,
+}
+
+impl Session {
+    /// Creates and registers a session whose lifecycle the exit just accepted.
+    pub fn create(server: &Rc<Server>, id: Rc<str>, version: &'static str, reply: ReplyBegin, lifecycle: Caller) -> Rc<Session> {
+        let session = Rc::new(Session {
+            exit_session: reply.session.clone().unwrap_or_else(|| Rc::from("")),
+            caps: reply.caps,
+            id: id.clone(),
+            version,
+            lifecycle,
+            st: RefCell::new(State {
+                closed: false,
+                last_active: Instant::now(),
+                requests: HashMap::new(),
+                streams: HashMap::new(),
+                next_stream: 1,
+                ring: VecDeque::new(),
+                next_seq: 1,
+                get_generation: 0,
+                get_live: false,
+                support: Support::Unknown,
+                last_exit_event: None,
+                answers: HashMap::new(),
+            }),
+            changed: Notify::new(),
+        });
+        server.sessions.borrow_mut().insert(id, session.clone());
+        metrics::with(|m| {
+            m.sessions += 1;
+            m.sessions_created += 1;
+        });
+        tokio::task::spawn_local(lifecycle_task(server.clone(), session.clone()));
+        tokio::task::spawn_local(expiry_task(server.clone(), Rc::downgrade(&session)));
+        session
+    }
+
+    /// Marks the session active now.
+    pub fn touch(&self) {
+        self.st.borrow_mut().last_active = Instant::now();
+    }
+
+    /// True while requests are in flight.
+    pub fn has_requests(&self) -> bool {
+        !self.st.borrow().requests.is_empty()
+    }
+
+    /// Requests in flight.
+    pub fn request_count(&self) -> usize {
+        self.st.borrow().requests.len()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.st.borrow().closed
+    }
+
+    async fn closed_wait(&self) {
+        loop {
+            let n = self.changed.notified();
+            if self.is_closed() {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Records a request's stream; a duplicate id replaces the older entry for
+    /// cancellation purposes (the older request still completes).
+    pub fn register(&self, key: IdKey, id_raw: Bytes, caller: Caller) -> Rc<Inflight> {
+        let mut st = self.st.borrow_mut();
+        let stream_no = st.next_stream;
+        st.next_stream = st.next_stream.wrapping_add(1).max(1);
+        let inflight = Rc::new(Inflight {
+            caller,
+            id_raw,
+            key: key.clone(),
+            stream_no,
+            cancelled: Cell::new(false),
+            wake: Notify::new(),
+            attach: RefCell::new(None),
+        });
+        st.requests.insert(key, inflight.clone());
+        st.streams.insert(stream_no, Rc::downgrade(&inflight));
+        inflight
+    }
+
+    /// Forgets a finished request.
+    pub fn unregister(&self, inflight: &Rc<Inflight>) {
+        let mut st = self.st.borrow_mut();
+        if st.requests.get(&inflight.key).is_some_and(|i| Rc::ptr_eq(i, inflight)) {
+            st.requests.remove(&inflight.key);
+        }
+        st.streams.remove(&inflight.stream_no);
+        st.answers.retain(|_, to| match to {
+            AnswerTo::Request(w) => w.upgrade().is_some_and(|i| !Rc::ptr_eq(&i, inflight)),
+            AnswerTo::Lifecycle => true,
+        });
+        st.last_active = Instant::now();
+    }
+
+    /// `notifications/cancelled`: cancels the request with that id, if in flight.
+    pub fn cancel(&self, key: &IdKey) {
+        if let Some(inflight) = self.st.borrow().requests.get(key) {
+            inflight.cancelled.set(true);
+            inflight.wake.notify_one();
+        }
+    }
+
+    /// Routes the agent's answer to a server-to-client request back to its stream.
+    pub fn answer(&self, id: Bytes, result: Option<Bytes>, error: Option<Bytes>) {
+        let Some(key) = std::str::from_utf8(&id).ok().and_then(jsonrpc::id_key_of_raw) else {
+            return;
+        };
+        let to = self.st.borrow_mut().answers.remove(&key);
+        let challenge = Challenge::Answer { id, result, error };
+        let _ = match to {
+            Some(AnswerTo::Lifecycle) => self.lifecycle.reply.challenge(challenge),
+            Some(AnswerTo::Request(w)) => match w.upgrade() {
+                Some(i) => i.caller.reply.challenge(challenge),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        };
+    }
+
+    /// Appends a notification to the GET stream's ring and wakes the live GET.
+    fn push_event(&self, json: &[u8]) {
+        let mut st = self.st.borrow_mut();
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let id = format!("0.{seq}");
+        let mut out = BytesMut::with_capacity(json.len() + 32);
+        let event = sse::Event { id: Some(&id), event: None, data: Some(json), retry_ms: None };
+        if sse::encode_event(&event, &mut out).is_err() {
+            return;
+        }
+        st.ring.push_back((seq, out.freeze()));
+        while st.ring.len() > SESSION_REPLAY_EVENTS_MAX {
+            st.ring.pop_front();
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+}
+
+impl Inflight {
+    async fn woken(&self) {
+        self.wake.notified().await;
+    }
+}
+
+/// Finds the session a request names: 400 without the header, 404 if unknown.
+pub fn lookup(server: &Server, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
+    let Some(id) = req.head.headers.get("mcp-session-id") else {
+        return Err((400, "Bad Request: Mcp-Session-Id header is required"));
+    };
+    let id = std::str::from_utf8(id).map_err(|_| (404, "Session not found"))?;
+    server
+        .sessions
+        .borrow()
+        .get(id)
+        .cloned()
+        .ok_or((404, "Session not found"))
+}
+
+/// Ends a session: forgets it, ends its lifecycle stream (the exit closes its side),
+/// wakes its requests and GET stream so they finish.
+pub fn close(server: &Server, session: &Rc<Session>, reason: &str) {
+    {
+        let mut st = session.st.borrow_mut();
+        if st.closed {
+            return;
+        }
+        st.closed = true;
+    }
+    server.sessions.borrow_mut().remove(&session.id);
+    metrics::with(|m| m.sessions -= 1);
+    session.lifecycle.initial.end();
+    let requests: Vec<Rc<Inflight>> = session.st.borrow().requests.values().cloned().collect();
+    for r in requests {
+        r.wake.notify_one();
+    }
+    session.changed.notify_waiters();
+    if reason == "expired" {
+        metrics::with(|m| m.sessions_expired += 1);
+    }
+}
+
+/// Renders an MCP notification (`{"jsonrpc":"2.0","method":..,"params":..}`).
+fn notification(method: &str, params: Option<&[u8]>) -> BytesMut {
+    let mut out = BytesMut::with_capacity(64 + params.map_or(0, <[u8]>::len));
+    jsonrpc::write_notification(method, params, &mut out);
+    out
+}
+
+/// Renders an event from the exit as agent-facing JSON; `None` for control events.
+fn render_event(event: &Event) -> Option<BytesMut> {
+    Some(match event {
+        Event::Resumable | Event::Suspend { .. } => return None,
+        Event::ListChanged(k) => notification(k.method(), None),
+        Event::ResourcesUpdated { params } => notification("notifications/resources/updated", Some(params)),
+        Event::Progress { params } => notification("notifications/progress", Some(params)),
+        Event::Notification { method, params } => notification(method, params.as_deref()),
+        Event::Request { id, method, params } => {
+            let mut out = BytesMut::with_capacity(64);
+            let id = std::str::from_utf8(id).unwrap_or("null");
+            jsonrpc::write_request(id, method, params.as_deref(), &mut out);
+            out
+        }
+    })
+}
+
+/// Reads the exit's lifecycle reply: notifications for the GET stream, support news, and
+/// the end of the session when the exit ends it.
+async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
+    loop {
+        let frame = tokio::select! {
+            f = session.lifecycle.reply.next() => f,
+            () = session.closed_wait() => None,
+        };
+        match frame {
+            Some(Frame::Flush(Flush { id, event })) => {
+                if id.is_some() {
+                    session.st.borrow_mut().last_exit_event = id;
+                }
+                match &event {
+                    Event::Resumable | Event::Suspend { retry_ms: 0.. } => set_support(&session, Support::Yes),
+                    Event::Suspend { .. } => set_support(&session, Support::No),
+                    Event::Request { id, .. } => {
+                        if let Some(key) = std::str::from_utf8(id).ok().and_then(jsonrpc::id_key_of_raw) {
+                            session.st.borrow_mut().answers.insert(key, AnswerTo::Lifecycle);
+                        }
+                    }
+                    _ => {}
+                }
+                if let Some(json) = render_event(&event) {
+                    session.push_event(&json);
+                }
+            }
+            Some(Frame::Data(d)) => session.lifecycle.reply.ack(d.len() as u32),
+            Some(Frame::Begin(_)) => {}
+            Some(Frame::End | Frame::Abort) | None => break,
+        }
+    }
+    close(&server, &session, "lifecycle ended");
+}
+
+fn set_support(session: &Session, support: Support) {
+    session.st.borrow_mut().support = support;
+    session.changed.notify_waiters();
+}
+
+/// Expires the session once it has been idle (no request, no GET stream) for the
+/// binding's session timeout.
+async fn expiry_task(server: Rc<Server>, session: Weak<Session>) {
+    let timeout = server.cfg.session_timeout;
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        let (closed, idle_since, busy) = {
+            let st = s.st.borrow();
+            (st.closed, st.last_active, !st.requests.is_empty() || st.get_live)
+        };
+        if closed {
+            return;
+        }
+        let due = idle_since + timeout;
+        if !busy && Instant::now() >= due {
+            close(&server, &s, "expired");
+            return;
+        }
+        let wake_at = if busy { Instant::now() + timeout } else { due };
+        drop(s);
+        tokio::time::sleep_until(wake_at.into()).await;
+    }
+}
+
+/// `Last-Event-ID` of our own format: (stream, seq).
+fn parse_event_id(raw: &[u8]) -> Option<(u32, u64)> {
+    let text = std::str::from_utf8(raw).ok()?.trim();
+    let (stream, seq) = text.split_once('.')?;
+    Some((stream.parse().ok()?, seq.parse().ok()?))
+}
+
+/// GET: opens (or resumes) the session's event stream, or resumes a request's stream.
+pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
+    if !accepts_sse(&req) {
+        return http_error(sink, 406, "Not Acceptable: Accept must list text/event-stream", None).await;
+    }
+    let session = match lookup(&server, &req) {
+        Ok(s) => s,
+        Err((status, message)) => return http_error(sink, status, message, None).await,
+    };
+    if !Server::version_ok(&req) {
+        return http_error(sink, 400, "Bad Request: unsupported MCP-Protocol-Version", None).await;
+    }
+    session.touch();
+    let last = req.head.headers.get("last-event-id").and_then(parse_event_id);
+    if let Some((stream, seq)) = last
+        && stream != 0
+    {
+        let inflight = session.st.borrow().streams.get(&stream).and_then(Weak::upgrade);
+        let Some(inflight) = inflight else {
+            return http_error(sink, 400, "Bad Request: Last-Event-ID names no live stream", None).await;
+        };
+        let old = inflight.attach.borrow_mut().replace((sink, seq));
+        drop(old); // a resume that never got picked up: its connection is aborted
+        inflight.wake.notify_one();
+        return;
+    }
+    let resume = session.st.borrow().last_exit_event.clone();
+    let _ = session.lifecycle.reply.challenge(Challenge::Resume { last_event_id: resume });
+    if !wait_support(&session).await {
+        return http_error(sink, 405, "Method Not Allowed: the exit has no event stream", None).await;
+    }
+    let cursor = match last {
+        Some((0, seq)) => seq,
+        _ => session.st.borrow().next_seq - 1,
+    };
+    serve_get(session, sink, cursor).await;
+}
+
+/// Waits (bounded) for the exit to say whether it has an event stream; true = serve it.
+async fn wait_support(session: &Session) -> bool {
+    let probe = tokio::time::sleep(EVENTS_PROBE_TIMEOUT);
+    tokio::pin!(probe);
+    loop {
+        let n = session.changed.notified();
+        match session.st.borrow().support {
+            Support::Yes => return true,
+            Support::No => return false,
+            Support::Unknown => {}
+        }
+        tokio::select! {
+            () = n => {}
+            () = &mut probe => return true,
+        }
+    }
+}
+
+async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
+    let generation = {
+        let mut st = session.st.borrow_mut();
+        st.get_generation += 1;
+        st.get_live = true;
+        st.get_generation
+    };
+    // A GET replaced by this one ends.
+    session.changed.notify_waiters();
+    let headers: [(&str, &[u8]); 3] = [
+        ("content-type", b"text/event-stream"),
+        ("cache-control", b"no-cache"),
+        ("mcp-session-id", session.id.as_bytes()),
+    ];
+    let mut gone = sink.head(200, &headers).await.is_err();
+    if !gone && session.version >= "2025-11-25" {
+        let mut out = BytesMut::with_capacity(32);
+        let id = format!("0.{cursor}");
+        let priming = sse::Event { id: Some(&id), event: None, data: Some(b""), retry_ms: None };
+        if sse::encode_event(&priming, &mut out).is_ok() {
+            gone = sink.body(&out).await.is_err();
+        }
+    }
+    let mut replaced = false;
+    while !gone {
+        let changed = session.changed.notified();
+        let pending: Vec<Bytes> = {
+            let st = session.st.borrow();
+            if st.closed || st.get_generation != generation {
+                replaced = true;
+                break;
+            }
+            st.ring.iter().filter(|(seq, _)| *seq > cursor).map(|(_, b)| b.clone()).collect()
+        };
+        for event in pending {
+            if sink.body(&event).await.is_err() {
+                gone = true;
+                break;
+            }
+        }
+        cursor = session.st.borrow().next_seq - 1;
+        if gone {
+            break;
+        }
+        let keepalive = tokio::time::sleep(SSE_KEEPALIVE_INTERVAL);
+        let step = tokio::select! {
+            () = changed => 0,
+            () = keepalive => 1,
+            () = sink.closed() => 2,
+        };
+        match step {
+            1 => {
+                let mut out = BytesMut::with_capacity(4);
+                sse::encode_comment("", &mut out);
+                gone = sink.body(&out).await.is_err();
+            }
+            2 => gone = true,
+            _ => {}
+        }
+    }
+    let current = {
+        let mut st = session.st.borrow_mut();
+        let current = st.get_generation == generation;
+        if current {
+            st.get_live = false;
+            st.last_active = Instant::now();
+        }
+        current
+    };
+    if replaced || !gone {
+        let _ = sink.finish().await;
+    } else if current {
+        let _ = session.lifecycle.reply.challenge(Challenge::Suspended);
+    }
+}
+
+/// DELETE: terminates the session.
+pub async fn delete(server: Rc<Server>, req: Request, sink: Sink) {
+    let session = match lookup(&server, &req) {
+        Ok(s) => s,
+        Err((status, message)) => return http_error(sink, status, message, None).await,
+    };
+    close(&server, &session, "deleted");
+    let _ = sink.respond(200, &[], b"").await;
+}
+
+/// `WWW-Authenticate: Bearer ...` for a challenge (RFC 6750 §3).
+pub fn render_bearer(c: &BearerChallenge) -> String {
+    let mut params: Vec<String> = Vec::with_capacity(5);
+    let mut add = |name: &str, value: &Option<Box<str>>| {
+        if let Some(v) = value {
+            let escaped: String = v
+                .chars()
+                .filter(|c| !c.is_control())
+                .flat_map(|c| match c {
+                    '"' | '\\' => vec!['\\', c],
+                    c => vec![c],
+                })
+                .collect();
+            params.push(format!("{name}=\"{escaped}\""));
+        }
+    };
+    add("realm", &c.realm);
+    add("scope", &c.scope);
+    add("error", &c.error);
+    add("error_description", &c.error_description);
+    add("resource_metadata", &c.resource_metadata);
+    if params.is_empty() {
+        "Bearer".to_owned()
+    } else {
+        format!("Bearer {}", params.join(", "))
+    }
+}
+
+/// How a request's reply is being rendered.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Nothing written yet: JSON if the result comes first, SSE if an event does.
+    Undecided,
+    /// `application/json`, streamed with chunked coding.
+    Json,
+    /// `text/event-stream`.
+    Sse,
+}
+
+enum Step {
+    Frame(Option<Frame>),
+    Wake,
+    Timeout,
+    SessionClosed,
+    Detached,
+}
+
+/// Renders one request's reply to the agent; returns the outcome for metrics.
+struct Render<'a> {
+    session: &'a Session,
+    inflight: &'a Inflight,
+    sink: Option<Sink>,
+    mode: Mode,
+    ring: VecDeque<(u64, Bytes)>,
+    next_seq: u64,
+    /// The result event has started (SSE) or the JSON body has (JSON).
+    result_started: bool,
+}
+
+impl Render<'_> {
+    fn event_id(&self, seq: u64) -> String {
+        format!("{}.{seq}", self.inflight.stream_no)
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> bool {
+        match self.sink.as_mut() {
+            Some(sink) => {
+                if sink.body(bytes).await.is_err() {
+                    self.sink = None;
+                    return false;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn start_sse(&mut self) {
+        assert!(self.mode == Mode::Undecided);
+        self.mode = Mode::Sse;
+        let Some(sink) = self.sink.as_mut() else { return };
+        let headers: [(&str, &[u8]); 3] = [
+            ("content-type", b"text/event-stream"),
+            ("cache-control", b"no-cache"),
+            ("mcp-session-id", self.session.id.as_bytes()),
+        ];
+        if sink.head(200, &headers).await.is_err() {
+            self.sink = None;
+            return;
+        }
+        if self.session.version >= "2025-11-25" {
+            let id = self.event_id(0);
+            let mut out = BytesMut::with_capacity(32);
+            let priming = sse::Event { id: Some(&id), event: None, data: Some(b""), retry_ms: None };
+            if sse::encode_event(&priming, &mut out).is_ok() {
+                self.write(&out).await;
+            }
+        }
+    }
+
+    /// Emits one event on the SSE stream and keeps it for replay.
+    async fn emit(&mut self, json: &[u8]) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let id = self.event_id(seq);
+        let mut out = BytesMut::with_capacity(json.len() + 32);
+        let event = sse::Event { id: Some(&id), event: None, data: Some(json), retry_ms: None };
+        if sse::encode_event(&event, &mut out).is_err() {
+            return;
+        }
+        let out = out.freeze();
+        self.ring.push_back((seq, out.clone()));
+        while self.ring.len() > REQUEST_REPLAY_EVENTS_MAX {
+            self.ring.pop_front();
+        }
+        self.write(&out).await;
+    }
+
+    /// Takes a resuming connection: writes its SSE head and replays what it missed.
+    async fn attach(&mut self, mut sink: Sink, last_seq: u64) {
+        let headers: [(&str, &[u8]); 3] = [
+            ("content-type", b"text/event-stream"),
+            ("cache-control", b"no-cache"),
+            ("mcp-session-id", self.session.id.as_bytes()),
+        ];
+        if sink.head(200, &headers).await.is_err() {
+            return;
+        }
+        if let Some(old) = self.sink.replace(sink) {
+            let _ = old.finish().await;
+        }
+        let missed: Vec<Bytes> = self.ring.iter().filter(|(s, _)| *s > last_seq).map(|(_, b)| b.clone()).collect();
+        for event in missed {
+            if !self.write(&event).await {
+                break;
+            }
+        }
+    }
+
+    /// Writes a JSON-RPC error as the reply (JSON response or final SSE event).
+    async fn error(&mut self, code: i32, message: &str, data: Option<&[u8]>) {
+        let mut body = BytesMut::with_capacity(128);
+        jsonrpc::write_error(Some(self.id()), code, message, data, &mut body);
+        match self.mode {
+            Mode::Undecided => {
+                if let Some(sink) = self.sink.take() {
+                    let headers: [(&str, &[u8]); 2] =
+                        [("content-type", b"application/json"), ("mcp-session-id", self.session.id.as_bytes())];
+                    let _ = sink.respond(200, &headers, &body).await;
+                }
+            }
+            Mode::Sse if !self.result_started => {
+                self.emit(&body).await;
+                self.finish().await;
+            }
+            // A body is half written: the only honest end is an abort (drop).
+            _ => self.sink = None,
+        }
+    }
+
+    fn id(&self) -> &str {
+        std::str::from_utf8(&self.inflight.id_raw).unwrap_or("null")
+    }
+
+    async fn finish(&mut self) {
+        if let Some(sink) = self.sink.take() {
+            let _ = sink.finish().await;
+        }
+    }
+
+    /// The exit aborted: render its RESET if it sent one.
+    async fn on_abort(&mut self) {
+        match self.inflight.caller.initial.try_throttle() {
+            Some(Throttle::Reset(Reset::Error { code, message, data })) => {
+                self.error(code, &message, data.as_deref()).await;
+            }
+            Some(Throttle::Reset(Reset::Bearer(challenge))) if self.mode == Mode::Undecided => {
+                if let Some(sink) = self.sink.take() {
+                    let header = render_bearer(&challenge);
+                    let status = if challenge.status == 403 { 403 } else { 401 };
+                    let mut body = BytesMut::with_capacity(96);
+                    jsonrpc::write_error(Some(self.id()), jsonrpc::INVALID_REQUEST, "Unauthorized upstream", None, &mut body);
+                    let headers: [(&str, &[u8]); 2] =
+                        [("content-type", b"application/json"), ("www-authenticate", header.as_bytes())];
+                    let _ = sink.respond(status, &headers, &body).await;
+                }
+            }
+            _ => self.error(jsonrpc::INTERNAL_ERROR, "Internal error", None).await,
+        }
+    }
+
+    async fn on_data(&mut self, data: Bytes) {
+        let reply = &self.inflight.caller.reply;
+        match self.mode {
+            Mode::Undecided => {
+                // Common case: the whole result is already here; answer in one write.
+                let mut body = BytesMut::with_capacity(64 + data.len());
+                jsonrpc::write_result_prefix(self.id(), &mut body);
+                body.extend_from_slice(&data);
+                if let Some(Frame::End) = peek_end(reply) {
+                    jsonrpc::write_result_suffix(&mut body);
+                    if let Some(sink) = self.sink.take() {
+                        let headers: [(&str, &[u8]); 2] =
+                            [("content-type", b"application/json"), ("mcp-session-id", self.session.id.as_bytes())];
+                        let _ = sink.respond(200, &headers, &body).await;
+                    }
+                    reply.ack(data.len() as u32);
+                    self.result_started = true;
+                    return;
+                }
+                self.mode = Mode::Json;
+                self.result_started = true;
+                if let Some(sink) = self.sink.as_mut() {
+                    let headers: [(&str, &[u8]); 2] =
+                        [("content-type", b"application/json"), ("mcp-session-id", self.session.id.as_bytes())];
+                    if sink.head(200, &headers).await.is_err() {
+                        self.sink = None;
+                    }
+                }
+                self.write(&body).await;
+            }
+            Mode::Json => {
+                self.write(&data).await;
+            }
+            Mode::Sse => {
+                let mut out = BytesMut::with_capacity(data.len() + 64);
+                if !self.result_started {
+                    self.result_started = true;
+                    let seq = self.next_seq;
+                    self.next_seq += 1;
+                    let id = self.event_id(seq);
+                    if let Ok(w) = sse::DataWriter::begin(Some(&id), &mut out) {
+                        std::mem::forget(w);
+                    }
+                    jsonrpc::write_result_prefix(self.id(), &mut out);
+                }
+                // Result JSON from the exit may hold raw newlines (pretty-printed); each
+                // becomes a new `data:` line, which SSE joins back with '\n'.
+                let mut writer = sse::DataWriter::resume();
+                writer.write(&data, &mut out);
+                std::mem::forget(writer);
+                self.write(&out).await;
+            }
+        }
+        reply.ack(data.len() as u32);
+    }
+
+    async fn on_end(&mut self) {
+        match self.mode {
+            Mode::Undecided if self.result_started => {}
+            Mode::Undecided => self.error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None).await,
+            Mode::Json => {
+                let mut out = BytesMut::with_capacity(1);
+                jsonrpc::write_result_suffix(&mut out);
+                self.write(&out).await;
+                self.finish().await;
+            }
+            Mode::Sse => {
+                if self.result_started {
+                    let mut out = BytesMut::with_capacity(4);
+                    jsonrpc::write_result_suffix(&mut out);
+                    out.extend_from_slice(b"\n\n");
+                    self.write(&out).await;
+                } else {
+                    let _ = self.error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None).await;
+                    return;
+                }
+                self.finish().await;
+            }
+        }
+    }
+}
+
+fn peek_end(reply: &crate::stream::Receiver) -> Option<Frame> {
+    match reply.try_next() {
+        Some(Frame::End) => Some(Frame::End),
+        Some(other) => {
+            reply.push_front(other);
+            None
+        }
+        None => None,
+    }
+}
+
+/// Renders a request's reply from the exit to the agent, surviving dropped SSE
+/// connections (the request waits, bounded by its deadline, for a resuming GET).
+pub async fn pump(session: &Rc<Session>, inflight: &Rc<Inflight>, sink: Sink, progress: bool, deadline: Instant) -> Outcome {
+    let mut r = Render {
+        session,
+        inflight,
+        sink: Some(sink),
+        mode: Mode::Undecided,
+        ring: VecDeque::new(),
+        next_seq: 1,
+        result_started: false,
+    };
+    if progress {
+        r.start_sse().await;
+    }
+    let caller = &inflight.caller;
+    loop {
+        let detached = r.mode == Mode::Sse && r.sink.is_none();
+        if detached && r.result_started {
+            // Part of the result was lost with the connection: it cannot be replayed.
+            caller.reply.reset(Reset::Plain);
+            caller.initial.abort();
+            return Outcome::Cancelled;
+        }
+        let step = if detached {
+            tokio::select! {
+                () = inflight.woken() => Step::Wake,
+                () = tokio::time::sleep_until(deadline.into()) => Step::Timeout,
+                () = session.closed_wait() => Step::SessionClosed,
+            }
+        } else {
+            let sink_closed = async {
+                match (r.mode, r.sink.as_ref()) {
+                    (Mode::Sse, Some(s)) => s.closed().await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                f = caller.reply.next() => Step::Frame(f),
+                () = inflight.woken() => Step::Wake,
+                () = tokio::time::sleep_until(deadline.into()) => Step::Timeout,
+                () = session.closed_wait() => Step::SessionClosed,
+                () = sink_closed => Step::Detached,
+            }
+        };
+        match step {
+            Step::Wake => {
+                if inflight.cancelled.get() {
+                    caller.reply.reset(Reset::Plain);
+                    caller.initial.abort();
+                    if r.mode == Mode::Sse {
+                        r.finish().await;
+                    }
+                    return Outcome::Cancelled;
+                }
+                let attach = inflight.attach.borrow_mut().take();
+                if let Some((sink, last)) = attach {
+                    r.attach(sink, last).await;
+                }
+            }
+            Step::Timeout => {
+                caller.reply.reset(Reset::Plain);
+                caller.initial.abort();
+                r.error(jsonrpc::INTERNAL_ERROR, "Request timed out", None).await;
+                return Outcome::Error;
+            }
+            Step::SessionClosed => {
+                caller.reply.reset(Reset::Plain);
+                caller.initial.abort();
+                r.finish().await;
+                return Outcome::Cancelled;
+            }
+            Step::Detached => {
+                r.sink = None;
+                let _ = caller.reply.challenge(Challenge::Suspended);
+            }
+            Step::Frame(Some(Frame::Begin(_))) => {}
+            Step::Frame(Some(Frame::Flush(Flush { event, .. }))) => {
+                if let Event::Suspend { retry_ms } = event {
+                    if r.mode == Mode::Sse && retry_ms >= 0 {
+                        let mut out = BytesMut::with_capacity(24);
+                        sse::encode_retry(retry_ms as u64, &mut out);
+                        r.write(&out).await;
+                    }
+                    continue;
+                }
+                if let Event::Request { id, .. } = &event
+                    && let Some(key) = std::str::from_utf8(id).ok().and_then(jsonrpc::id_key_of_raw)
+                {
+                    session.st.borrow_mut().answers.insert(key, AnswerTo::Request(Rc::downgrade(inflight)));
+                }
+                let Some(json) = render_event(&event) else { continue };
+                if r.mode == Mode::Undecided {
+                    r.start_sse().await;
+                }
+                if r.mode == Mode::Sse && !r.result_started {
+                    r.emit(&json).await;
+                }
+            }
+            Step::Frame(Some(Frame::Data(d))) => r.on_data(d).await,
+            Step::Frame(Some(Frame::End)) => {
+                caller.initial.end();
+                r.on_end().await;
+                return Outcome::Ok;
+            }
+            Step::Frame(Some(Frame::Abort) | None) => {
+                r.on_abort().await;
+                caller.initial.abort();
+                return Outcome::Error;
+            }
+        }
+    }
+}

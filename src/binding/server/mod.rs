@@ -1,0 +1,286 @@
+//! The agent-facing `server` binding: MCP Streamable HTTP (2025-11-25, 2025-06-18).
+//!
+//! Flow: [`net`] decodes HTTP/1.1 requests off the socket; [`Server::handle`] admits them
+//! (path, method, Host, Origin) and either serves them here or, when the session lives on
+//! another worker, hands them to that worker's inbox; [`app`] speaks MCP (POST), [`events`]
+//! owns sessions, their lifecycle stream and the GET event stream. Responses go through a
+//! [`sink::Sink`], local or remote.
+
+mod app;
+mod events;
+pub mod net;
+pub mod session_id;
+pub mod sink;
+
+use crate::binding::Exit;
+use crate::config::ServerBinding;
+use crate::http::Method;
+use crate::metrics;
+use crate::runtime::Inboxes;
+use events::Session;
+use net::Request;
+use sink::{ConnShared, Part, Sink};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::rc::Rc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Protocol versions this gateway speaks with agents, newest first.
+pub const PROTOCOL_VERSIONS: [&str; 2] = ["2025-11-25", "2025-06-18"];
+/// Versions an agent may name in `MCP-Protocol-Version` (2025-03-26 clients never send
+/// the header, but a proxying client might).
+const HEADER_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+
+/// One worker's instance of a server binding.
+pub struct Server {
+    /// The binding's name (logs, metrics).
+    pub name: Rc<str>,
+    /// Index among the config's server bindings (same on every worker).
+    pub index: usize,
+    pub(crate) cfg: ServerBinding,
+    pub(crate) worker: u8,
+    pub(crate) exit: Rc<dyn Exit>,
+    inboxes: Inboxes,
+    /// The listener is a loopback address (tightens default Origin/Host rules).
+    loopback: bool,
+    pub(crate) sessions: RefCell<HashMap<Rc<str>, Rc<Session>>>,
+    draining: Cell<bool>,
+}
+
+thread_local! {
+    /// This worker's server instances, by server index, for hand-offs from other workers.
+    static SERVERS: RefCell<Vec<Rc<Server>>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Server {
+    /// Creates this worker's instance and registers it for hand-offs.
+    pub fn new(
+        name: &str,
+        index: usize,
+        cfg: ServerBinding,
+        worker: u8,
+        exit: Rc<dyn Exit>,
+        inboxes: Inboxes,
+    ) -> Rc<Server> {
+        let loopback = cfg.listen.ip().is_loopback();
+        let server = Rc::new(Server {
+            name: Rc::from(name),
+            index,
+            cfg,
+            worker,
+            exit,
+            inboxes,
+            loopback,
+            sessions: RefCell::new(HashMap::new()),
+            draining: Cell::new(false),
+        });
+        SERVERS.with(|s| {
+            let mut s = s.borrow_mut();
+            assert!(s.len() == index);
+            s.push(server.clone());
+        });
+        server
+    }
+
+    /// True once a graceful drain began: responses close their connections.
+    pub fn draining(&self) -> bool {
+        self.draining.get()
+    }
+
+    /// Admits one request and starts answering it; the answer goes to `sink`.
+    pub fn handle(self: Rc<Self>, req: Request, sink: Sink, shared: Rc<ConnShared>) {
+        if let Err((status, message)) = self.admit(&req) {
+            tokio::task::spawn_local(app::http_error(sink, status, message, None));
+            return;
+        }
+        let owner = req
+            .head
+            .headers
+            .get("mcp-session-id")
+            .and_then(session_id::owner)
+            .map(|(_, worker)| worker);
+        match owner {
+            Some(w) if w != self.worker && usize::from(w) < self.inboxes.len() => {
+                self.hand_off(usize::from(w), req, sink, shared);
+            }
+            _ => {
+                tokio::task::spawn_local(self.serve(req, sink));
+            }
+        }
+    }
+
+    /// Serves a request whose session (if any) lives on this worker.
+    async fn serve(self: Rc<Self>, req: Request, sink: Sink) {
+        match req.head.method {
+            Method::Post => app::post(self, req, sink).await,
+            Method::Get => events::get(self, req, sink).await,
+            Method::Delete => events::delete(self, req, sink).await,
+            _ => app::http_error(sink, 405, "method not allowed", None).await,
+        }
+    }
+
+    /// Sends the request to the worker owning its session and relays the answer back.
+    fn hand_off(&self, owner: usize, req: Request, sink: Sink, shared: Rc<ConnShared>) {
+        let (tx, rx) = mpsc::channel(crate::limits::CROSS_WORKER_REPLY_QUEUE_LEN);
+        let keep_alive = sink.keep_alive();
+        let index = self.index;
+        let task = Box::new(move || {
+            let server = SERVERS.with(|s| s.borrow().get(index).cloned());
+            if let Some(server) = server {
+                let sink = Sink::from_channel(tx, keep_alive);
+                tokio::task::spawn_local(server.serve(req, sink));
+            }
+        });
+        if self.inboxes.send(owner, task).is_err() {
+            metrics::with(|m| m.overload_rejections += 1);
+            tokio::task::spawn_local(app::http_error(sink, 503, "worker busy", None));
+            return;
+        }
+        metrics::with(|m| m.handoffs += 1);
+        tokio::task::spawn_local(relay(rx, sink, shared));
+    }
+
+    /// Path, method, Host and Origin checks: `Err((status, message))` to refuse.
+    fn admit(&self, req: &Request) -> Result<(), (u16, &'static str)> {
+        if req.head.path() != self.cfg.path {
+            return Err((404, "not found"));
+        }
+        if !matches!(req.head.method, Method::Post | Method::Get | Method::Delete) {
+            return Err((405, "method not allowed"));
+        }
+        if !self.host_allowed(req.head.headers.get("host")) {
+            return Err((421, "host not allowed"));
+        }
+        if let Some(origin) = req.head.headers.get("origin")
+            && !self.origin_allowed(origin)
+        {
+            return Err((403, "origin not allowed"));
+        }
+        Ok(())
+    }
+
+    fn host_allowed(&self, host: Option<&[u8]>) -> bool {
+        let Some(host) = host.and_then(|h| std::str::from_utf8(h).ok()) else {
+            // HTTP/1.0 without Host: nothing to check against.
+            return true;
+        };
+        let name = host_name(host);
+        match &self.cfg.hosts {
+            Some(allowed) => allowed.iter().any(|a| a.eq_ignore_ascii_case(name)),
+            None if self.loopback => is_loopback_name(name),
+            None => true,
+        }
+    }
+
+    fn origin_allowed(&self, origin: &[u8]) -> bool {
+        let Ok(origin) = std::str::from_utf8(origin) else {
+            return false;
+        };
+        match &self.cfg.origins {
+            Some(allowed) => allowed.iter().any(|a| a.eq_ignore_ascii_case(origin)),
+            None if self.loopback => {
+                let rest = origin
+                    .strip_prefix("http://")
+                    .or_else(|| origin.strip_prefix("https://"));
+                rest.is_some_and(|r| !r.contains('/') && is_loopback_name(host_name(r)))
+            }
+            None => false,
+        }
+    }
+
+    /// Checks `MCP-Protocol-Version`: absent or supported is fine.
+    pub(crate) fn version_ok(req: &Request) -> bool {
+        match req.head.headers.get("mcp-protocol-version") {
+            None => true,
+            Some(v) => HEADER_VERSIONS.iter().any(|s| s.as_bytes() == v),
+        }
+    }
+
+    /// Begins a graceful drain: finish in-flight requests up to `deadline`, then close
+    /// every session.
+    pub async fn drain(&self, deadline: std::time::Instant) {
+        self.draining.set(true);
+        while std::time::Instant::now() < deadline {
+            let busy = self
+                .sessions
+                .borrow()
+                .values()
+                .any(|s| s.has_requests());
+            if !busy {
+                break;
+            }
+            tokio::time::sleep(crate::limits::TICK).await;
+        }
+        let sessions: Vec<Rc<Session>> = self.sessions.borrow().values().cloned().collect();
+        for s in sessions {
+            events::close(&self, &s, "shutdown");
+        }
+    }
+}
+
+/// Copies a remote response onto the local connection (runs on the connection's worker).
+async fn relay(mut rx: mpsc::Receiver<Part>, mut sink: Sink, shared: Rc<ConnShared>) {
+    let _ = shared; // the sink holds the connection; kept for symmetry of ownership
+    loop {
+        let part = tokio::select! {
+            p = rx.recv() => p,
+            () = sink.closed() => None,
+        };
+        match part {
+            Some(Part::Bytes(b)) => {
+                if sink.write_raw(b).await.is_err() {
+                    return;
+                }
+            }
+            Some(Part::End { keep_alive }) => {
+                sink.complete_raw(keep_alive);
+                return;
+            }
+            // The owner dropped the response unfinished: dropping the sink aborts.
+            None => return,
+        }
+    }
+}
+
+/// `host[:port]` → host (brackets kept for IPv6 literals).
+fn host_name(authority: &str) -> &str {
+    if authority.starts_with('[') {
+        return match authority.find(']') {
+            Some(end) => authority.get(..=end).unwrap_or(authority),
+            None => authority,
+        };
+    }
+    match authority.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => authority,
+    }
+}
+
+fn is_loopback_name(name: &str) -> bool {
+    if name.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Kept so `oneshot` stays a dependency of this module's public surface.
+pub type Done = oneshot::Receiver<bool>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_are_split_from_ports() {
+        assert_eq!(host_name("localhost:7114"), "localhost");
+        assert_eq!(host_name("[::1]:80"), "[::1]");
+        assert_eq!(host_name("example.com"), "example.com");
+        assert!(is_loopback_name("[::1]"));
+        assert!(is_loopback_name("127.0.0.2"));
+        assert!(is_loopback_name("LOCALHOST"));
+        assert!(!is_loopback_name("evil.example"));
+        assert!(!is_loopback_name("127.0.0.1.evil.example"));
+    }
+}

@@ -1,0 +1,220 @@
+//! The agent-facing connection: one long-lived read loop decoding HTTP/1.1 requests, and a
+//! dispatcher answering them strictly in order (pipelining).
+//!
+//! The reader never has more than [`PIPELINE_DEPTH_MAX`] decoded requests waiting; past
+//! that it stops reading, so a fast sender is slowed to the speed of its responses.
+//! Deadlines (idle keep-alive, slow request, stalled write) are enforced by a timer task
+//! that shuts the socket down, which completes the pending read (io_uring rule: never
+//! cancel an I/O future by dropping it).
+
+use super::Server;
+use super::sink::{ConnShared, Sink};
+use crate::http::{self, HttpError, RequestDecoder, RequestEvent, RequestHead};
+use crate::limits::{
+    CONNECTION_IDLE_TIMEOUT, MESSAGE_BYTES_MAX, PIPELINE_DEPTH_MAX, REQUEST_READ_TIMEOUT,
+};
+use crate::metrics;
+use crate::runtime::{Conn, Slots};
+use bytes::{Bytes, BytesMut};
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::Instant;
+use tokio::sync::Notify;
+
+/// One complete request: its head and its whole body (bounded by MESSAGE_BYTES_MAX).
+pub struct Request {
+    pub head: RequestHead,
+    pub body: Bytes,
+}
+
+enum Item {
+    Request(Request),
+    Error(HttpError),
+    Eof,
+}
+
+/// State shared by a connection's reader, dispatcher and timer.
+struct Link {
+    shared: Rc<ConnShared>,
+    queue: RefCell<VecDeque<Item>>,
+    /// Woken when an item is queued.
+    queued: Notify,
+    /// Woken when the dispatcher takes an item (room to read more).
+    taken: Notify,
+    /// Woken when the connection is over (timer stops).
+    over: Notify,
+    /// Woken when a response ends (timer recomputes its deadline).
+    rearm: Notify,
+    /// A request is being answered.
+    busy: Cell<bool>,
+    /// When the current partial request started arriving, if one is.
+    partial_since: Cell<Option<Instant>>,
+    last_activity: Cell<Instant>,
+}
+
+/// Serves one accepted connection until it closes.
+pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
+    metrics::with(|m| {
+        m.connections += 1;
+        m.connections_accepted += 1;
+    });
+    let link = Rc::new(Link {
+        shared: Rc::new(ConnShared {
+            conn,
+            peer_closed: Cell::new(false),
+            closed: Notify::new(),
+        }),
+        queue: RefCell::new(VecDeque::with_capacity(2)),
+        queued: Notify::new(),
+        taken: Notify::new(),
+        over: Notify::new(),
+        rearm: Notify::new(),
+        busy: Cell::new(false),
+        partial_since: Cell::new(None),
+        last_activity: Cell::new(Instant::now()),
+    });
+    let reader = tokio::task::spawn_local(read_loop(link.clone(), slots));
+    tokio::task::spawn_local(timer(link.clone()));
+    dispatch(&server, &link).await;
+    link.shared.conn.shutdown();
+    link.over.notify_one();
+    // The read loop ends once the shutdown completes its pending read.
+    let _ = reader.await;
+    metrics::with(|m| m.connections -= 1);
+}
+
+async fn next_item(link: &Link) -> Item {
+    loop {
+        let notified = link.queued.notified();
+        if let Some(item) = link.queue.borrow_mut().pop_front() {
+            link.taken.notify_one();
+            return item;
+        }
+        notified.await;
+    }
+}
+
+async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
+    loop {
+        match next_item(link).await {
+            Item::Request(req) => {
+                link.busy.set(true);
+                let keep_alive = req.head.keep_alive() && !server.draining();
+                let (sink, done) = Sink::local(link.shared.clone(), keep_alive);
+                server.clone().handle(req, sink, link.shared.clone());
+                let keep_alive = done.await.unwrap_or(false);
+                link.busy.set(false);
+                link.last_activity.set(Instant::now());
+                link.rearm.notify_one();
+                if !keep_alive {
+                    return;
+                }
+            }
+            Item::Error(e) => {
+                metrics::with(|m| m.http_errors += 1);
+                let mut out = BytesMut::with_capacity(256);
+                http::encode_error_response(&e, &mut out);
+                let _ = link.shared.conn.write_all(out.freeze()).await;
+                return;
+            }
+            Item::Eof => return,
+        }
+    }
+}
+
+fn push(link: &Link, item: Item) {
+    link.queue.borrow_mut().push_back(item);
+    link.queued.notify_one();
+}
+
+async fn read_loop(link: Rc<Link>, slots: Rc<Slots>) {
+    let mut decoder = RequestDecoder::new(MESSAGE_BYTES_MAX);
+    let mut buf = BytesMut::new();
+    let mut partial: Option<(RequestHead, BytesMut)> = None;
+    'read: loop {
+        // Back-pressure: stop reading while the dispatcher is PIPELINE_DEPTH_MAX behind.
+        loop {
+            let taken = link.taken.notified();
+            if link.queue.borrow().len() < PIPELINE_DEPTH_MAX {
+                break;
+            }
+            taken.await;
+        }
+        let slot = slots.lend();
+        let (result, slot) = link.shared.conn.read(slot).await;
+        let n = match result {
+            Ok(n) if n > 0 => n,
+            _ => {
+                slots.give_back(slot);
+                break 'read;
+            }
+        };
+        buf.extend_from_slice(slot.get(..n).unwrap_or_default());
+        slots.give_back(slot);
+        link.last_activity.set(Instant::now());
+        if link.partial_since.get().is_none() {
+            link.partial_since.set(Some(Instant::now()));
+        }
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(RequestEvent::Head(head))) => {
+                    if head.expects_continue() && !link.busy.get() && link.queue.borrow().is_empty() {
+                        let _ = link
+                            .shared
+                            .conn
+                            .write_all(Bytes::from_static(b"HTTP/1.1 100 Continue\r\n\r\n"))
+                            .await;
+                    }
+                    partial = Some((head, BytesMut::new()));
+                }
+                Ok(Some(RequestEvent::Data(data))) => {
+                    if let Some((_, body)) = partial.as_mut() {
+                        body.extend_from_slice(&data);
+                    }
+                }
+                Ok(Some(RequestEvent::End)) => {
+                    if let Some((head, body)) = partial.take() {
+                        push(&link, Item::Request(Request { head, body: body.freeze() }));
+                    }
+                    link.partial_since.set(if buf.is_empty() { None } else { Some(Instant::now()) });
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    push(&link, Item::Error(e));
+                    return;
+                }
+            }
+        }
+    }
+    link.shared.peer_closed.set(true);
+    link.shared.closed.notify_waiters();
+    push(&link, Item::Eof);
+}
+
+/// Shuts the connection down when it idles, dribbles a request, or stalls a write.
+async fn timer(link: Rc<Link>) {
+    loop {
+        let now = Instant::now();
+        let busy = link.busy.get();
+        let deadline = if busy {
+            // A response (possibly a long SSE stream) is in progress: its own deadlines
+            // apply; the dispatcher re-arms this timer when it ends.
+            now + CONNECTION_IDLE_TIMEOUT
+        } else if let Some(since) = link.partial_since.get() {
+            since + REQUEST_READ_TIMEOUT
+        } else {
+            link.last_activity.get() + CONNECTION_IDLE_TIMEOUT
+        };
+        if !busy && deadline <= now {
+            link.shared.conn.shutdown();
+            return;
+        }
+        let sleep = tokio::time::sleep_until(deadline.into());
+        tokio::select! {
+            () = sleep => {}
+            () = link.rearm.notified() => {}
+            () = link.over.notified() => return,
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Where a response goes: straight to the connection's socket (the session lives on this
+//! worker) or, encoded, over a bounded channel to the worker that holds the connection.
+//!
+//! The MCP logic writes every response through [`Sink`], so it never knows which case it is
+//! in. Bytes are HTTP-encoded here, on the worker that owns the session; the connection's
+//! worker only copies them to the socket.
+
+use crate::http::{self, BodyFraming};
+use crate::runtime::Conn;
+use bytes::{Bytes, BytesMut};
+use std::cell::Cell;
+use std::rc::Rc;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// The connection went away (write failed, peer closed, or the forwarding worker quit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gone;
+
+/// A response part sent from the session's worker to the connection's worker.
+pub enum Part {
+    /// Encoded response bytes to write.
+    Bytes(Bytes),
+    /// The response is complete; keep the connection open if `keep_alive`.
+    End { keep_alive: bool },
+}
+
+/// The connection half a local sink writes to, shared with the connection's reader.
+pub struct ConnShared {
+    pub conn: Conn,
+    /// The reader saw EOF or an error.
+    pub peer_closed: Cell<bool>,
+    /// Woken when `peer_closed` turns true.
+    pub closed: Notify,
+}
+
+impl ConnShared {
+    async fn wait_closed(&self) {
+        loop {
+            let notified = self.closed.notified();
+            if self.peer_closed.get() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+enum Out {
+    Local {
+        shared: Rc<ConnShared>,
+        done: Option<oneshot::Sender<bool>>,
+    },
+    Remote(mpsc::Sender<Part>),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    Head,
+    Body { chunked: bool },
+    Done,
+}
+
+/// One HTTP response being written.
+pub struct Sink {
+    out: Out,
+    state: State,
+    keep_alive: bool,
+}
+
+impl Sink {
+    /// A sink writing to a connection on this worker; `done` reports, once the response is
+    /// over, whether the connection may carry another request.
+    pub fn local(shared: Rc<ConnShared>, keep_alive: bool) -> (Sink, oneshot::Receiver<bool>) {
+        let (tx, rx) = oneshot::channel();
+        let sink = Sink {
+            out: Out::Local {
+                shared,
+                done: Some(tx),
+            },
+            state: State::Head,
+            keep_alive,
+        };
+        (sink, rx)
+    }
+
+    /// A sink whose bytes travel to another worker over `tx` (built on the owning worker).
+    pub fn from_channel(tx: mpsc::Sender<Part>, keep_alive: bool) -> Sink {
+        Sink {
+            out: Out::Remote(tx),
+            state: State::Head,
+            keep_alive,
+        }
+    }
+
+    /// Writes already-encoded response bytes (relaying a remote response).
+    pub async fn write_raw(&mut self, bytes: Bytes) -> Result<(), Gone> {
+        self.state = State::Body { chunked: false };
+        self.write(bytes).await
+    }
+
+    /// Marks a relayed response complete.
+    pub fn complete_raw(mut self, keep_alive: bool) {
+        self.state = State::Done;
+        if let Out::Local { done, .. } = &mut self.out
+            && let Some(tx) = done.take()
+        {
+            let _ = tx.send(keep_alive && self.keep_alive);
+        }
+    }
+
+    /// True until the response head was written.
+    pub fn head_pending(&self) -> bool {
+        self.state == State::Head
+    }
+
+    /// Whether the response will leave the connection open.
+    pub fn keep_alive(&self) -> bool {
+        self.keep_alive
+    }
+
+    async fn write(&mut self, bytes: Bytes) -> Result<(), Gone> {
+        match &mut self.out {
+            Out::Local { shared, .. } => {
+                if shared.conn.write_all(bytes).await.is_err() {
+                    shared.peer_closed.set(true);
+                    shared.closed.notify_waiters();
+                    return Err(Gone);
+                }
+                Ok(())
+            }
+            Out::Remote(tx) => tx.send(Part::Bytes(bytes)).await.map_err(|_| Gone),
+        }
+    }
+
+    fn encode_head(&self, status: u16, headers: &[(&str, &[u8])], body: BodyFraming, out: &mut BytesMut) {
+        let mut all: Vec<(&str, &[u8])> = Vec::with_capacity(headers.len() + 1);
+        all.extend_from_slice(headers);
+        if !self.keep_alive {
+            all.push(("connection", b"close"));
+        }
+        http::encode_response_head(status, &all, body, out);
+    }
+
+    /// Writes a complete response with a known body in one write.
+    pub async fn respond(mut self, status: u16, headers: &[(&str, &[u8])], body: &[u8]) -> Result<(), Gone> {
+        assert!(self.state == State::Head);
+        let mut out = BytesMut::with_capacity(256 + body.len());
+        self.encode_head(status, headers, BodyFraming::Length(body.len() as u64), &mut out);
+        out.extend_from_slice(body);
+        self.state = State::Done;
+        self.write(out.freeze()).await?;
+        self.complete().await
+    }
+
+    /// Writes the head of a response whose body is streamed with [`Sink::body`] and
+    /// [`Sink::finish`] (chunked transfer coding).
+    pub async fn head(&mut self, status: u16, headers: &[(&str, &[u8])]) -> Result<(), Gone> {
+        assert!(self.state == State::Head);
+        let mut out = BytesMut::with_capacity(256);
+        self.encode_head(status, headers, BodyFraming::Chunked, &mut out);
+        self.state = State::Body { chunked: true };
+        self.write(out.freeze()).await
+    }
+
+    /// Writes body bytes (as one chunk).
+    pub async fn body(&mut self, data: &[u8]) -> Result<(), Gone> {
+        assert!(matches!(self.state, State::Body { .. }));
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut out = BytesMut::with_capacity(data.len() + 16);
+        http::encode_chunk(data, &mut out);
+        self.write(out.freeze()).await
+    }
+
+    /// Ends a streamed body and hands the connection back.
+    pub async fn finish(mut self) -> Result<(), Gone> {
+        assert!(matches!(self.state, State::Body { .. }));
+        let mut out = BytesMut::with_capacity(8);
+        http::encode_last_chunk(&mut out);
+        self.state = State::Done;
+        self.write(out.freeze()).await?;
+        self.complete().await
+    }
+
+    async fn complete(&mut self) -> Result<(), Gone> {
+        let keep_alive = self.keep_alive;
+        match &mut self.out {
+            Out::Local { done, .. } => {
+                if let Some(tx) = done.take() {
+                    let _ = tx.send(keep_alive);
+                }
+                Ok(())
+            }
+            Out::Remote(tx) => tx.send(Part::End { keep_alive }).await.map_err(|_| Gone),
+        }
+    }
+
+    /// Resolves once the agent's connection is gone.
+    pub async fn closed(&self) {
+        match &self.out {
+            Out::Local { shared, .. } => shared.wait_closed().await,
+            Out::Remote(tx) => tx.closed().await,
+        }
+    }
+}
+
+impl Drop for Sink {
+    /// A sink dropped before its response completed aborts the connection.
+    fn drop(&mut self) {
+        if let Out::Local { shared, done } = &mut self.out
+            && let Some(tx) = done.take()
+        {
+            if self.state != State::Done {
+                shared.conn.shutdown();
+            }
+            let _ = tx.send(false);
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! The one place that knows which I/O backend runs: io_uring (tokio-uring) or epoll
+//! (tokio current-thread). Everything else reads and writes through [`Conn`].
+//!
+//! Rules that keep io_uring correct (see `reference/runtime-notes.md`): a read, write or
+//! accept is never cancelled by dropping its future — each connection has one long-lived
+//! read loop and deadlines are enforced by [`Conn::shutdown`], which makes the pending read
+//! complete; a socket is always shut down before it is dropped.
+
+use super::slots::ReadBuf;
+use bytes::Bytes;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+
+/// Which event loop a worker runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// tokio-uring: one io_uring ring per worker.
+    Uring,
+    /// tokio current-thread runtime over epoll.
+    Epoll,
+}
+
+impl Backend {
+    /// The name used in logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Uring => "uring",
+            Backend::Epoll => "epoll",
+        }
+    }
+}
+
+/// A connected TCP socket on the current worker.
+pub enum Conn {
+    Uring(tokio_uring::net::TcpStream),
+    Epoll(tokio::net::TcpStream),
+}
+
+impl Conn {
+    /// Reads into `buf` from its start; returns the byte count (0 = the peer closed or the
+    /// socket was shut down) and the buffer.
+    pub async fn read(&self, buf: ReadBuf) -> (io::Result<usize>, ReadBuf) {
+        match (self, buf) {
+            (Conn::Uring(s), ReadBuf::Fixed(b)) => {
+                let (r, b) = s.read_fixed(b).await;
+                (r, ReadBuf::Fixed(b))
+            }
+            (Conn::Uring(s), ReadBuf::Heap(mut v)) => {
+                v.clear();
+                let (r, v) = s.read(v).await;
+                (r, ReadBuf::Heap(v))
+            }
+            (Conn::Epoll(s), ReadBuf::Heap(mut v)) => {
+                v.clear();
+                let r = epoll_read(s, &mut v).await;
+                (r, ReadBuf::Heap(v))
+            }
+            (Conn::Epoll(_), ReadBuf::Fixed(_)) => {
+                unreachable!("fixed buffers exist only on io_uring workers")
+            }
+        }
+    }
+
+    /// Writes all of `data`.
+    pub async fn write_all(&self, data: Bytes) -> io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match self {
+            Conn::Uring(s) => s.write_all(data).await.0,
+            Conn::Epoll(s) => epoll_write_all(s, &data).await,
+        }
+    }
+
+    /// Shuts both directions down: a pending read completes with 0 and the peer sees EOF.
+    /// Errors (already closed) are ignored: the goal state is reached either way.
+    pub fn shutdown(&self) {
+        let _ = match self {
+            Conn::Uring(s) => s.shutdown(std::net::Shutdown::Both),
+            Conn::Epoll(s) => shutdown_fd(s.as_raw_fd(), libc::SHUT_RDWR),
+        };
+    }
+}
+
+async fn epoll_read(s: &tokio::net::TcpStream, v: &mut Vec<u8>) -> io::Result<usize> {
+    loop {
+        s.readable().await?;
+        match s.try_read_buf(v) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn epoll_write_all(s: &tokio::net::TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        s.writable().await?;
+        match s.try_write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = data.get(n..).unwrap_or_default(),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn shutdown_fd(fd: RawFd, how: libc::c_int) -> io::Result<()> {
+    // SAFETY: `fd` is a socket owned by the caller for the duration of the call;
+    // shutdown(2) does not take ownership or invalidate it.
+    let rc = unsafe { libc::shutdown(fd, how) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A listening socket on the current worker (one per worker per server binding, all
+/// bound to the same address with SO_REUSEPORT so the kernel spreads connections).
+pub enum Listener {
+    Uring(tokio_uring::net::TcpListener),
+    Epoll(tokio::net::TcpListener),
+}
+
+impl Listener {
+    /// Adopts a bound, listening std socket on this worker's backend.
+    pub fn adopt(std: std::net::TcpListener, backend: Backend) -> io::Result<Listener> {
+        Ok(match backend {
+            Backend::Uring => Listener::Uring(tokio_uring::net::TcpListener::from_std(std)),
+            Backend::Epoll => {
+                std.set_nonblocking(true)?;
+                Listener::Epoll(tokio::net::TcpListener::from_std(std)?)
+            }
+        })
+    }
+
+    /// Accepts one connection, with TCP_NODELAY set.
+    pub async fn accept(&self) -> io::Result<(Conn, SocketAddr)> {
+        match self {
+            Listener::Uring(l) => {
+                let (s, peer) = l.accept().await?;
+                s.set_nodelay(true)?;
+                Ok((Conn::Uring(s), peer))
+            }
+            Listener::Epoll(l) => {
+                let (s, peer) = l.accept().await?;
+                s.set_nodelay(true)?;
+                Ok((Conn::Epoll(s), peer))
+            }
+        }
+    }
+
+    /// Stops accepting: a pending accept completes with an error (never dropped).
+    pub fn shutdown(&self) {
+        let fd = match self {
+            Listener::Uring(l) => l.as_raw_fd(),
+            Listener::Epoll(l) => l.as_raw_fd(),
+        };
+        let _ = shutdown_fd(fd, libc::SHUT_RD);
+    }
+}
+
+/// Binds `count` listening sockets to `addr` with SO_REUSEPORT; with port 0 the first
+/// socket picks the port and the others join it. Returns them and the bound address.
+pub fn bind_reuseport(
+    addr: SocketAddr,
+    count: usize,
+) -> io::Result<(Vec<std::net::TcpListener>, SocketAddr)> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut bound = addr;
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let socket = Socket::new(Domain::for_address(bound), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nodelay(true)?;
+        socket.bind(&bound.into())?;
+        socket.listen(LISTEN_BACKLOG)?;
+        let std: std::net::TcpListener = socket.into();
+        bound = std.local_addr()?;
+        out.push(std);
+    }
+    Ok((out, bound))
+}
+
+/// Kernel accept queue length per listener.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// True if this process may set up an io_uring ring (seccomp and kernel permitting).
+pub fn uring_available() -> Result<(), io::Error> {
+    tokio_uring::Runtime::new(&tokio_uring::builder()).map(drop)
+}

@@ -1,0 +1,176 @@
+//! Thread-per-core runtime: one worker per core, pinned, each with its own event loop
+//! (an io_uring ring, or epoll), its own listeners, slots, sessions and timers.
+//!
+//! The main thread builds the plan, binds the listeners (SO_REUSEPORT, one socket per
+//! worker per server binding), starts the workers, then waits for SIGINT/SIGTERM and
+//! drives a graceful drain. The only channels between workers are the bounded
+//! [`Inbox`] queues: closures run on the target worker's loop (session hand-off, metrics
+//! scrapes).
+
+pub mod io;
+pub mod slots;
+
+use crate::limits::CROSS_WORKER_QUEUE_LEN;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+pub use io::{Backend, Conn, Listener};
+pub use slots::{ReadBuf, Slots};
+
+/// Work sent to another worker: runs on that worker's loop, inside its LocalSet.
+pub type Task = Box<dyn FnOnce() + Send>;
+
+/// The senders of every worker's inbox, indexed by worker.
+#[derive(Clone)]
+pub struct Inboxes {
+    senders: Arc<[mpsc::Sender<Task>]>,
+}
+
+/// The target worker's queue is full (or it has stopped): the caller answers 503.
+#[derive(Debug, Clone, Copy)]
+pub struct Busy;
+
+impl Inboxes {
+    /// Queues `task` on worker `index` without waiting.
+    pub fn send(&self, index: usize, task: Task) -> Result<(), Busy> {
+        let tx = self.senders.get(index).ok_or(Busy)?;
+        tx.try_send(task).map_err(|_| Busy)
+    }
+
+    /// The number of workers.
+    pub fn len(&self) -> usize {
+        self.senders.len()
+    }
+
+    /// True if there are no workers.
+    pub fn is_empty(&self) -> bool {
+        self.senders.is_empty()
+    }
+}
+
+/// Creates one bounded inbox per worker.
+pub fn inboxes(workers: usize) -> (Inboxes, Vec<mpsc::Receiver<Task>>) {
+    let (tx, rx): (Vec<_>, Vec<_>) = (0..workers)
+        .map(|_| mpsc::channel(CROSS_WORKER_QUEUE_LEN))
+        .unzip();
+    (
+        Inboxes {
+            senders: tx.into(),
+        },
+        rx,
+    )
+}
+
+/// Drains queued cross-worker tasks until the inbox closes.
+pub async fn run_inbox(mut rx: mpsc::Receiver<Task>) {
+    while let Some(task) = rx.recv().await {
+        task();
+    }
+}
+
+/// The drain signal from the main thread: `true` once SIGINT/SIGTERM arrived.
+pub type DrainSignal = watch::Receiver<bool>;
+
+/// Waits until the drain signal turns true (or its sender is gone).
+pub async fn drained(mut rx: DrainSignal) {
+    while !*rx.borrow_and_update() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Number of submission queue entries of each worker's ring.
+const RING_ENTRIES: u32 = 1024;
+
+/// Runs `main` on a new event loop of `backend` on this thread.
+pub fn block_on<F: std::future::Future>(backend: Backend, main: F) -> std::io::Result<F::Output> {
+    match backend {
+        Backend::Uring => {
+            let mut uring = tokio_uring::uring_builder();
+            uring.setup_coop_taskrun().setup_single_issuer();
+            let rt = tokio_uring::Runtime::new(
+                tokio_uring::builder()
+                    .entries(RING_ENTRIES)
+                    .uring_builder(&uring),
+            )?;
+            Ok(rt.block_on(main))
+        }
+        Backend::Epoll => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            Ok(tokio::task::LocalSet::new().block_on(&rt, main))
+        }
+    }
+}
+
+/// Picks the backend for `runtime.io`: `auto` tries io_uring and falls back to epoll,
+/// logging the reason once.
+pub fn choose_backend(mode: crate::config::IoMode) -> Result<Backend, String> {
+    use crate::config::IoMode;
+    match mode {
+        IoMode::Epoll => Ok(Backend::Epoll),
+        IoMode::Uring => io::uring_available()
+            .map(|()| Backend::Uring)
+            .map_err(|e| format!("runtime.io is uring but io_uring cannot be set up: {e}")),
+        IoMode::Auto => match io::uring_available() {
+            Ok(()) => Ok(Backend::Uring),
+            Err(e) => {
+                crate::log::warn(format_args!(
+                    "runtime: io_uring unavailable ({e}); falling back to epoll"
+                ));
+                Ok(Backend::Epoll)
+            }
+        },
+    }
+}
+
+/// Fixed-buffer slots each worker may register, from `RLIMIT_MEMLOCK` (a quarter kept
+/// spare for the rings themselves).
+pub fn registrable_slots(workers: usize) -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and reads nothing else.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
+    if rc != 0 || workers == 0 {
+        return 0;
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY {
+        return crate::limits::SLOTS_PER_WORKER;
+    }
+    let per_worker = (lim.rlim_cur as usize / workers) * 3 / 4;
+    per_worker / crate::limits::SLOT_BYTES
+}
+
+/// Pins the current thread to the `index`-th core of the process's affinity mask.
+pub fn pin(index: usize) {
+    if let Some(ids) = core_affinity::get_core_ids()
+        && !ids.is_empty()
+        && let Some(id) = ids.get(index % ids.len())
+        && !core_affinity::set_for_current(*id)
+    {
+        crate::log::warn(format_args!("runtime: pinning worker {index} failed"));
+    }
+}
+
+/// The number of workers for `runtime.workers` (0 = one per available core).
+pub fn worker_count(configured: usize) -> usize {
+    if configured > 0 {
+        return configured;
+    }
+    core_affinity::get_core_ids()
+        .map(|ids| ids.len())
+        .filter(|n| *n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+        .min(crate::limits::WORKERS_MAX)
+}
+
+/// Sleeps on the current worker's timer (both backends run tokio's timer).
+pub async fn sleep(d: Duration) {
+    tokio::time::sleep(d).await;
+}
