@@ -1,0 +1,233 @@
+//! The validated configuration: the types the rest of mcpyard reads.
+//!
+//! A `Config` only exists once every check in `validate.rs` has passed, so its users never
+//! re-check: every `exit` names a binding of an allowed kind, every timeout is within the
+//! bounds of `limits.rs`, every default is filled in, and secrets are already taken from the
+//! environment. The types are plain data; they are built once at start-up and then shared
+//! read-only by all workers.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A whole, validated configuration file.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Process-wide settings (`runtime:`).
+    pub runtime: Runtime,
+    /// Metrics endpoint (`telemetry:`).
+    pub telemetry: Telemetry,
+    /// Named stores (`stores:`), referenced by proxy caches.
+    pub stores: BTreeMap<String, Store>,
+    /// Named bindings (`bindings:`); at least one is a `server`.
+    pub bindings: BTreeMap<String, Binding>,
+    /// The file name the config was loaded from, for messages.
+    pub source: String,
+}
+
+impl Config {
+    /// Iterates over the `server` bindings, the agent-facing listeners, in name order.
+    pub fn servers(&self) -> impl Iterator<Item = (&str, &ServerBinding)> {
+        self.bindings
+            .iter()
+            .filter_map(|(name, binding)| match binding {
+                Binding::Server(server) => Some((name.as_str(), server)),
+                _ => None,
+            })
+    }
+}
+
+/// Process-wide settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Runtime {
+    /// Worker threads; 0 means one per available core. At most `limits::WORKERS_MAX`.
+    pub workers: usize,
+    /// Which I/O backend the workers run on.
+    pub io: IoMode,
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime {
+            workers: 0,
+            io: IoMode::Auto,
+        }
+    }
+}
+
+/// The I/O backend (`runtime.io`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoMode {
+    /// io_uring when the kernel allows it, else epoll (logged once).
+    Auto,
+    /// io_uring only; start-up fails when it is unavailable.
+    Uring,
+    /// epoll only.
+    Epoll,
+}
+
+/// Observability settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Telemetry {
+    /// Where to serve Prometheus text at `GET /metrics`; `None` serves no metrics.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// A store (`stores.<name>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// The embedded, process-wide in-memory store.
+    Memory,
+}
+
+/// One binding (`bindings.<name>`), by `kind`.
+#[derive(Debug, Clone)]
+pub enum Binding {
+    /// `kind: server`, an agent-facing MCP Streamable HTTP endpoint.
+    Server(ServerBinding),
+    /// `kind: proxy`, routing by toolkit, merging lists, optional cache.
+    Proxy(ProxyBinding),
+    /// `kind: client`, one upstream MCP server.
+    Client(ClientBinding),
+    /// `kind: demo`, the embedded demo toolkit.
+    Demo(DemoBinding),
+}
+
+impl Binding {
+    /// The `kind:` value this binding was written with: `server`, `proxy`, `client` or `demo`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Binding::Server(_) => "server",
+            Binding::Proxy(_) => "proxy",
+            Binding::Client(_) => "client",
+            Binding::Demo(_) => "demo",
+        }
+    }
+}
+
+/// An agent-facing endpoint (`kind: server`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerBinding {
+    /// Address to listen on; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// The MCP endpoint path: starts with `/`, visible ASCII, no `?` or `#`. Default `/mcp`.
+    pub path: String,
+    /// Name of the `proxy`, `client` or `demo` binding requests go to.
+    pub exit: String,
+    /// Allowed `Origin` values, normalised to lower case without a default port
+    /// (`http://localhost:6274`). `None`: only loopback origins are allowed when `listen`
+    /// is a loopback address; otherwise requests with an `Origin` header are refused.
+    pub origins: Option<Vec<String>>,
+    /// Allowed `Host` header host names, lower case, IPv6 in brackets, port not included.
+    /// `None`: loopback listeners allow only `localhost`, `127.0.0.1` and `[::1]`; other
+    /// listeners allow any host.
+    pub hosts: Option<Vec<String>>,
+    /// Idle session expiry; at most `limits::SESSION_IDLE_TIMEOUT_MAX` (the default).
+    pub session_timeout: Duration,
+    /// Deadline for a request's reply; at most `limits::REQUEST_TIMEOUT_DEFAULT` (the default).
+    pub request_timeout: Duration,
+}
+
+/// Routing and aggregation (`kind: proxy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyBinding {
+    /// List cache; `None` forwards every list request upstream.
+    pub cache: Option<Cache>,
+    /// Routes in file order; never empty, toolkit names unique.
+    pub routes: Vec<Route>,
+}
+
+/// A proxy's list cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cache {
+    /// Name of the `stores:` entry holding the cached lists.
+    pub store: String,
+    /// How long a hydrated list is served before it is refreshed; at least 1s, default 5m.
+    pub ttl: Duration,
+}
+
+/// One proxy route: a toolkit name and where its requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The toolkit prefix (`<toolkit>__<tool>`); `[A-Za-z0-9_-]{1,64}` without `__`.
+    pub toolkit: String,
+    /// Name of the `client` or `demo` binding serving this toolkit.
+    pub exit: String,
+}
+
+/// One upstream MCP server (`kind: client`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientBinding {
+    /// The upstream's MCP endpoint.
+    pub server: UpstreamUrl,
+    /// What credential goes upstream; `None` sends none.
+    pub authorization: Option<ClientAuth>,
+    /// Deadline to establish a connection (TCP, and TLS for https). Default 5s.
+    pub connect_timeout: Duration,
+    /// Deadline from sending a request to the upstream's response head. Default 60s.
+    pub response_timeout: Duration,
+}
+
+/// A parsed upstream URL, split into what an HTTP/1.1 request needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    /// `http` or `https`.
+    pub scheme: Scheme,
+    /// Lower-case DNS name or IP address, IPv6 without brackets.
+    pub host: String,
+    /// The port, the scheme's default (80 or 443) when the URL has none.
+    pub port: u16,
+    /// The request target: path (at least `/`) and query, as written.
+    pub path_and_query: String,
+    /// `host[:port]` as sent in `Host`: IPv6 in brackets, port left out when it is the default.
+    pub authority: String,
+}
+
+/// An upstream URL scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// Plain HTTP.
+    Http,
+    /// HTTP over TLS.
+    Https,
+}
+
+/// The credential a client binding sends upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// Pass the agent's own `Authorization` header through.
+    Forward,
+    /// Send `Authorization: Bearer <token>`; `${NAME}` was replaced from the environment.
+    Bearer(Secret),
+}
+
+/// The embedded demo toolkit (`kind: demo`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DemoBinding {
+    /// Pause between the progress steps of the demo's slow tool. Default 200ms.
+    pub progress_interval: Duration,
+}
+
+/// A credential. `Debug` prints `Secret(**redacted**)`, and there is no `Display`, so a
+/// secret only leaves through `expose`, at the one place that writes it to the wire.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a credential.
+    pub fn new(value: String) -> Self {
+        Secret(value)
+    }
+
+    /// The credential itself, for writing into a request header.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(**redacted**)")
+    }
+}

@@ -1,0 +1,531 @@
+//! The file as written: serde types that mirror the YAML, before cross-checks and defaults.
+//!
+//! Structure is checked here (unknown keys are refused with `deny_unknown_fields`), and so
+//! is every single value that can be checked alone: a leaf field is read as a YAML value and
+//! parsed by a function that returns the whole `found …, expected …` message, so serde's
+//! generic wording never reaches the user. `serde_path_to_error` (in `mod.rs`) supplies the
+//! key path. Every field is optional here; `validate.rs` reports missing required keys with
+//! their full path and fills in defaults.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, de::Error as _};
+use serde_yaml_ng::Value;
+
+use super::duration::parse_duration;
+use super::model::{ClientAuth, IoMode, Secret, Store, UpstreamUrl};
+use super::url::{parse_host_name, parse_origin, parse_upstream_url};
+use crate::limits::{LOG_FIELD_BYTES_MAX, REQUEST_TARGET_BYTES_MAX, WORKERS_MAX};
+
+/// The top level of the file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub runtime: Option<RawRuntime>,
+    #[serde(default)]
+    pub telemetry: Option<RawTelemetry>,
+    #[serde(default)]
+    pub stores: Option<BTreeMap<String, RawStore>>,
+    #[serde(default)]
+    pub bindings: Option<BTreeMap<String, RawBinding>>,
+}
+
+/// `runtime:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawRuntime {
+    #[serde(default, deserialize_with = "de_workers")]
+    pub workers: Option<usize>,
+    #[serde(default, deserialize_with = "de_io")]
+    pub io: Option<IoMode>,
+}
+
+/// `telemetry:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawTelemetry {
+    #[serde(default, deserialize_with = "de_socket_addr")]
+    pub metrics: Option<SocketAddr>,
+}
+
+/// `stores.<name>`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawStore {
+    #[serde(default, rename = "type", deserialize_with = "de_store_type")]
+    pub store_type: Option<Store>,
+}
+
+/// `bindings.<name>`: the union of every kind's keys. Which keys a given kind allows is
+/// checked before serde runs (`check_binding_keys`), on the plain YAML value, so that an
+/// unknown key is reported with the list of keys *that kind* accepts.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawBinding {
+    #[serde(default, deserialize_with = "de_kind")]
+    pub kind: Option<Kind>,
+    // server
+    #[serde(default, deserialize_with = "de_socket_addr")]
+    pub listen: Option<SocketAddr>,
+    #[serde(default, deserialize_with = "de_path")]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub exit: Option<Value>,
+    #[serde(default, deserialize_with = "de_origins")]
+    pub origins: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "de_hosts")]
+    pub hosts: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "de_duration")]
+    pub session_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    pub request_timeout: Option<Duration>,
+    // proxy
+    #[serde(default)]
+    pub cache: Option<RawCache>,
+    #[serde(default)]
+    pub routes: Option<Vec<RawRoute>>,
+    // client
+    #[serde(default, deserialize_with = "de_upstream_url")]
+    pub server: Option<UpstreamUrl>,
+    #[serde(default)]
+    pub authorization: Option<RawAuth>,
+    #[serde(default, deserialize_with = "de_duration")]
+    pub connect_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "de_duration")]
+    pub response_timeout: Option<Duration>,
+    // demo
+    #[serde(default, deserialize_with = "de_duration")]
+    pub progress_interval: Option<Duration>,
+}
+
+/// `bindings.<proxy>.cache`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawCache {
+    #[serde(default)]
+    pub store: Option<Value>,
+    #[serde(default, deserialize_with = "de_duration")]
+    pub ttl: Option<Duration>,
+}
+
+/// `bindings.<proxy>.routes[i]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawRoute {
+    #[serde(default)]
+    pub toolkit: Option<Value>,
+    #[serde(default)]
+    pub exit: Option<Value>,
+}
+
+/// `bindings.<client>.authorization`: `forward` or `{ bearer: TOKEN }`.
+#[derive(Debug)]
+pub(super) struct RawAuth(pub ClientAuth);
+
+/// A binding's `kind:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Server,
+    Proxy,
+    Client,
+    Demo,
+}
+
+impl Kind {
+    /// Every kind, in the order messages list them.
+    pub const ALL: [Kind; 4] = [Kind::Server, Kind::Proxy, Kind::Client, Kind::Demo];
+
+    /// The name as written after `kind:`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Server => "server",
+            Kind::Proxy => "proxy",
+            Kind::Client => "client",
+            Kind::Demo => "demo",
+        }
+    }
+
+    /// The keys a binding of this kind may have, `kind` first.
+    pub fn keys(self) -> &'static [&'static str] {
+        match self {
+            Kind::Server => &[
+                "kind",
+                "listen",
+                "path",
+                "exit",
+                "origins",
+                "hosts",
+                "session_timeout",
+                "request_timeout",
+            ],
+            Kind::Proxy => &["kind", "cache", "routes"],
+            Kind::Client => &[
+                "kind",
+                "server",
+                "authorization",
+                "connect_timeout",
+                "response_timeout",
+            ],
+            Kind::Demo => &["kind", "progress_interval"],
+        }
+    }
+}
+
+/// Parses a `kind:` value.
+pub(super) fn parse_kind(value: &Value) -> Result<Kind, String> {
+    let name = value.as_str().unwrap_or_default();
+    Kind::ALL
+        .into_iter()
+        .find(|kind| kind.name() == name)
+        .ok_or_else(|| {
+            format!(
+                "found {}, expected one of: server, proxy, client, demo",
+                render(value)
+            )
+        })
+}
+
+/// Checks, on the plain YAML tree, that each binding with a valid `kind` has only the keys
+/// that kind allows. Returns the key path and message of the first offender, in file order.
+/// Bindings that are not mappings or have no valid `kind` are left to serde and `validate`.
+pub(super) fn check_binding_keys(root: &Value) -> Result<(), (String, String)> {
+    let Some(bindings) = root.get("bindings").and_then(Value::as_mapping) else {
+        return Ok(());
+    };
+    for (name, binding) in bindings {
+        let (Some(name), Some(binding)) = (name.as_str(), binding.as_mapping()) else {
+            continue;
+        };
+        let Some(Ok(kind)) = binding.get("kind").map(parse_kind) else {
+            continue;
+        };
+        for key in binding.keys() {
+            let allowed = key.as_str().is_some_and(|key| kind.keys().contains(&key));
+            if !allowed {
+                let (path, found) = match key.as_str() {
+                    Some(key) => (format!("bindings.{name}.{key}"), String::new()),
+                    None => (format!("bindings.{name}"), format!(" {}", render(key))),
+                };
+                let message = format!(
+                    "unknown key{found} for a {} binding, expected one of: {}",
+                    kind.name(),
+                    kind.keys().join(", ")
+                );
+                return Err((path, message));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads one leaf as a plain YAML value and parses it with `parse`. An empty value (`key:`
+/// or `key: ~`) counts as absent.
+fn leaf<'de, D, T>(
+    d: D,
+    parse: impl FnOnce(&Value) -> Result<T, String>,
+) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let value = Value::deserialize(d)?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    parse(&value).map(Some).map_err(D::Error::custom)
+}
+
+/// Reads a leaf that must be a string, then parses the string with `parse`.
+fn leaf_str<'de, D, T>(
+    d: D,
+    expected: &str,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    leaf(d, |value| match value.as_str() {
+        Some(text) => parse(text),
+        None => Err(format!("found {}, expected {expected}", render(value))),
+    })
+}
+
+fn de_workers<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    leaf(d, |value| {
+        value
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n <= WORKERS_MAX)
+            .ok_or_else(|| {
+                format!(
+                    "found {}, expected a number of workers from 0 (one per core) to {WORKERS_MAX}",
+                    render(value)
+                )
+            })
+    })
+}
+
+fn de_io<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IoMode>, D::Error> {
+    leaf(d, |value| match value.as_str() {
+        Some("auto") => Ok(IoMode::Auto),
+        Some("uring") => Ok(IoMode::Uring),
+        Some("epoll") => Ok(IoMode::Epoll),
+        _ => Err(format!(
+            "found {}, expected one of: auto, uring, epoll",
+            render(value)
+        )),
+    })
+}
+
+const SOCKET_ADDR_EXPECTED: &str = "a socket address such as 127.0.0.1:7114";
+
+fn de_socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    leaf_str(d, SOCKET_ADDR_EXPECTED, |text| {
+        text.parse()
+            .map_err(|_| format!("found {}, expected {SOCKET_ADDR_EXPECTED}", quote(text)))
+    })
+}
+
+fn de_store_type<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Store>, D::Error> {
+    leaf(d, |value| match value.as_str() {
+        Some("memory") => Ok(Store::Memory),
+        Some("redis") => Err(format!(
+            "found {}, expected memory (redis is not supported yet)",
+            render(value)
+        )),
+        _ => Err(format!("found {}, expected memory", render(value))),
+    })
+}
+
+fn de_kind<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Kind>, D::Error> {
+    leaf(d, parse_kind)
+}
+
+const PATH_EXPECTED: &str =
+    "a path that starts with / and has only visible ASCII characters and no ? or #";
+
+fn de_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    leaf_str(d, PATH_EXPECTED, |text| {
+        let ok = text.starts_with('/')
+            && text.len() <= REQUEST_TARGET_BYTES_MAX
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'?' && b != b'#');
+        if ok {
+            Ok(text.to_owned())
+        } else {
+            Err(format!("found {}, expected {PATH_EXPECTED}", quote(text)))
+        }
+    })
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    leaf_str(d, super::duration::DURATION_EXPECTED, parse_duration)
+}
+
+fn de_upstream_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<UpstreamUrl>, D::Error> {
+    leaf_str(d, "an http:// or https:// URL", parse_upstream_url)
+}
+
+fn de_origins<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    Ok(Option::<Vec<Origin>>::deserialize(d)?.map(|list| list.into_iter().map(|o| o.0).collect()))
+}
+
+fn de_hosts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    Ok(
+        Option::<Vec<HostName>>::deserialize(d)?
+            .map(|list| list.into_iter().map(|h| h.0).collect()),
+    )
+}
+
+/// One `origins:` entry; a type of its own so that serde tracks the list index.
+struct Origin(String);
+
+impl<'de> Deserialize<'de> for Origin {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let expected = "an origin such as http://localhost:6274";
+        let origin = leaf_str(d, expected, parse_origin)?;
+        origin
+            .map(Origin)
+            .ok_or_else(|| D::Error::custom(format!("found nothing, expected {expected}")))
+    }
+}
+
+/// One `hosts:` entry; a type of its own so that serde tracks the list index.
+struct HostName(String);
+
+impl<'de> Deserialize<'de> for HostName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let expected = "a host name such as mcp.example.com";
+        let host = leaf_str(d, expected, parse_host_name)?;
+        host.map(HostName)
+            .ok_or_else(|| D::Error::custom(format!("found nothing, expected {expected}")))
+    }
+}
+
+const AUTH_EXPECTED: &str = "forward or a mapping { bearer: TOKEN }";
+
+impl<'de> Deserialize<'de> for RawAuth {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(AuthVisitor)
+    }
+}
+
+/// The one key an `authorization:` mapping may have. Reading keys through a derived
+/// identifier makes an unknown key fail inside `next_key`, where the key path is tracked.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
+enum AuthKey {
+    Bearer,
+}
+
+struct AuthVisitor;
+
+impl<'de> Visitor<'de> for AuthVisitor {
+    type Value = RawAuth;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(AUTH_EXPECTED)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<RawAuth, E> {
+        if text == "forward" {
+            Ok(RawAuth(ClientAuth::Forward))
+        } else {
+            Err(E::custom(format!(
+                "found {}, expected {AUTH_EXPECTED}",
+                quote(text)
+            )))
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawAuth, A::Error> {
+        let mut bearer: Option<Secret> = None;
+        while let Some(AuthKey::Bearer) = map.next_key()? {
+            if bearer.is_some() {
+                return Err(A::Error::custom("duplicate key bearer"));
+            }
+            bearer = Some(map.next_value::<BearerToken>()?.0);
+        }
+        bearer
+            .map(|secret| RawAuth(ClientAuth::Bearer(secret)))
+            .ok_or_else(|| {
+                A::Error::custom(format!("found an empty mapping, expected {AUTH_EXPECTED}"))
+            })
+    }
+}
+
+/// A bearer token with `${NAME}` already replaced from the environment.
+struct BearerToken(Secret);
+
+impl<'de> Deserialize<'de> for BearerToken {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        // A literal token is a secret too: no message below repeats it.
+        let Some(text) = value.as_str() else {
+            let found = match value {
+                Value::Null => "nothing",
+                Value::Sequence(_) => "a list",
+                Value::Mapping(_) => "a mapping",
+                _ => "a value that is not a string",
+            };
+            return Err(D::Error::custom(format!(
+                "found {found}, expected a bearer token or ${{NAME}} of an environment variable"
+            )));
+        };
+        let token = substitute_env(text).map_err(D::Error::custom)?;
+        if token.is_empty() {
+            return Err(D::Error::custom(
+                "found an empty token, expected a bearer token",
+            ));
+        }
+        // RFC 6750 §2.1: b64token is visible ASCII; anything else would break the header.
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(D::Error::custom(
+                "found a token with spaces or non-ASCII characters, expected a bearer token of visible ASCII characters",
+            ));
+        }
+        Ok(BearerToken(Secret::new(token)))
+    }
+}
+
+/// Replaces each `${NAME}` with the environment variable `NAME`. A `$` not followed by `{`
+/// is kept as written.
+///
+/// Returns the result, or a message naming the variable that is missing or malformed; the
+/// message never contains the text around it, which may be part of a secret.
+pub(super) fn substitute_env(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        let (before, after) = rest.split_at(start);
+        out.push_str(before);
+        let after = after.get(2..).unwrap_or_default();
+        let Some((name, tail)) = after.split_once('}') else {
+            return Err("found an unterminated ${, expected ${NAME}".to_owned());
+        };
+        let valid = !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid {
+            return Err(format!(
+                "found ${{{}}}, expected ${{NAME}} with NAME made of letters, digits and _",
+                truncate(name)
+            ));
+        }
+        match std::env::var(name) {
+            Ok(value) => out.push_str(&value),
+            Err(std::env::VarError::NotPresent) => {
+                return Err(format!(
+                    "found ${{{name}}}, expected the environment variable {name} to be set"
+                ));
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(format!(
+                    "found ${{{name}}}, expected the environment variable {name} to hold UTF-8 text"
+                ));
+            }
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Renders a YAML value for a `found …` message: strings quoted and escaped, numbers and
+/// booleans as written, collections by their shape.
+pub(super) fn render(value: &Value) -> String {
+    match value {
+        Value::Null => "nothing".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => quote(s),
+        Value::Sequence(_) => "a list".to_owned(),
+        Value::Mapping(_) => "a mapping".to_owned(),
+        Value::Tagged(tagged) => format!("a value tagged {}", tagged.tag),
+    }
+}
+
+/// Quotes a string for a message, escaping control characters and cutting it at
+/// `limits::LOG_FIELD_BYTES_MAX` bytes so a message stays one bounded line.
+pub(super) fn quote(text: &str) -> String {
+    let cut = truncate(text);
+    if cut.len() < text.len() {
+        format!("{cut:?}…")
+    } else {
+        format!("{text:?}")
+    }
+}
+
+/// The longest prefix of `text` within `LOG_FIELD_BYTES_MAX` bytes, on a char boundary.
+fn truncate(text: &str) -> &str {
+    let mut end = text.len().min(LOG_FIELD_BYTES_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
+}

@@ -1,0 +1,623 @@
+//! Table tests for the config loader: each invalid file is pinned to its exact one-line
+//! message, and the shipped example files must load.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::*;
+
+/// The DESIGN.md section 1 shape, used as the starting point of most cases.
+const BASE: &str = "\
+runtime:
+  workers: 0
+  io: auto
+stores:
+  cache0: { type: memory }
+bindings:
+  north:
+    kind: server
+    listen: 127.0.0.1:7114
+    exit: tools
+  tools:
+    kind: proxy
+    cache: { store: cache0 }
+    routes:
+      - toolkit: github
+        exit: github
+      - toolkit: time
+        exit: time
+  github:
+    kind: client
+    server: http://127.0.0.1:3001/mcp
+  time:
+    kind: client
+    server: http://127.0.0.1:3002/mcp
+";
+
+/// `BASE` with one piece of text replaced; the piece must occur in `BASE`.
+fn edit(from: &str, to: &str) -> String {
+    assert!(BASE.contains(from), "BASE lacks {from:?}");
+    BASE.replacen(from, to, 1)
+}
+
+fn load_ok(text: &str) -> Config {
+    match load_str(text, "gw.yaml") {
+        Ok(config) => config,
+        Err(e) => panic!("expected a valid config, got: {e}"),
+    }
+}
+
+fn load_err(text: &str) -> String {
+    match load_str(text, "gw.yaml") {
+        Ok(config) => panic!("expected an error, got: {config:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn client<'a>(config: &'a Config, name: &str) -> &'a ClientBinding {
+    match config.bindings.get(name) {
+        Some(Binding::Client(client)) => client,
+        other => panic!("{name} is not a client: {other:?}"),
+    }
+}
+
+/// `edit` of the client `time`'s server URL.
+fn with_time_url(url: &str) -> String {
+    edit("http://127.0.0.1:3002/mcp", url)
+}
+
+#[test]
+fn invalid_files_get_exact_messages() {
+    let table: Vec<(&str, String, &str)> = vec![
+        (
+            "unknown top-level key",
+            format!("{BASE}bindngs: {{}}\n"),
+            "gw.yaml: bindngs: unknown key, expected one of: runtime, telemetry, stores, bindings",
+        ),
+        (
+            "unknown nested key",
+            edit("  workers: 0", "  wrkers: 0"),
+            "gw.yaml: runtime.wrkers: unknown key, expected one of: workers, io",
+        ),
+        (
+            "unknown key of a single-key section",
+            format!("{BASE}telemetry: {{ metric: 127.0.0.1:9464 }}\n"),
+            "gw.yaml: telemetry.metric: unknown key, expected metrics",
+        ),
+        (
+            "unknown key inside a route list item",
+            edit(
+                "      - toolkit: time\n        exit: time",
+                "      - toolkit: time\n        exits: time",
+            ),
+            "gw.yaml: bindings.tools.routes[1].exits: unknown key, expected one of: toolkit, exit",
+        ),
+        (
+            "key of another binding kind",
+            edit("    exit: tools", "    exit: tools\n    routes: []"),
+            "gw.yaml: bindings.north.routes: unknown key for a server binding, expected one of: \
+             kind, listen, path, exit, origins, hosts, session_timeout, request_timeout",
+        ),
+        (
+            "unknown key of the cache",
+            edit("{ store: cache0 }", "{ store: cache0, tll: 5m }"),
+            "gw.yaml: bindings.tools.cache.tll: unknown key, expected one of: store, ttl",
+        ),
+        (
+            "bad listen",
+            edit("listen: 127.0.0.1:7114", "listen: 127.0.0.1:x"),
+            "gw.yaml: bindings.north.listen: found \"127.0.0.1:x\", expected a socket address such as 127.0.0.1:7114",
+        ),
+        (
+            "listen as a number",
+            edit("listen: 127.0.0.1:7114", "listen: 7114"),
+            "gw.yaml: bindings.north.listen: found 7114, expected a socket address such as 127.0.0.1:7114",
+        ),
+        (
+            "missing listen",
+            edit("    listen: 127.0.0.1:7114\n", ""),
+            "gw.yaml: bindings.north.listen: missing, expected a socket address such as 127.0.0.1:7114",
+        ),
+        (
+            "duration in words",
+            edit(
+                "    exit: tools",
+                "    exit: tools\n    session_timeout: 5 minutes",
+            ),
+            "gw.yaml: bindings.north.session_timeout: found \"5 minutes\", expected a duration such as 100ms, 30s, 5m or 1h",
+        ),
+        (
+            "negative duration",
+            edit("{ store: cache0 }", "{ store: cache0, ttl: -1s }"),
+            "gw.yaml: bindings.tools.cache.ttl: found \"-1s\", expected a duration such as 100ms, 30s, 5m or 1h",
+        ),
+        (
+            "duration without unit",
+            edit(
+                "    server: http://127.0.0.1:3001/mcp",
+                "    server: http://127.0.0.1:3001/mcp\n    connect_timeout: 10",
+            ),
+            "gw.yaml: bindings.github.connect_timeout: found 10, expected a duration such as 100ms, 30s, 5m or 1h",
+        ),
+        (
+            "zero duration",
+            edit(
+                "    server: http://127.0.0.1:3001/mcp",
+                "    server: http://127.0.0.1:3001/mcp\n    response_timeout: 0s",
+            ),
+            "gw.yaml: bindings.github.response_timeout: found 0, expected a duration greater than 0",
+        ),
+        (
+            "session timeout over the limit",
+            edit(
+                "    exit: tools",
+                "    exit: tools\n    session_timeout: 1h",
+            ),
+            "gw.yaml: bindings.north.session_timeout: found 1h, expected at most 30m",
+        ),
+        (
+            "request timeout over the default",
+            edit(
+                "    exit: tools",
+                "    exit: tools\n    request_timeout: 301s",
+            ),
+            "gw.yaml: bindings.north.request_timeout: found 301s, expected at most 5m",
+        ),
+        (
+            "cache ttl under a second",
+            edit("{ store: cache0 }", "{ store: cache0, ttl: 999ms }"),
+            "gw.yaml: bindings.tools.cache.ttl: found 999ms, expected at least 1s",
+        ),
+        (
+            "bad io value",
+            edit("  io: auto", "  io: fast"),
+            "gw.yaml: runtime.io: found \"fast\", expected one of: auto, uring, epoll",
+        ),
+        (
+            "workers too large",
+            edit("  workers: 0", "  workers: 257"),
+            "gw.yaml: runtime.workers: found 257, expected a number of workers from 0 (one per core) to 256",
+        ),
+        (
+            "negative workers",
+            edit("  workers: 0", "  workers: -1"),
+            "gw.yaml: runtime.workers: found -1, expected a number of workers from 0 (one per core) to 256",
+        ),
+        (
+            "missing route exit target",
+            edit("        exit: time", "        exit: nope"),
+            "gw.yaml: bindings.tools.routes[1].exit: found \"nope\", expected the name of a binding (one of: github, north, time)",
+        ),
+        (
+            "missing server exit target",
+            edit("    exit: tools", "    exit: tool"),
+            "gw.yaml: bindings.north.exit: found \"tool\", expected the name of a binding (one of: github, time, tools)",
+        ),
+        (
+            "missing exit key",
+            edit("    exit: tools\n", ""),
+            "gw.yaml: bindings.north.exit: missing, expected the name of a proxy, client or demo binding (one of: github, time, tools)",
+        ),
+        (
+            "route exit to a proxy",
+            edit("        exit: time", "        exit: tools"),
+            "gw.yaml: bindings.tools.routes[1].exit: found \"tools\", expected the name of a binding (one of: github, north, time)",
+        ),
+        (
+            "route exit to a server",
+            edit("        exit: time", "        exit: north"),
+            "gw.yaml: bindings.tools.routes[1].exit: found \"north\" (a server binding), expected the name of a client or demo binding (one of: github, time)",
+        ),
+        (
+            "server exit to a server",
+            format!(
+                "{BASE}  south:\n    kind: server\n    listen: 127.0.0.1:7115\n    exit: north\n"
+            ),
+            "gw.yaml: bindings.south.exit: found \"north\" (a server binding), expected the name of a proxy, client or demo binding (one of: github, time, tools)",
+        ),
+        (
+            "ftp url",
+            with_time_url("ftp://127.0.0.1/mcp"),
+            "gw.yaml: bindings.time.server: found \"ftp://127.0.0.1/mcp\", expected an http:// or https:// URL",
+        ),
+        (
+            "url without host",
+            with_time_url("http:///mcp"),
+            "gw.yaml: bindings.time.server: found \"http:///mcp\", expected an http:// or https:// URL with a host",
+        ),
+        (
+            "url with userinfo",
+            with_time_url("http://bob:hunter2@127.0.0.1:3002/mcp"),
+            "gw.yaml: bindings.time.server: found \"http://***@127.0.0.1:3002\", expected an http:// or https:// URL \
+             without user information (credentials belong in authorization:)",
+        ),
+        (
+            "missing environment variable",
+            edit(
+                "    server: http://127.0.0.1:3002/mcp\n",
+                "    server: http://127.0.0.1:3002/mcp\n    authorization:\n      bearer: ${MCPYARD_TEST_SURELY_UNSET_4711}\n",
+            ),
+            "gw.yaml: bindings.time.authorization.bearer: found ${MCPYARD_TEST_SURELY_UNSET_4711}, \
+             expected the environment variable MCPYARD_TEST_SURELY_UNSET_4711 to be set",
+        ),
+        (
+            "unknown authorization key",
+            edit(
+                "    server: http://127.0.0.1:3002/mcp\n",
+                "    server: http://127.0.0.1:3002/mcp\n    authorization: { token: abc }\n",
+            ),
+            "gw.yaml: bindings.time.authorization.token: unknown key, expected bearer",
+        ),
+        (
+            "bad authorization word",
+            edit(
+                "    server: http://127.0.0.1:3002/mcp\n",
+                "    server: http://127.0.0.1:3002/mcp\n    authorization: forwrd\n",
+            ),
+            "gw.yaml: bindings.time.authorization: found \"forwrd\", expected forward or a mapping { bearer: TOKEN }",
+        ),
+        (
+            "yaml syntax error",
+            "bindings:\n  north:\n    kind: server\n   listen: 127.0.0.1:7114\n".to_owned(),
+            "gw.yaml: line 4 column 4: invalid YAML: did not find expected key, while parsing a block mapping at line 2 column 3",
+        ),
+        (
+            "empty bindings",
+            "bindings: {}\n".to_owned(),
+            "gw.yaml: bindings: found an empty mapping, expected at least one binding with kind: server",
+        ),
+        (
+            "no bindings",
+            "runtime: { workers: 1 }\n".to_owned(),
+            "gw.yaml: bindings: missing, expected a mapping of binding names to bindings, with at least one server",
+        ),
+        (
+            "empty file",
+            String::new(),
+            "gw.yaml: bindings: missing, expected a mapping of binding names to bindings, with at least one server",
+        ),
+        (
+            "file that is not a mapping",
+            "- a\n- b\n".to_owned(),
+            "gw.yaml: found a list, expected a mapping",
+        ),
+        (
+            "no server binding",
+            "bindings:\n  demo: { kind: demo }\n".to_owned(),
+            "gw.yaml: bindings: found no server binding, expected at least one binding with kind: server",
+        ),
+        (
+            "duplicate toolkit",
+            edit("      - toolkit: time", "      - toolkit: github"),
+            "gw.yaml: bindings.tools.routes[1].toolkit: found \"github\", expected a toolkit name not already used by routes[0]",
+        ),
+        (
+            "toolkit with the prefix separator",
+            edit("      - toolkit: time", "      - toolkit: my__time"),
+            "gw.yaml: bindings.tools.routes[1].toolkit: found \"my__time\", expected a toolkit name without __ (it separates toolkit and tool)",
+        ),
+        (
+            "empty routes",
+            edit(
+                "    routes:\n      - toolkit: github\n        exit: github\n      - toolkit: time\n        exit: time\n",
+                "    routes: []\n",
+            ),
+            "gw.yaml: bindings.tools.routes: found an empty list, expected at least one route",
+        ),
+        (
+            "cache store missing",
+            edit("{ store: cache0 }", "{ store: cache1 }"),
+            "gw.yaml: bindings.tools.cache.store: found \"cache1\", expected the name of a store (one of: cache0)",
+        ),
+        (
+            "redis store",
+            edit("{ type: memory }", "{ type: redis }"),
+            "gw.yaml: stores.cache0.type: found \"redis\", expected memory (redis is not supported yet)",
+        ),
+        (
+            "unknown kind",
+            edit(
+                "    kind: client\n    server: http://127.0.0.1:3002",
+                "    kind: upstream\n    server: http://127.0.0.1:3002",
+            ),
+            "gw.yaml: bindings.time.kind: found \"upstream\", expected one of: server, proxy, client, demo",
+        ),
+        (
+            "bad binding name",
+            format!("{BASE}  \"no spaces\": {{ kind: demo }}\n"),
+            "gw.yaml: bindings: found binding name \"no spaces\", expected a name of 1 to 64 letters, digits, _ or -",
+        ),
+        (
+            "bad path",
+            edit("    exit: tools", "    exit: tools\n    path: mcp?x"),
+            "gw.yaml: bindings.north.path: found \"mcp?x\", expected a path that starts with / and has only visible ASCII characters and no ? or #",
+        ),
+        (
+            "bad origin in a list",
+            edit(
+                "    exit: tools",
+                "    exit: tools\n    origins: [http://localhost:6274, localhost]",
+            ),
+            "gw.yaml: bindings.north.origins[1]: found \"localhost\", expected an origin such as http://localhost:6274 (scheme, host and optional port)",
+        ),
+        (
+            "routes not a list",
+            edit(
+                "    routes:\n      - toolkit: github\n        exit: github\n      - toolkit: time\n        exit: time\n",
+                "    routes: github\n",
+            ),
+            "gw.yaml: bindings.tools.routes: found \"github\", expected a list",
+        ),
+        (
+            "two servers on one address",
+            format!(
+                "{BASE}  south:\n    kind: server\n    listen: 127.0.0.1:7114\n    exit: tools\n"
+            ),
+            "gw.yaml: bindings.south.listen: found 127.0.0.1:7114, expected an address not already used by bindings.north.listen",
+        ),
+        (
+            "metrics on a server's address",
+            format!("{BASE}telemetry:\n  metrics: 127.0.0.1:7114\n"),
+            "gw.yaml: telemetry.metrics: found 127.0.0.1:7114, expected an address not already used by bindings.north.listen",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, text, want) in &table {
+        match load_str(text, "gw.yaml") {
+            Ok(_) => failures.push(format!("{name}: loaded, expected {want}")),
+            Err(e) if e.to_string() != *want => {
+                failures.push(format!("{name}:\n   got: {e}\n  want: {want}"));
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[test]
+fn base_config_loads_with_defaults() {
+    let config = load_ok(BASE);
+    assert_eq!(config.source, "gw.yaml");
+    assert_eq!(
+        config.runtime,
+        Runtime {
+            workers: 0,
+            io: IoMode::Auto
+        }
+    );
+    assert_eq!(config.telemetry.metrics, None);
+    let servers: Vec<_> = config.servers().collect();
+    assert_eq!(servers.len(), 1);
+    let (name, server) = servers[0];
+    assert_eq!(name, "north");
+    assert_eq!(server.listen, SocketAddr::from(([127, 0, 0, 1], 7114)));
+    assert_eq!(server.path, "/mcp");
+    assert_eq!(server.exit, "tools");
+    assert_eq!(server.origins, None);
+    assert_eq!(server.hosts, None);
+    assert_eq!(
+        server.session_timeout,
+        crate::limits::SESSION_IDLE_TIMEOUT_MAX
+    );
+    assert_eq!(
+        server.request_timeout,
+        crate::limits::REQUEST_TIMEOUT_DEFAULT
+    );
+    match config.bindings.get("tools") {
+        Some(Binding::Proxy(proxy)) => {
+            let cache = Cache {
+                store: "cache0".to_owned(),
+                ttl: Duration::from_secs(300),
+            };
+            assert_eq!(proxy.cache, Some(cache));
+            let toolkits: Vec<_> = proxy
+                .routes
+                .iter()
+                .map(|r| (r.toolkit.as_str(), r.exit.as_str()))
+                .collect();
+            assert_eq!(toolkits, [("github", "github"), ("time", "time")]);
+        }
+        other => panic!("tools is not a proxy: {other:?}"),
+    }
+    let github = client(&config, "github");
+    assert_eq!(github.authorization, None);
+    assert_eq!(github.connect_timeout, Duration::from_secs(5));
+    assert_eq!(github.response_timeout, Duration::from_secs(60));
+    assert_eq!(config.stores.get("cache0"), Some(&Store::Memory));
+}
+
+#[test]
+fn ipv6_upstream_is_accepted_with_bracketed_authority() {
+    let config = load_ok(&with_time_url("http://[::1]:8080/mcp"));
+    let url = &client(&config, "time").server;
+    assert_eq!(url.scheme, Scheme::Http);
+    assert_eq!(url.host, "::1");
+    assert_eq!(url.port, 8080);
+    assert_eq!(url.authority, "[::1]:8080");
+    assert_eq!(url.path_and_query, "/mcp");
+}
+
+#[test]
+fn default_ports_are_filled_in_and_left_out_of_the_authority() {
+    let table = [
+        (
+            "http://time.example.com/mcp?v=2",
+            Scheme::Http,
+            80,
+            "time.example.com",
+            "/mcp?v=2",
+        ),
+        (
+            "https://time.example.com",
+            Scheme::Https,
+            443,
+            "time.example.com",
+            "/",
+        ),
+        (
+            "https://time.example.com:8443/x",
+            Scheme::Https,
+            8443,
+            "time.example.com:8443",
+            "/x",
+        ),
+    ];
+    for (text, scheme, port, authority, path_and_query) in table {
+        let config = load_ok(&with_time_url(text));
+        let url = &client(&config, "time").server;
+        assert_eq!(url.scheme, scheme, "{text}");
+        assert_eq!(url.port, port, "{text}");
+        assert_eq!(url.authority, authority, "{text}");
+        assert_eq!(url.path_and_query, path_and_query, "{text}");
+    }
+}
+
+#[test]
+fn bearer_variables_are_replaced_from_the_environment() {
+    // SAFETY: the name is unique to this test, so no other thread reads or writes it.
+    unsafe { std::env::set_var("MCPYARD_TEST_BEARER_1b7e", "s3cr3t-token") };
+    let text = edit(
+        "    server: http://127.0.0.1:3002/mcp\n",
+        "    server: http://127.0.0.1:3002/mcp\n    authorization: { bearer: \"tok-${MCPYARD_TEST_BEARER_1b7e}\" }\n",
+    );
+    let config = load_ok(&text);
+    match &client(&config, "time").authorization {
+        Some(ClientAuth::Bearer(secret)) => assert_eq!(secret.expose(), "tok-s3cr3t-token"),
+        other => panic!("expected a bearer credential, got {other:?}"),
+    }
+    let forward = edit(
+        "    server: http://127.0.0.1:3002/mcp\n",
+        "    server: http://127.0.0.1:3002/mcp\n    authorization: forward\n",
+    );
+    assert_eq!(
+        client(&load_ok(&forward), "time").authorization,
+        Some(ClientAuth::Forward)
+    );
+}
+
+#[test]
+fn secrets_never_print() {
+    let secret = Secret::new("hunter2".to_owned());
+    let auth = ClientAuth::Bearer(secret.clone());
+    assert_eq!(format!("{secret:?}"), "Secret(**redacted**)");
+    assert!(!format!("{auth:?}").contains("hunter2"));
+    assert!(!format!("{auth:#?}").contains("hunter2"));
+    // A literal token that is refused is not echoed either.
+    let text = edit(
+        "    server: http://127.0.0.1:3002/mcp\n",
+        "    server: http://127.0.0.1:3002/mcp\n    authorization: { bearer: \"hunter2 x\" }\n",
+    );
+    let e = load_err(&text);
+    assert!(!e.contains("hunter2"), "{e}");
+    assert_eq!(
+        e,
+        "gw.yaml: bindings.time.authorization.bearer: found a token with spaces or non-ASCII characters, \
+         expected a bearer token of visible ASCII characters"
+    );
+}
+
+#[test]
+fn server_options_parse() {
+    let text = edit(
+        "    exit: tools",
+        "    exit: github\n    path: /v1/mcp\n    origins: [HTTP://LocalHost:6274, https://app.example.com:443]\n    \
+         hosts: [MCP.example.com, \"[::1]\"]\n    session_timeout: 10m\n    request_timeout: 100ms",
+    );
+    let config = load_ok(&text);
+    let (_, server) = config
+        .servers()
+        .next()
+        .unwrap_or_else(|| panic!("no server"));
+    assert_eq!(server.exit, "github");
+    assert_eq!(server.path, "/v1/mcp");
+    let origins = [
+        "http://localhost:6274".to_owned(),
+        "https://app.example.com".to_owned(),
+    ];
+    assert_eq!(server.origins.as_deref(), Some(&origins[..]));
+    let hosts = ["mcp.example.com".to_owned(), "[::1]".to_owned()];
+    assert_eq!(server.hosts.as_deref(), Some(&hosts[..]));
+    assert_eq!(server.session_timeout, Duration::from_secs(600));
+    assert_eq!(server.request_timeout, Duration::from_millis(100));
+}
+
+#[test]
+fn servers_on_port_zero_never_conflict() {
+    let text = format!(
+        "{}  south:\n    kind: server\n    listen: 127.0.0.1:0\n    exit: tools\n",
+        edit("127.0.0.1:7114", "127.0.0.1:0")
+    );
+    assert_eq!(load_ok(&text).servers().count(), 2);
+}
+
+#[test]
+fn unreachable_bindings_are_allowed() {
+    let text = format!("{BASE}  spare:\n    kind: demo\n    progress_interval: 50ms\n");
+    match load_ok(&text).bindings.get("spare") {
+        Some(Binding::Demo(demo)) => assert_eq!(demo.progress_interval, Duration::from_millis(50)),
+        other => panic!("spare is not a demo: {other:?}"),
+    }
+}
+
+#[test]
+fn shipped_example_files_load() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let quickstart = match load(&root.join("config/quickstart.yaml")) {
+        Ok(config) => config,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(
+        quickstart.runtime,
+        Runtime {
+            workers: 0,
+            io: IoMode::Auto
+        }
+    );
+    assert_eq!(
+        quickstart.telemetry.metrics,
+        Some(SocketAddr::from(([127, 0, 0, 1], 9464)))
+    );
+    let servers: Vec<_> = quickstart.servers().collect();
+    assert_eq!(servers.len(), 1);
+    let (_, north) = servers[0];
+    assert_eq!(north.listen, SocketAddr::from(([127, 0, 0, 1], 7114)));
+    assert_eq!(north.path, "/mcp");
+    assert!(matches!(
+        quickstart.bindings.get(&north.exit),
+        Some(Binding::Demo(_))
+    ));
+
+    let example = match load(&root.join("config/proxy-example.yaml")) {
+        Ok(config) => config,
+        Err(e) => panic!("{e}"),
+    };
+    let kinds: Vec<_> = example
+        .bindings
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.kind()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("github", "client"),
+            ("north", "server"),
+            ("time", "client"),
+            ("tools", "proxy")
+        ]
+    );
+}
+
+#[test]
+fn unreadable_file_names_the_file() {
+    let e = match load(std::path::Path::new("/nonexistent/mcpyard.yaml")) {
+        Ok(_) => panic!("loaded a missing file"),
+        Err(e) => e,
+    };
+    assert_eq!(e.file(), "/nonexistent/mcpyard.yaml");
+    assert_eq!(e.path(), "");
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/mcpyard.yaml: cannot read the file: "),
+        "{e}"
+    );
+}

@@ -1,0 +1,472 @@
+//! From the file as written (`raw.rs`) to the validated `Config` (`model.rs`): required keys,
+//! defaults, bounds from `limits.rs`, and every cross-reference between entries.
+//!
+//! Each check reports the first problem it finds as a key path plus a `found …, expected …`
+//! message; `mod.rs` adds the file name. Bindings are checked in name order, and the checks
+//! that need the whole picture (at least one server, no two listeners on one address) run
+//! last.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_yaml_ng::Value;
+
+use super::duration::format_duration;
+use super::model::{
+    Binding, Cache, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding, Route, Runtime,
+    ServerBinding, Store, Telemetry,
+};
+use super::raw::{Kind, RawBinding, RawConfig, RawStore, quote, render};
+use crate::limits::{REQUEST_TIMEOUT_DEFAULT, SESSION_IDLE_TIMEOUT_MAX};
+
+/// Where a check failed and what it found, before the file name is added.
+#[derive(Debug)]
+pub(super) struct Fault {
+    /// Key path such as `bindings.tools.routes[1].exit`; empty for the whole file.
+    pub path: String,
+    /// `found …, expected …` or a similar one-line explanation.
+    pub message: String,
+}
+
+fn fault(path: impl Into<String>, message: impl Into<String>) -> Fault {
+    Fault {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// Longest binding, store or toolkit name.
+const NAME_BYTES_MAX: usize = 64;
+
+const CACHE_TTL_DEFAULT: Duration = Duration::from_secs(5 * 60);
+const CACHE_TTL_MIN: Duration = Duration::from_secs(1);
+const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+const RESPONSE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+const PROGRESS_INTERVAL_DEFAULT: Duration = Duration::from_millis(200);
+const SERVER_PATH_DEFAULT: &str = "/mcp";
+
+/// What a `server` may exit to, and what a proxy route may exit to.
+const SERVER_EXITS: &[Kind] = &[Kind::Proxy, Kind::Client, Kind::Demo];
+const ROUTE_EXITS: &[Kind] = &[Kind::Client, Kind::Demo];
+
+/// Turns the parsed file into a `Config`, or reports the first problem.
+pub(super) fn validate(raw: RawConfig, source: &str) -> Result<Config, Fault> {
+    let runtime = raw
+        .runtime
+        .map(|r| Runtime {
+            workers: r.workers.unwrap_or(0),
+            io: r.io.unwrap_or(IoMode::Auto),
+        })
+        .unwrap_or_default();
+    let telemetry = Telemetry {
+        metrics: raw.telemetry.and_then(|t| t.metrics),
+    };
+    let stores = validate_stores(raw.stores.unwrap_or_default())?;
+    let raw_bindings = raw.bindings.ok_or_else(|| {
+        fault(
+            "bindings",
+            "missing, expected a mapping of binding names to bindings, with at least one server",
+        )
+    })?;
+    let kinds = binding_kinds(&raw_bindings)?;
+    let mut bindings = BTreeMap::new();
+    for (name, raw_binding) in raw_bindings {
+        let cx = Cx {
+            name: &name,
+            path: format!("bindings.{name}"),
+            kinds: &kinds,
+            stores: &stores,
+        };
+        let binding = validate_binding(&cx, raw_binding)?;
+        bindings.insert(name, binding);
+    }
+    let config = Config {
+        runtime,
+        telemetry,
+        stores,
+        bindings,
+        source: source.to_owned(),
+    };
+    if config.servers().next().is_none() {
+        return Err(fault(
+            "bindings",
+            "found no server binding, expected at least one binding with kind: server",
+        ));
+    }
+    check_addresses(&config)?;
+    Ok(config)
+}
+
+/// What a binding's checks need to know about the rest of the file.
+struct Cx<'a> {
+    /// The binding's own name.
+    name: &'a str,
+    /// `bindings.<name>`.
+    path: String,
+    kinds: &'a BTreeMap<String, Kind>,
+    stores: &'a BTreeMap<String, Store>,
+}
+
+impl Cx<'_> {
+    fn key(&self, key: &str) -> String {
+        format!("{}.{key}", self.path)
+    }
+}
+
+fn validate_stores(raw: BTreeMap<String, RawStore>) -> Result<BTreeMap<String, Store>, Fault> {
+    let mut stores = BTreeMap::new();
+    for (name, store) in raw {
+        check_name(&name).map_err(|expected| {
+            fault(
+                "stores",
+                format!("found store name {}, expected {expected}", quote(&name)),
+            )
+        })?;
+        let store = store
+            .store_type
+            .ok_or_else(|| fault(format!("stores.{name}.type"), "missing, expected memory"))?;
+        stores.insert(name, store);
+    }
+    Ok(stores)
+}
+
+/// Checks the binding names and collects each binding's kind, so that exits can be checked
+/// whatever order the bindings are written in.
+fn binding_kinds(raw: &BTreeMap<String, RawBinding>) -> Result<BTreeMap<String, Kind>, Fault> {
+    if raw.is_empty() {
+        return Err(fault(
+            "bindings",
+            "found an empty mapping, expected at least one binding with kind: server",
+        ));
+    }
+    let mut kinds = BTreeMap::new();
+    for (name, binding) in raw {
+        check_name(name).map_err(|expected| {
+            fault(
+                "bindings",
+                format!("found binding name {}, expected {expected}", quote(name)),
+            )
+        })?;
+        let kind = binding.kind.ok_or_else(|| {
+            fault(
+                format!("bindings.{name}.kind"),
+                "missing, expected one of: server, proxy, client, demo",
+            )
+        })?;
+        kinds.insert(name.clone(), kind);
+    }
+    Ok(kinds)
+}
+
+fn validate_binding(cx: &Cx<'_>, raw: RawBinding) -> Result<Binding, Fault> {
+    // `binding_kinds` has refused every binding without a kind.
+    let kind = raw.kind.ok_or_else(|| fault(cx.key("kind"), "missing"))?;
+    match kind {
+        Kind::Server => validate_server(cx, raw).map(Binding::Server),
+        Kind::Proxy => validate_proxy(cx, raw).map(Binding::Proxy),
+        Kind::Client => validate_client(cx, raw).map(Binding::Client),
+        Kind::Demo => Ok(Binding::Demo(DemoBinding {
+            progress_interval: bounded(
+                &cx.key("progress_interval"),
+                raw.progress_interval,
+                PROGRESS_INTERVAL_DEFAULT,
+                None,
+            )?,
+        })),
+    }
+}
+
+fn validate_server(cx: &Cx<'_>, raw: RawBinding) -> Result<ServerBinding, Fault> {
+    let listen = raw.listen.ok_or_else(|| {
+        fault(
+            cx.key("listen"),
+            "missing, expected a socket address such as 127.0.0.1:7114",
+        )
+    })?;
+    Ok(ServerBinding {
+        listen,
+        path: raw.path.unwrap_or_else(|| SERVER_PATH_DEFAULT.to_owned()),
+        exit: exit_target(cx, &cx.key("exit"), raw.exit.as_ref(), SERVER_EXITS)?,
+        origins: raw.origins,
+        hosts: raw.hosts,
+        session_timeout: bounded(
+            &cx.key("session_timeout"),
+            raw.session_timeout,
+            SESSION_IDLE_TIMEOUT_MAX,
+            Some(SESSION_IDLE_TIMEOUT_MAX),
+        )?,
+        request_timeout: bounded(
+            &cx.key("request_timeout"),
+            raw.request_timeout,
+            REQUEST_TIMEOUT_DEFAULT,
+            Some(REQUEST_TIMEOUT_DEFAULT),
+        )?,
+    })
+}
+
+fn validate_proxy(cx: &Cx<'_>, raw: RawBinding) -> Result<ProxyBinding, Fault> {
+    let cache = match raw.cache {
+        None => None,
+        Some(cache) => {
+            let path = cx.key("cache.store");
+            let store = store_name(cx.stores, &path, cache.store.as_ref())?;
+            let path = cx.key("cache.ttl");
+            let ttl = cache.ttl.unwrap_or(CACHE_TTL_DEFAULT);
+            if ttl < CACHE_TTL_MIN {
+                return Err(fault(
+                    path,
+                    format!(
+                        "found {}, expected at least {}",
+                        format_duration(ttl),
+                        format_duration(CACHE_TTL_MIN)
+                    ),
+                ));
+            }
+            Some(Cache { store, ttl })
+        }
+    };
+    let raw_routes = raw.routes.ok_or_else(|| {
+        fault(
+            cx.key("routes"),
+            "missing, expected a list of routes, each with a toolkit and an exit",
+        )
+    })?;
+    if raw_routes.is_empty() {
+        return Err(fault(
+            cx.key("routes"),
+            "found an empty list, expected at least one route",
+        ));
+    }
+    let mut routes: Vec<Route> = Vec::with_capacity(raw_routes.len());
+    for (index, route) in raw_routes.into_iter().enumerate() {
+        let path = format!("{}.routes[{index}]", cx.path);
+        let toolkit = toolkit_name(&format!("{path}.toolkit"), route.toolkit.as_ref())?;
+        if let Some(first) = routes.iter().position(|r| r.toolkit == toolkit) {
+            return Err(fault(
+                format!("{path}.toolkit"),
+                format!(
+                    "found {}, expected a toolkit name not already used by routes[{first}]",
+                    quote(&toolkit)
+                ),
+            ));
+        }
+        let exit = exit_target(
+            cx,
+            &format!("{path}.exit"),
+            route.exit.as_ref(),
+            ROUTE_EXITS,
+        )?;
+        routes.push(Route { toolkit, exit });
+    }
+    Ok(ProxyBinding { cache, routes })
+}
+
+fn validate_client(cx: &Cx<'_>, raw: RawBinding) -> Result<ClientBinding, Fault> {
+    let server = raw.server.ok_or_else(|| {
+        fault(
+            cx.key("server"),
+            "missing, expected an http:// or https:// URL",
+        )
+    })?;
+    Ok(ClientBinding {
+        server,
+        authorization: raw.authorization.map(|auth| auth.0),
+        connect_timeout: bounded(
+            &cx.key("connect_timeout"),
+            raw.connect_timeout,
+            CONNECT_TIMEOUT_DEFAULT,
+            None,
+        )?,
+        response_timeout: bounded(
+            &cx.key("response_timeout"),
+            raw.response_timeout,
+            RESPONSE_TIMEOUT_DEFAULT,
+            None,
+        )?,
+    })
+}
+
+/// A duration that must be greater than zero and at most `max`, `default` when absent.
+fn bounded(
+    path: &str,
+    value: Option<Duration>,
+    default: Duration,
+    max: Option<Duration>,
+) -> Result<Duration, Fault> {
+    let value = value.unwrap_or(default);
+    if value.is_zero() {
+        return Err(fault(path, "found 0, expected a duration greater than 0"));
+    }
+    if let Some(max) = max.filter(|&max| value > max) {
+        return Err(fault(
+            path,
+            format!(
+                "found {}, expected at most {}",
+                format_duration(value),
+                format_duration(max)
+            ),
+        ));
+    }
+    Ok(value)
+}
+
+/// Resolves an `exit:` to the name of an existing binding whose kind is in `allowed`.
+/// Messages list the other bindings' names; a binding never exits to itself.
+fn exit_target(
+    cx: &Cx<'_>,
+    path: &str,
+    value: Option<&Value>,
+    allowed: &[Kind],
+) -> Result<String, Fault> {
+    let kinds = cx.kinds;
+    let allowed_phrase = kinds_phrase(allowed);
+    let candidates: Vec<&str> = kinds
+        .iter()
+        .filter(|(name, kind)| allowed.contains(kind) && *name != cx.name)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let candidates = one_of(&candidates);
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Err(fault(
+            path,
+            format!("missing, expected the name of a {allowed_phrase} binding {candidates}"),
+        ));
+    };
+    let target = value
+        .as_str()
+        .filter(|n| *n != cx.name)
+        .and_then(|n| kinds.get_key_value(n));
+    let Some((name, kind)) = target else {
+        let names: Vec<&str> = kinds
+            .keys()
+            .map(String::as_str)
+            .filter(|n| *n != cx.name)
+            .collect();
+        return Err(fault(
+            path,
+            format!(
+                "found {}, expected the name of a binding {}",
+                render(value),
+                one_of(&names)
+            ),
+        ));
+    };
+    if !allowed.contains(kind) {
+        return Err(fault(
+            path,
+            format!(
+                "found {} (a {} binding), expected the name of a {allowed_phrase} binding {candidates}",
+                quote(name),
+                kind.name()
+            ),
+        ));
+    }
+    Ok(name.clone())
+}
+
+/// Resolves a `cache.store` to the name of a configured store.
+fn store_name(
+    stores: &BTreeMap<String, Store>,
+    path: &str,
+    value: Option<&Value>,
+) -> Result<String, Fault> {
+    let names: Vec<&str> = stores.keys().map(String::as_str).collect();
+    let names = one_of(&names);
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Err(fault(
+            path,
+            format!("missing, expected the name of a store {names}"),
+        ));
+    };
+    match value.as_str().filter(|n| stores.contains_key(*n)) {
+        Some(name) => Ok(name.to_owned()),
+        None => Err(fault(
+            path,
+            format!(
+                "found {}, expected the name of a store {names}",
+                render(value)
+            ),
+        )),
+    }
+}
+
+/// A route's toolkit name: a valid name without `__`, which separates the toolkit prefix
+/// from the tool name (`github__search`) and so cannot appear inside the prefix.
+fn toolkit_name(path: &str, value: Option<&Value>) -> Result<String, Fault> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Err(fault(
+            path,
+            "missing, expected a toolkit name such as github",
+        ));
+    };
+    let expected = match value.as_str() {
+        None => NAME_EXPECTED,
+        Some(name) => match check_name(name) {
+            Err(expected) => expected,
+            Ok(()) if name.contains("__") => {
+                "a toolkit name without __ (it separates toolkit and tool)"
+            }
+            Ok(()) => return Ok(name.to_owned()),
+        },
+    };
+    Err(fault(
+        path,
+        format!("found {}, expected {expected}", render(value)),
+    ))
+}
+
+const NAME_EXPECTED: &str = "a name of 1 to 64 letters, digits, _ or -";
+
+/// Checks a binding, store or toolkit name against `[A-Za-z0-9_-]{1,64}`.
+fn check_name(name: &str) -> Result<(), &'static str> {
+    let ok = !name.is_empty()
+        && name.len() <= NAME_BYTES_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok { Ok(()) } else { Err(NAME_EXPECTED) }
+}
+
+/// No two listeners (servers, metrics) on one address; port 0 never conflicts.
+fn check_addresses(config: &Config) -> Result<(), Fault> {
+    let mut taken: BTreeMap<SocketAddr, String> = BTreeMap::new();
+    let servers = config
+        .servers()
+        .map(|(name, server)| (format!("bindings.{name}.listen"), server.listen));
+    let metrics = config
+        .telemetry
+        .metrics
+        .map(|addr| ("telemetry.metrics".to_owned(), addr));
+    for (path, addr) in servers.chain(metrics) {
+        if addr.port() == 0 {
+            continue;
+        }
+        if let Some(first) = taken.get(&addr) {
+            return Err(fault(
+                &path,
+                format!("found {addr}, expected an address not already used by {first}"),
+            ));
+        }
+        taken.insert(addr, path);
+    }
+    Ok(())
+}
+
+/// `proxy, client or demo`.
+fn kinds_phrase(kinds: &[Kind]) -> String {
+    let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
+}
+
+/// `(one of: a, b)`, or `(none is configured)`.
+fn one_of(names: &[&str]) -> String {
+    if names.is_empty() {
+        "(none is configured)".to_owned()
+    } else {
+        format!("(one of: {})", names.join(", "))
+    }
+}
