@@ -3,9 +3,12 @@
 
 pub mod binding;
 pub mod config;
+pub mod gateway;
 pub mod http;
 pub mod jsonrpc;
 pub mod limits;
+pub mod log;
 pub mod metrics;
+pub mod runtime;
 pub mod sse;
 pub mod stream;

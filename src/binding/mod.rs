@@ -6,6 +6,7 @@
 //! on the current worker; every stream stays on the worker that opened it.
 
 pub mod demo;
+pub mod server;
 
 use crate::stream::Callee;
 

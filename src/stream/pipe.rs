@@ -245,6 +245,11 @@ impl Receiver {
         f
     }
 
+    /// Puts back a frame taken with [`Receiver::try_next`] (a peek).
+    pub fn unread(&self, frame: Frame) {
+        self.dir.borrow_mut().frames.push_front(frame);
+    }
+
     /// Returns `bytes` of credit to the sender (a WINDOW frame).
     pub fn ack(&self, bytes: u32) {
         if bytes == 0 {

@@ -326,13 +326,9 @@ async fn request(server: Rc<Server>, session: Rc<Session>, req: &Request, env: &
     let (caller, callee) = stream::open(begin);
     server.exit.open(callee);
     let inflight = session.register(id.key(), Bytes::copy_from_slice(id.raw.as_bytes()), caller);
-    let sent = inflight.caller.initial.data(params).await;
-    if sent.is_err() {
-        // The exit refused the params: its RESET is rendered below from the reply.
-    }
+    // If the exit refuses the params (Gone) its RESET is rendered from the reply below.
+    let _ = inflight.caller.initial.data(params).await;
     let outcome = events::pump(&session, &inflight, sink, progress_token.is_some(), deadline).await;
     session.unregister(&inflight);
     metrics::record_request(kind.method(), outcome, started.elapsed());
-    let _ = sse::encode_comment; // the pump writes SSE; keep the module linked here
-    let _ = Event::Resumable;
 }

@@ -562,6 +562,8 @@ struct Render<'a> {
     next_seq: u64,
     /// The result event has started (SSE) or the JSON body has (JSON).
     result_started: bool,
+    /// The SSE result event being written (its `data:` lines span DATA frames).
+    writer: Option<sse::DataWriter>,
 }
 
 impl Render<'_> {
@@ -736,16 +738,18 @@ impl Render<'_> {
                     let seq = self.next_seq;
                     self.next_seq += 1;
                     let id = self.event_id(seq);
-                    if let Ok(w) = sse::DataWriter::begin(Some(&id), &mut out) {
-                        std::mem::forget(w);
+                    let mut prefix = BytesMut::with_capacity(64);
+                    jsonrpc::write_result_prefix(self.id(), &mut prefix);
+                    if let Ok(mut w) = sse::DataWriter::begin(Some(&id), &mut out) {
+                        w.write(&prefix, &mut out);
+                        self.writer = Some(w);
                     }
-                    jsonrpc::write_result_prefix(self.id(), &mut out);
                 }
                 // Result JSON from the exit may hold raw newlines (pretty-printed); each
                 // becomes a new `data:` line, which SSE joins back with '\n'.
-                let mut writer = sse::DataWriter::resume();
-                writer.write(&data, &mut out);
-                std::mem::forget(writer);
+                if let Some(w) = self.writer.as_mut() {
+                    w.write(&data, &mut out);
+                }
                 self.write(&out).await;
             }
         }
@@ -763,10 +767,12 @@ impl Render<'_> {
                 self.finish().await;
             }
             Mode::Sse => {
-                if self.result_started {
+                if let Some(mut w) = self.writer.take() {
                     let mut out = BytesMut::with_capacity(4);
-                    jsonrpc::write_result_suffix(&mut out);
-                    out.extend_from_slice(b"\n\n");
+                    let mut suffix = BytesMut::with_capacity(1);
+                    jsonrpc::write_result_suffix(&mut suffix);
+                    w.write(&suffix, &mut out);
+                    w.finish(&mut out);
                     self.write(&out).await;
                 } else {
                     let _ = self.error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None).await;
@@ -782,7 +788,7 @@ fn peek_end(reply: &crate::stream::Receiver) -> Option<Frame> {
     match reply.try_next() {
         Some(Frame::End) => Some(Frame::End),
         Some(other) => {
-            reply.push_front(other);
+            reply.unread(other);
             None
         }
         None => None,
@@ -800,6 +806,7 @@ pub async fn pump(session: &Rc<Session>, inflight: &Rc<Inflight>, sink: Sink, pr
         ring: VecDeque::new(),
         next_seq: 1,
         result_started: false,
+        writer: None,
     };
     if progress {
         r.start_sse().await;

@@ -53,6 +53,43 @@ struct Link {
     last_activity: Cell<Instant>,
 }
 
+thread_local! {
+    /// This worker's live connections, so a drain can shut every one of them down.
+    static LIVE: RefCell<slab::Slab<std::rc::Weak<ConnShared>>> = RefCell::new(slab::Slab::new());
+}
+
+/// Connections open on this worker.
+pub fn live() -> usize {
+    LIVE.with(|l| l.borrow().len())
+}
+
+/// Shuts every connection of this worker down (drain): pending reads complete, the
+/// connections' tasks finish.
+pub fn shutdown_all() {
+    LIVE.with(|l| {
+        for (_, c) in l.borrow().iter() {
+            if let Some(c) = c.upgrade() {
+                c.conn.shutdown();
+            }
+        }
+    });
+}
+
+/// Answers a connection we cannot take (table full or draining) with 503 and closes it.
+pub async fn refuse(conn: Conn) {
+    let mut out = BytesMut::with_capacity(128);
+    http::encode_response_head(
+        503,
+        &[("content-type", b"text/plain"), ("connection", b"close")],
+        http::BodyFraming::Length(20),
+        &mut out,
+    );
+    out.extend_from_slice(b"server overloaded\r\n\n");
+    out.truncate(out.len() - 1);
+    let _ = conn.write_all(out.freeze()).await;
+    conn.shutdown();
+}
+
 /// Serves one accepted connection until it closes.
 pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
     metrics::with(|m| {
@@ -74,6 +111,7 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
         partial_since: Cell::new(None),
         last_activity: Cell::new(Instant::now()),
     });
+    let key = LIVE.with(|l| l.borrow_mut().insert(Rc::downgrade(&link.shared)));
     let reader = tokio::task::spawn_local(read_loop(link.clone(), slots));
     tokio::task::spawn_local(timer(link.clone()));
     dispatch(&server, &link).await;
@@ -81,6 +119,7 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
     link.over.notify_one();
     // The read loop ends once the shutdown completes its pending read.
     let _ = reader.await;
+    LIVE.with(|l| l.borrow_mut().try_remove(key));
     metrics::with(|m| m.connections -= 1);
 }
 

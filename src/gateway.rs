@@ -1,0 +1,274 @@
+//! Assembles the running gateway from a validated config: binds every listener, starts one
+//! pinned worker per core with its own event loop, serves the metrics endpoint, and drains
+//! gracefully on SIGINT/SIGTERM.
+
+use crate::binding::Exit;
+use crate::binding::demo::{Demo, DemoShared};
+use crate::binding::server::{Server, net};
+use crate::config::{Binding, Config};
+use crate::limits::{CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE};
+use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task};
+use crate::{log, metrics};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+/// Everything a worker needs, sent to its thread.
+struct WorkerPlan {
+    index: usize,
+    backend: Backend,
+    config: Arc<Config>,
+    demos: Arc<BTreeMap<String, Arc<DemoShared>>>,
+    listeners: Vec<std::net::TcpListener>,
+    inbox: mpsc::Receiver<Task>,
+    inboxes: Inboxes,
+    drain: watch::Receiver<bool>,
+    registrable: usize,
+}
+
+/// Runs the gateway until a signal drains it. Returns an error message if it cannot start.
+pub fn run(config: Config) -> Result<(), String> {
+    let backend = runtime::choose_backend(config.runtime.io)?;
+    let workers = runtime::worker_count(config.runtime.workers);
+    if workers > usize::from(u8::MAX) + 1 {
+        return Err(format!("{}: runtime.workers: {workers} workers, expected at most 256", config.source));
+    }
+    for (name, binding) in &config.bindings {
+        if matches!(binding, Binding::Client(_) | Binding::Proxy(_)) {
+            // TODO(#3): the client and proxy bindings.
+            return Err(format!(
+                "{}: bindings.{name}.kind: {} bindings are not available in this build yet; use kind: demo",
+                config.source,
+                binding.kind()
+            ));
+        }
+    }
+    let demos: BTreeMap<String, Arc<DemoShared>> = config
+        .bindings
+        .iter()
+        .filter_map(|(name, b)| match b {
+            Binding::Demo(d) => Some((name.clone(), DemoShared::new(d.progress_interval))),
+            _ => None,
+        })
+        .collect();
+    let mut per_worker: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
+    for (name, server) in config.servers() {
+        let (sockets, bound) = runtime::io::bind_reuseport(server.listen, workers)
+            .map_err(|e| format!("{}: bindings.{name}.listen: cannot listen on {}: {e}", config.source, server.listen))?;
+        for (w, s) in sockets.into_iter().enumerate() {
+            if let Some(list) = per_worker.get_mut(w) {
+                list.push(s);
+            }
+        }
+        println!("listening {name} {bound}");
+    }
+    let metrics_listener = match config.telemetry.metrics {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr)
+                .map_err(|e| format!("{}: telemetry.metrics: cannot listen on {addr}: {e}", config.source))?;
+            let bound = l.local_addr().map_err(|e| e.to_string())?;
+            println!("listening metrics {bound}");
+            Some(l)
+        }
+        None => None,
+    };
+    log::info(format_args!("gateway: starting workers={workers} io={}", backend.name()));
+    let registrable = if backend == Backend::Uring { runtime::registrable_slots(workers) } else { 0 };
+    let (inboxes, receivers) = runtime::inboxes(workers);
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let config = Arc::new(config);
+    let demos = Arc::new(demos);
+    let mut threads = Vec::with_capacity(workers);
+    for ((index, listeners), inbox) in per_worker.into_iter().enumerate().zip(receivers) {
+        let plan = WorkerPlan {
+            index,
+            backend,
+            config: config.clone(),
+            demos: demos.clone(),
+            listeners,
+            inbox,
+            inboxes: inboxes.clone(),
+            drain: drain_rx.clone(),
+            registrable,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("mcpyard-w{index}"))
+            .spawn(move || {
+                runtime::pin(plan.index);
+                let backend = plan.backend;
+                if let Err(e) = runtime::block_on(backend, worker(plan)) {
+                    log::error(format_args!("worker: event loop failed: {e}"));
+                    std::process::exit(1);
+                }
+            })
+            .map_err(|e| format!("cannot start a worker thread: {e}"))?;
+        threads.push(thread);
+    }
+    let main_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the main event loop: {e}"))?;
+    main_rt.block_on(async {
+        if let Some(l) = metrics_listener {
+            match tokio_listener(l) {
+                Ok(l) => {
+                    tokio::spawn(serve_metrics(l, inboxes.clone()));
+                }
+                Err(e) => log::warn(format_args!("metrics: cannot serve: {e}")),
+            }
+        }
+        wait_for_signal().await;
+    });
+    log::info(format_args!("gateway: draining (deadline {}s)", DRAIN_DEADLINE.as_secs()));
+    let _ = drain_tx.send(true);
+    for t in threads {
+        let _ = t.join();
+    }
+    log::info(format_args!("gateway: stopped"));
+    Ok(())
+}
+
+fn tokio_listener(l: std::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
+    l.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(l)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        log::error(format_args!("gateway: cannot install signal handlers"));
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Builds this worker's instance of the exit named `name`.
+fn build_exit(name: &str, plan: &WorkerPlan) -> Option<Rc<dyn Exit>> {
+    match plan.config.bindings.get(name)? {
+        Binding::Demo(_) => {
+            let shared = plan.demos.get(name)?.clone();
+            let demo: Rc<dyn Exit> = Demo::new(shared);
+            Some(demo)
+        }
+        _ => None,
+    }
+}
+
+/// One worker: its servers, accept loops and inbox, until the drain signal.
+async fn worker(plan: WorkerPlan) {
+    let slots = Rc::new(Slots::new(plan.backend == Backend::Uring, plan.registrable));
+    let mut servers = Vec::new();
+    let mut listeners = Vec::new();
+    let configured: Vec<(String, crate::config::ServerBinding)> =
+        plan.config.servers().map(|(n, s)| (n.to_owned(), s.clone())).collect();
+    for ((index, (name, cfg)), std) in configured.into_iter().enumerate().zip(plan.listeners.iter()) {
+        let Some(exit) = build_exit(&cfg.exit, &plan) else {
+            log::error(format_args!("worker: binding {name}: exit {} cannot be built", cfg.exit));
+            return;
+        };
+        let server = Server::new(&name, index, cfg, plan.index as u8, exit, plan.inboxes.clone());
+        let listener = match std.try_clone().and_then(|s| Listener::adopt(s, plan.backend)) {
+            Ok(l) => Rc::new(l),
+            Err(e) => {
+                log::error(format_args!("worker: binding {name}: cannot adopt listener: {e}"));
+                return;
+            }
+        };
+        tokio::task::spawn_local(accept_loop(listener.clone(), server.clone(), slots.clone(), plan.drain.clone()));
+        listeners.push(listener);
+        servers.push(server);
+    }
+    drop(plan.listeners);
+    tokio::task::spawn_local(runtime::run_inbox(plan.inbox));
+    runtime::drained(plan.drain.clone()).await;
+    for l in &listeners {
+        l.shutdown();
+    }
+    let deadline = Instant::now() + DRAIN_DEADLINE;
+    for s in &servers {
+        s.drain(deadline).await;
+    }
+    net::shutdown_all();
+    while net::live() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(crate::limits::TICK).await;
+    }
+}
+
+async fn accept_loop(listener: Rc<Listener>, server: Rc<Server>, slots: Rc<Slots>, drain: watch::Receiver<bool>) {
+    loop {
+        match listener.accept().await {
+            Ok((conn, _peer)) => {
+                if net::live() >= CONNECTIONS_PER_WORKER_MAX || server.draining() {
+                    metrics::with(|m| m.overload_rejections += 1);
+                    tokio::task::spawn_local(net::refuse(conn));
+                    continue;
+                }
+                tokio::task::spawn_local(net::serve(server.clone(), slots.clone(), conn));
+            }
+            Err(e) => {
+                if *drain.borrow() {
+                    return;
+                }
+                // EMFILE and friends: back off briefly instead of spinning.
+                log::warn(format_args!("accept: {e}"));
+                tokio::time::sleep(crate::limits::TICK).await;
+            }
+        }
+    }
+}
+
+/// Serves `GET /metrics` (Prometheus text) on the main thread, gathering every worker's
+/// snapshot through its inbox.
+async fn serve_metrics(listener: tokio::net::TcpListener, inboxes: Inboxes) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let inboxes = inboxes.clone();
+        tokio::spawn(async move {
+            let mut head = vec![0u8; 4096];
+            let mut len = 0;
+            while len < head.len() {
+                match stream.read(&mut head[len..]).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => len += n,
+                }
+                if head[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            let ok = head.starts_with(b"GET /metrics ") || head.starts_with(b"GET /metrics?");
+            let (status, body) = if ok {
+                ("200 OK", metrics::render(&gather(&inboxes).await))
+            } else {
+                ("404 Not Found", "not found\n".to_owned())
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
+
+async fn gather(inboxes: &Inboxes) -> Vec<metrics::WorkerMetrics> {
+    let (tx, mut rx) = mpsc::channel(inboxes.len().max(1));
+    let mut asked = 0;
+    for w in 0..inboxes.len() {
+        let tx = tx.clone();
+        if inboxes.send(w, Box::new(move || { let _ = tx.try_send(metrics::snapshot()); })).is_ok() {
+            asked += 1;
+        }
+    }
+    drop(tx);
+    let mut out = Vec::with_capacity(asked);
+    while let Some(m) = rx.recv().await {
+        out.push(m);
+    }
+    out
+}
