@@ -1,0 +1,329 @@
+//! Encoders: request and response heads, chunks, and canned error responses.
+//!
+//! Everything appends to a caller-owned `BytesMut` and allocates nothing else: numbers are
+//! formatted on the stack. Header names and values are written exactly as passed; callers
+//! pass lowercase names and values free of CR, LF and NUL (values that came from outside were
+//! already validated by the decoders).
+
+use bytes::{BufMut, BytesMut};
+
+use super::BodyFraming;
+use super::error::HttpError;
+
+/// Digits in the longest `u64`, decimal (20) or hexadecimal (16).
+const U64_DIGITS_MAX: usize = 20;
+
+/// Returns the standard reason phrase for `status` (RFC 9110 §15), or `""` if it has none;
+/// an empty reason phrase is valid (RFC 9112 §4).
+pub fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        101 => "Switching Protocols",
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        206 => "Partial Content",
+        301 => "Moved Permanently",
+        302 => "Found",
+        303 => "See Other",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
+        412 => "Precondition Failed",
+        413 => "Content Too Large",
+        414 => "URI Too Long",
+        415 => "Unsupported Media Type",
+        417 => "Expectation Failed",
+        422 => "Unprocessable Content",
+        426 => "Upgrade Required",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        _ => "",
+    }
+}
+
+/// Writes `HTTP/1.1 <status> <reason>\r\n`, the headers, the framing header and the blank
+/// line.
+///
+/// The framing header is `content-length: N` for `Length(N)` and
+/// `transfer-encoding: chunked` for `Chunked`; `None` and `CloseDelimited` write none. Pass
+/// `Length(0)` for an empty body: `None` suits only 1xx, 204, 304 and HEAD responses, since
+/// any other response without framing is read until close (RFC 9112 §6.3).
+pub fn encode_response_head(
+    status: u16,
+    headers: &[(&str, &[u8])],
+    body: BodyFraming,
+    out: &mut BytesMut,
+) {
+    out.put_slice(b"HTTP/1.1 ");
+    put_decimal(u64::from(status), out);
+    out.put_u8(b' ');
+    out.put_slice(reason_phrase(status).as_bytes());
+    out.put_slice(b"\r\n");
+    put_fields(headers, body, out);
+}
+
+/// Writes `<method> <target> HTTP/1.1\r\n`, the headers, the framing header and the blank
+/// line.
+///
+/// Framing is written as for [`encode_response_head`]; a request has no close-delimited
+/// body, so `CloseDelimited` writes nothing, like `None`. The caller supplies `host`.
+pub fn encode_request_head(
+    method: &str,
+    target: &str,
+    headers: &[(&str, &[u8])],
+    body: BodyFraming,
+    out: &mut BytesMut,
+) {
+    out.put_slice(method.as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(target.as_bytes());
+    out.put_slice(b" HTTP/1.1\r\n");
+    put_fields(headers, body, out);
+}
+
+/// Writes one chunk, `<hex size>\r\n<data>\r\n` (RFC 9112 §7.1). Writes nothing for empty
+/// `data`, since an empty chunk would end the body.
+pub fn encode_chunk(data: &[u8], out: &mut BytesMut) {
+    if data.is_empty() {
+        return;
+    }
+    put_hex(data.len() as u64, out);
+    out.put_slice(b"\r\n");
+    out.put_slice(data);
+    out.put_slice(b"\r\n");
+}
+
+/// Writes the last chunk and an empty trailer section, `0\r\n\r\n`, ending a chunked body.
+pub fn encode_last_chunk(out: &mut BytesMut) {
+    out.put_slice(b"0\r\n\r\n");
+}
+
+/// Writes a complete response for a decode error: the status line, `content-type:
+/// text/plain`, `connection: close`, `content-length`, and a one-line body naming the
+/// problem, such as `header fields too large\n`. The caller closes the connection after
+/// sending it, as the error left the stream's framing unknown.
+pub fn encode_error_response(err: &HttpError, out: &mut BytesMut) {
+    let detail = err.detail().as_bytes();
+    let body_bytes = detail.len() as u64 + 1;
+    encode_response_head(
+        err.status(),
+        &[("content-type", b"text/plain"), ("connection", b"close")],
+        BodyFraming::Length(body_bytes),
+        out,
+    );
+    out.put_slice(detail);
+    out.put_u8(b'\n');
+}
+
+/// Writes the header lines, the framing header and the blank line that ends the head.
+fn put_fields(headers: &[(&str, &[u8])], body: BodyFraming, out: &mut BytesMut) {
+    for (name, value) in headers {
+        out.put_slice(name.as_bytes());
+        out.put_slice(b": ");
+        out.put_slice(value);
+        out.put_slice(b"\r\n");
+    }
+    match body {
+        BodyFraming::Length(length) => {
+            out.put_slice(b"content-length: ");
+            put_decimal(length, out);
+            out.put_slice(b"\r\n");
+        }
+        BodyFraming::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
+        BodyFraming::None | BodyFraming::CloseDelimited => {}
+    }
+    out.put_slice(b"\r\n");
+}
+
+/// Appends `value` in decimal.
+fn put_decimal(value: u64, out: &mut BytesMut) {
+    put_radix(value, 10, out);
+}
+
+/// Appends `value` in lowercase hexadecimal without leading zeros.
+fn put_hex(value: u64, out: &mut BytesMut) {
+    put_radix(value, 16, out);
+}
+
+/// Appends `value` in `radix` (10 or 16), formatted right to left on a stack buffer.
+fn put_radix(mut value: u64, radix: u64, out: &mut BytesMut) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    assert!(radix == 10 || radix == 16);
+    let mut digits = [0u8; U64_DIGITS_MAX];
+    let mut start = U64_DIGITS_MAX;
+    // A u64 has at most 20 decimal digits, so the loop runs at most U64_DIGITS_MAX times.
+    for slot in digits.iter_mut().rev() {
+        *slot = DIGITS[(value % radix) as usize];
+        start -= 1;
+        value /= radix;
+        if value == 0 {
+            break;
+        }
+    }
+    assert!(value == 0);
+    out.put_slice(&digits[start..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(write: impl FnOnce(&mut BytesMut)) -> String {
+        let mut out = BytesMut::new();
+        write(&mut out);
+        String::from_utf8(out.to_vec()).expect("encoders write ASCII")
+    }
+
+    #[test]
+    fn numbers_format_without_leading_zeros() {
+        let table: [(u64, &str, &str); 6] = [
+            (0, "0", "0"),
+            (9, "9", "9"),
+            (10, "10", "a"),
+            (255, "255", "ff"),
+            (4096, "4096", "1000"),
+            (u64::MAX, "18446744073709551615", "ffffffffffffffff"),
+        ];
+        for (value, decimal, hex) in table {
+            assert_eq!(encoded(|out| put_decimal(value, out)), decimal);
+            assert_eq!(encoded(|out| put_hex(value, out)), hex);
+        }
+    }
+
+    #[test]
+    fn response_head_with_length() {
+        let out = encoded(|out| {
+            encode_response_head(
+                200,
+                &[
+                    ("content-type", b"application/json"),
+                    ("mcp-session-id", b"abc"),
+                ],
+                BodyFraming::Length(42),
+                out,
+            )
+        });
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: abc\r\n\
+             content-length: 42\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn response_head_framings() {
+        let chunked = encoded(|out| encode_response_head(200, &[], BodyFraming::Chunked, out));
+        assert_eq!(
+            chunked,
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        let none = encoded(|out| encode_response_head(204, &[], BodyFraming::None, out));
+        assert_eq!(none, "HTTP/1.1 204 No Content\r\n\r\n");
+        let close = encoded(|out| {
+            encode_response_head(
+                200,
+                &[("connection", b"close")],
+                BodyFraming::CloseDelimited,
+                out,
+            )
+        });
+        assert_eq!(close, "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n");
+        let unknown = encoded(|out| encode_response_head(299, &[], BodyFraming::Length(0), out));
+        assert_eq!(unknown, "HTTP/1.1 299 \r\ncontent-length: 0\r\n\r\n");
+    }
+
+    #[test]
+    fn request_heads() {
+        let post = encoded(|out| {
+            encode_request_head(
+                "POST",
+                "/mcp",
+                &[
+                    ("host", b"upstream:8080"),
+                    ("accept", b"application/json, text/event-stream"),
+                ],
+                BodyFraming::Chunked,
+                out,
+            )
+        });
+        assert_eq!(
+            post,
+            "POST /mcp HTTP/1.1\r\nhost: upstream:8080\r\n\
+             accept: application/json, text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        let get = encoded(|out| {
+            encode_request_head("GET", "/mcp?x=1", &[("host", b"h")], BodyFraming::None, out)
+        });
+        assert_eq!(get, "GET /mcp?x=1 HTTP/1.1\r\nhost: h\r\n\r\n");
+        let delete = encoded(|out| {
+            encode_request_head(
+                "DELETE",
+                "/",
+                &[("host", b"h")],
+                BodyFraming::Length(0),
+                out,
+            )
+        });
+        assert_eq!(
+            delete,
+            "DELETE / HTTP/1.1\r\nhost: h\r\ncontent-length: 0\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn chunks() {
+        assert_eq!(encoded(|out| encode_chunk(b"", out)), "");
+        assert_eq!(encoded(|out| encode_chunk(b"hello", out)), "5\r\nhello\r\n");
+        let big = vec![b'x'; 300];
+        let expected = format!("12c\r\n{}\r\n", "x".repeat(300));
+        assert_eq!(encoded(|out| encode_chunk(&big, out)), expected);
+        assert_eq!(encoded(encode_last_chunk), "0\r\n\r\n");
+    }
+
+    #[test]
+    fn error_responses() {
+        let table: [(HttpError, &str); 4] = [
+            (
+                HttpError::HeaderFieldsTooLarge,
+                "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\n\
+                 connection: close\r\ncontent-length: 24\r\n\r\nheader fields too large\n",
+            ),
+            (
+                HttpError::BadRequest("missing host"),
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n\
+                 connection: close\r\ncontent-length: 13\r\n\r\nmissing host\n",
+            ),
+            (
+                HttpError::PayloadTooLarge,
+                "HTTP/1.1 413 Content Too Large\r\ncontent-type: text/plain\r\n\
+                 connection: close\r\ncontent-length: 18\r\n\r\npayload too large\n",
+            ),
+            (
+                HttpError::VersionNotSupported,
+                "HTTP/1.1 505 HTTP Version Not Supported\r\ncontent-type: text/plain\r\n\
+                 connection: close\r\ncontent-length: 27\r\n\r\nhttp version not supported\n",
+            ),
+        ];
+        for (err, expected) in table {
+            assert_eq!(encoded(|out| encode_error_response(&err, out)), expected);
+        }
+    }
+}
