@@ -176,7 +176,6 @@ pub fn bind_reuseport(
         let socket = Socket::new(Domain::for_address(bound), Type::STREAM, Some(Protocol::TCP))?;
         socket.set_reuse_address(true)?;
         socket.set_reuse_port(true)?;
-        socket.set_nodelay(true)?;
         socket.bind(&bound.into())?;
         socket.listen(LISTEN_BACKLOG)?;
         let std: std::net::TcpListener = socket.into();

@@ -44,7 +44,11 @@ struct Direction {
     /// The sender was dropped (frames still queued are delivered first).
     sender_dropped: bool,
     recv_waker: Option<Waker>,
+    /// The sender waiting for credit or queue room.
     send_waker: Option<Waker>,
+    /// The sender waiting for a RESET or CHALLENGE (may be another task than the one
+    /// waiting for credit, so it has its own slot).
+    throttle_waker: Option<Waker>,
 }
 
 type Shared = Rc<RefCell<Direction>>;
@@ -59,6 +63,7 @@ fn direction() -> Shared {
         sender_dropped: false,
         recv_waker: None,
         send_waker: None,
+        throttle_waker: None,
     }))
 }
 
@@ -180,7 +185,7 @@ impl Sender {
             if d.refused {
                 return Poll::Ready(None);
             }
-            d.send_waker = Some(cx.waker().clone());
+            d.throttle_waker = Some(cx.waker().clone());
             Poll::Pending
         })
         .await
@@ -270,6 +275,7 @@ impl Receiver {
         d.refused = true;
         d.throttles.push_back(Throttle::Reset(reset));
         wake(&mut d.send_waker);
+        wake(&mut d.throttle_waker);
     }
 
     /// Sends a CHALLENGE to the sender (bounded: ignored past the frame limit, which only
@@ -280,7 +286,7 @@ impl Receiver {
             return Err(Gone);
         }
         d.throttles.push_back(Throttle::Challenge(challenge));
-        wake(&mut d.send_waker);
+        wake(&mut d.throttle_waker);
         Ok(())
     }
 }
@@ -291,6 +297,7 @@ impl Drop for Receiver {
         d.refused = true;
         d.frames.clear();
         wake(&mut d.send_waker);
+        wake(&mut d.throttle_waker);
     }
 }
 

@@ -6,15 +6,15 @@
 //! whose events are kept (bounded) for `Last-Event-ID` resume. Result bytes are the
 //! exit's, verbatim, wrapped in an envelope echoing the agent's request id lexeme.
 
-use super::events::{self, Inflight, Session};
+use super::events::{self, Session};
 use super::net::Request;
 use super::sink::Sink;
 use super::{PROTOCOL_VERSIONS, Server, session_id};
 use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
 use crate::limits::{REQUESTS_PER_SESSION_MAX, SESSIONS_PER_WORKER_MAX};
 use crate::metrics::{self, Outcome};
-use crate::sse;
-use crate::stream::{self, Begin, Caps, ClientHello, Event, Frame, Kind, Reset, Throttle};
+
+use crate::stream::{self, Begin, Caps, ClientHello, Frame, Kind, Reset, Throttle};
 use bytes::{Bytes, BytesMut};
 use std::rc::Rc;
 use std::time::Instant;

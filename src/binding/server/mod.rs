@@ -214,7 +214,7 @@ impl Server {
         }
         let sessions: Vec<Rc<Session>> = self.sessions.borrow().values().cloned().collect();
         for s in sessions {
-            events::close(&self, &s, "shutdown");
+            events::close(self, &s, "shutdown");
         }
     }
 }

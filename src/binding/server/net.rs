@@ -55,7 +55,7 @@ struct Link {
 
 thread_local! {
     /// This worker's live connections, so a drain can shut every one of them down.
-    static LIVE: RefCell<slab::Slab<std::rc::Weak<ConnShared>>> = RefCell::new(slab::Slab::new());
+    static LIVE: RefCell<slab::Slab<std::rc::Weak<ConnShared>>> = const { RefCell::new(slab::Slab::new()) };
 }
 
 /// Connections open on this worker.
