@@ -698,7 +698,9 @@ impl Render<'_> {
         }
     }
 
-    async fn on_data(&mut self, data: Bytes) {
+    /// Renders result bytes; returns true if that completed the reply (the exit's END was
+    /// already queued and has been consumed).
+    async fn on_data(&mut self, data: Bytes) -> bool {
         let reply = &self.inflight.caller.reply;
         match self.mode {
             Mode::Undecided => {
@@ -715,7 +717,7 @@ impl Render<'_> {
                     }
                     reply.ack(data.len() as u32);
                     self.result_started = true;
-                    return;
+                    return true;
                 }
                 self.mode = Mode::Json;
                 self.result_started = true;
@@ -754,6 +756,7 @@ impl Render<'_> {
             }
         }
         reply.ack(data.len() as u32);
+        false
     }
 
     async fn on_end(&mut self) {
@@ -895,7 +898,12 @@ pub async fn pump(session: &Rc<Session>, inflight: &Rc<Inflight>, sink: Sink, pr
                     r.emit(&json).await;
                 }
             }
-            Step::Frame(Some(Frame::Data(d))) => r.on_data(d).await,
+            Step::Frame(Some(Frame::Data(d))) => {
+                if r.on_data(d).await {
+                    caller.initial.end();
+                    return Outcome::Ok;
+                }
+            }
             Step::Frame(Some(Frame::End)) => {
                 caller.initial.end();
                 r.on_end().await;
