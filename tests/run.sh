@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI and the README run it: `bash tests/run.sh`.
+# Installs what the tests need by itself: a Python venv with the official MCP SDK
+# (tests/py), Node packages with the official TypeScript SDK (tests/js).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== build (release binary used by the scenario tests)"
+cargo build --release --workspace
+
+echo "== cargo fmt / clippy"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+echo "== cargo test (unit, binding and raw-HTTP scenario tests)"
+cargo test --workspace --release
+
+if [ -x tests/py/run.sh ]; then
+  echo "== Python MCP SDK scenarios"
+  tests/py/run.sh
+fi
+if [ -x tests/js/run.sh ]; then
+  echo "== TypeScript MCP SDK scenarios"
+  tests/js/run.sh
+fi
+echo "== all tests passed"
