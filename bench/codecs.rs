@@ -1,0 +1,149 @@
+//! Micro-benchmarks of the hot codecs: HTTP request decode and response encode, chunked
+//! framing, SSE encode/decode, the JSON-RPC envelope peek (serde_json borrowed, beside a
+//! simd-json DOM parse of a copy for comparison), credit-window arithmetic, session ids.
+//!
+//! Run: `cargo bench --bench codecs` (add `-- --quick` for a short run).
+
+use bytes::BytesMut;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use mcpyard::binding::server::session_id;
+use mcpyard::http::{self, BodyFraming, RequestDecoder, RequestEvent};
+use mcpyard::jsonrpc;
+use mcpyard::sse;
+use mcpyard::stream::Window;
+use std::hint::black_box;
+
+const CALL: &[u8] = br#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello from the benchmark"},"_meta":{"progressToken":"t-1"}}}"#;
+
+fn request_bytes() -> Vec<u8> {
+    let mut r = format!(
+        "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:7114\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\nmcp-protocol-version: 2025-11-25\r\nmcp-session-id: 0001lg7geCVz7B-TdmYjLEbYSQ\r\ncontent-length: {}\r\n\r\n",
+        CALL.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(CALL);
+    r
+}
+
+fn http_codecs(c: &mut Criterion) {
+    let raw = request_bytes();
+    let mut g = c.benchmark_group("http");
+    g.throughput(Throughput::Bytes(raw.len() as u64));
+    g.bench_function("decode_post_request", |b| {
+        b.iter(|| {
+            let mut buf = BytesMut::from(&raw[..]);
+            let mut d = RequestDecoder::new(1 << 20);
+            let mut events = 0;
+            while let Ok(Some(ev)) = d.decode(&mut buf) {
+                events += 1;
+                if matches!(ev, RequestEvent::End) {
+                    break;
+                }
+            }
+            black_box(events)
+        })
+    });
+    g.bench_function("encode_response_head", |b| {
+        let mut out = BytesMut::with_capacity(256);
+        b.iter(|| {
+            out.clear();
+            http::encode_response_head(
+                200,
+                &[("content-type", b"application/json"), ("mcp-session-id", b"0001lg7geCVz7B-TdmYjLEbYSQ")],
+                BodyFraming::Length(black_box(123)),
+                &mut out,
+            );
+            black_box(out.len())
+        })
+    });
+    let chunk = vec![b'x'; 32 * 1024];
+    g.throughput(Throughput::Bytes(chunk.len() as u64));
+    g.bench_function("encode_chunk_32k", |b| {
+        let mut out = BytesMut::with_capacity(40 * 1024);
+        b.iter(|| {
+            out.clear();
+            http::encode_chunk(black_box(&chunk), &mut out);
+            black_box(out.len())
+        })
+    });
+    g.finish();
+}
+
+fn sse_codecs(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sse");
+    g.throughput(Throughput::Bytes(CALL.len() as u64));
+    g.bench_function("encode_event", |b| {
+        let mut out = BytesMut::with_capacity(512);
+        b.iter(|| {
+            out.clear();
+            let ev = sse::Event { id: Some("3.17"), event: None, data: Some(black_box(CALL)), retry_ms: None };
+            let _ = sse::encode_event(&ev, &mut out);
+            black_box(out.len())
+        })
+    });
+    let mut stream = BytesMut::new();
+    for i in 0..16 {
+        let id = format!("1.{i}");
+        let ev = sse::Event { id: Some(&id), event: None, data: Some(CALL), retry_ms: None };
+        let _ = sse::encode_event(&ev, &mut stream);
+    }
+    let stream = stream.freeze();
+    g.throughput(Throughput::Bytes(stream.len() as u64));
+    g.bench_function("decode_16_events", |b| {
+        b.iter(|| {
+            let mut buf = BytesMut::from(&stream[..]);
+            let mut d = sse::Decoder::new();
+            let mut n = 0;
+            while let Ok(Some(_)) = d.decode(&mut buf) {
+                n += 1;
+            }
+            black_box(n)
+        })
+    });
+    g.finish();
+}
+
+fn envelope(c: &mut Criterion) {
+    let mut g = c.benchmark_group("jsonrpc");
+    g.throughput(Throughput::Bytes(CALL.len() as u64));
+    g.bench_function("envelope_peek_serde_json_borrowed", |b| {
+        b.iter(|| {
+            let env = jsonrpc::parse_envelope(black_box(CALL));
+            black_box(env.map(|e| e.params.map(|p| p.get().len())).ok())
+        })
+    });
+    g.bench_function("simd_json_dom_of_a_copy", |b| {
+        b.iter(|| {
+            let mut copy = black_box(CALL).to_vec();
+            let v = simd_json::to_borrowed_value(&mut copy).map(|v| matches!(v, simd_json::BorrowedValue::Object(_)));
+            black_box(v.ok())
+        })
+    });
+    g.bench_function("write_result_envelope_1k", |b| {
+        let result = vec![b' '; 1024];
+        let mut out = BytesMut::with_capacity(1200);
+        b.iter(|| {
+            out.clear();
+            jsonrpc::write_result("42", black_box(&result), &mut out);
+            black_box(out.len())
+        })
+    });
+    g.finish();
+}
+
+fn window_and_ids(c: &mut Criterion) {
+    c.bench_function("window_send_ack_cycle", |b| {
+        let mut w = Window::new(32 * 1024);
+        b.iter(|| {
+            w.on_sent(black_box(1024));
+            w.on_ack(black_box(1024));
+            black_box(w.credit())
+        })
+    });
+    c.bench_function("session_id_mint", |b| b.iter(|| black_box(session_id::mint(0, 1).ok())));
+    let id = session_id::mint(0, 1).unwrap_or_default();
+    c.bench_function("session_id_owner", |b| b.iter(|| black_box(session_id::owner(black_box(id.as_bytes())))));
+}
+
+criterion_group!(benches, http_codecs, sse_codecs, envelope, window_and_ids);
+criterion_main!(benches);
