@@ -75,17 +75,19 @@ pub fn shutdown_all() {
     });
 }
 
+/// Body of the 503 for a connection we cannot take.
+const OVERLOADED: &[u8] = b"server overloaded\n";
+
 /// Answers a connection we cannot take (table full or draining) with 503 and closes it.
 pub async fn refuse(conn: Conn) {
     let mut out = BytesMut::with_capacity(128);
     http::encode_response_head(
         503,
         &[("content-type", b"text/plain"), ("connection", b"close")],
-        http::BodyFraming::Length(20),
+        http::BodyFraming::Length(OVERLOADED.len() as u64),
         &mut out,
     );
-    out.extend_from_slice(b"server overloaded\r\n\n");
-    out.truncate(out.len() - 1);
+    out.extend_from_slice(OVERLOADED);
     let _ = conn.write_all(out.freeze()).await;
     conn.shutdown();
 }
