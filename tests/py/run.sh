@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Python MCP SDK scenario tests against the release gateway binary.
+# Needs only python3 and cargo; idempotent (reuses .venv and the built binary).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/py/requirements.txt
+
+if [ ! -x target/release/mcpyard ]; then
+  cargo build --release --bin mcpyard
+fi
+
+status=0
+.venv/bin/python -m pytest -q tests/py "$@" || status=$?
+exit "$status"
