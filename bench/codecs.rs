@@ -49,7 +49,10 @@ fn http_codecs(c: &mut Criterion) {
             out.clear();
             http::encode_response_head(
                 200,
-                &[("content-type", b"application/json"), ("mcp-session-id", b"0001lg7geCVz7B-TdmYjLEbYSQ")],
+                &[
+                    ("content-type", b"application/json"),
+                    ("mcp-session-id", b"0001lg7geCVz7B-TdmYjLEbYSQ"),
+                ],
                 BodyFraming::Length(black_box(123)),
                 &mut out,
             );
@@ -76,7 +79,12 @@ fn sse_codecs(c: &mut Criterion) {
         let mut out = BytesMut::with_capacity(512);
         b.iter(|| {
             out.clear();
-            let ev = sse::Event { id: Some("3.17"), event: None, data: Some(black_box(CALL)), retry_ms: None };
+            let ev = sse::Event {
+                id: Some("3.17"),
+                event: None,
+                data: Some(black_box(CALL)),
+                retry_ms: None,
+            };
             let _ = sse::encode_event(&ev, &mut out);
             black_box(out.len())
         })
@@ -84,7 +92,12 @@ fn sse_codecs(c: &mut Criterion) {
     let mut stream = BytesMut::new();
     for i in 0..16 {
         let id = format!("1.{i}");
-        let ev = sse::Event { id: Some(&id), event: None, data: Some(CALL), retry_ms: None };
+        let ev = sse::Event {
+            id: Some(&id),
+            event: None,
+            data: Some(CALL),
+            retry_ms: None,
+        };
         let _ = sse::encode_event(&ev, &mut stream);
     }
     let stream = stream.freeze();
@@ -115,7 +128,8 @@ fn envelope(c: &mut Criterion) {
     g.bench_function("simd_json_dom_of_a_copy", |b| {
         b.iter(|| {
             let mut copy = black_box(CALL).to_vec();
-            let v = simd_json::to_borrowed_value(&mut copy).map(|v| matches!(v, simd_json::BorrowedValue::Object(_)));
+            let v = simd_json::to_borrowed_value(&mut copy)
+                .map(|v| matches!(v, simd_json::BorrowedValue::Object(_)));
             black_box(v.ok())
         })
     });
@@ -140,9 +154,13 @@ fn window_and_ids(c: &mut Criterion) {
             black_box(w.credit())
         })
     });
-    c.bench_function("session_id_mint", |b| b.iter(|| black_box(session_id::mint(0, 1).ok())));
+    c.bench_function("session_id_mint", |b| {
+        b.iter(|| black_box(session_id::mint(0, 1).ok()))
+    });
     let id = session_id::mint(0, 1).unwrap_or_default();
-    c.bench_function("session_id_owner", |b| b.iter(|| black_box(session_id::owner(black_box(id.as_bytes())))));
+    c.bench_function("session_id_owner", |b| {
+        b.iter(|| black_box(session_id::owner(black_box(id.as_bytes()))))
+    });
 }
 
 criterion_group!(benches, http_codecs, sse_codecs, envelope, window_and_ids);

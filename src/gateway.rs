@@ -34,7 +34,10 @@ pub fn run(config: Config) -> Result<(), String> {
     let backend = runtime::choose_backend(config.runtime.io)?;
     let workers = runtime::worker_count(config.runtime.workers);
     if workers > usize::from(u8::MAX) + 1 {
-        return Err(format!("{}: runtime.workers: {workers} workers, expected at most 256", config.source));
+        return Err(format!(
+            "{}: runtime.workers: {workers} workers, expected at most 256",
+            config.source
+        ));
     }
     for (name, binding) in &config.bindings {
         if matches!(binding, Binding::Client(_) | Binding::Proxy(_)) {
@@ -54,10 +57,16 @@ pub fn run(config: Config) -> Result<(), String> {
             _ => None,
         })
         .collect();
-    let mut per_worker: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
+    let mut per_worker: Vec<Vec<std::net::TcpListener>> =
+        (0..workers).map(|_| Vec::new()).collect();
     for (name, server) in config.servers() {
-        let (sockets, bound) = runtime::io::bind_reuseport(server.listen, workers)
-            .map_err(|e| format!("{}: bindings.{name}.listen: cannot listen on {}: {e}", config.source, server.listen))?;
+        let (sockets, bound) =
+            runtime::io::bind_reuseport(server.listen, workers).map_err(|e| {
+                format!(
+                    "{}: bindings.{name}.listen: cannot listen on {}: {e}",
+                    config.source, server.listen
+                )
+            })?;
         for (w, s) in sockets.into_iter().enumerate() {
             if let Some(list) = per_worker.get_mut(w) {
                 list.push(s);
@@ -67,16 +76,27 @@ pub fn run(config: Config) -> Result<(), String> {
     }
     let metrics_listener = match config.telemetry.metrics {
         Some(addr) => {
-            let l = std::net::TcpListener::bind(addr)
-                .map_err(|e| format!("{}: telemetry.metrics: cannot listen on {addr}: {e}", config.source))?;
+            let l = std::net::TcpListener::bind(addr).map_err(|e| {
+                format!(
+                    "{}: telemetry.metrics: cannot listen on {addr}: {e}",
+                    config.source
+                )
+            })?;
             let bound = l.local_addr().map_err(|e| e.to_string())?;
             println!("listening metrics {bound}");
             Some(l)
         }
         None => None,
     };
-    log::info(format_args!("gateway: starting workers={workers} io={}", backend.name()));
-    let registrable = if backend == Backend::Uring { runtime::registrable_slots(workers) } else { 0 };
+    log::info(format_args!(
+        "gateway: starting workers={workers} io={}",
+        backend.name()
+    ));
+    let registrable = if backend == Backend::Uring {
+        runtime::registrable_slots(workers)
+    } else {
+        0
+    };
     let (inboxes, receivers) = runtime::inboxes(workers);
     let (drain_tx, drain_rx) = watch::channel(false);
     let config = Arc::new(config);
@@ -122,7 +142,10 @@ pub fn run(config: Config) -> Result<(), String> {
         }
         wait_for_signal().await;
     });
-    log::info(format_args!("gateway: draining (deadline {}s)", DRAIN_DEADLINE.as_secs()));
+    log::info(format_args!(
+        "gateway: draining (deadline {}s)",
+        DRAIN_DEADLINE.as_secs()
+    ));
     let _ = drain_tx.send(true);
     for t in threads {
         let _ = t.join();
@@ -138,7 +161,10 @@ fn tokio_listener(l: std::net::TcpListener) -> std::io::Result<tokio::net::TcpLi
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         log::error(format_args!("gateway: cannot install signal handlers"));
         return std::future::pending().await;
     };
@@ -165,22 +191,49 @@ async fn worker(plan: WorkerPlan) {
     let slots = Rc::new(Slots::new(plan.backend == Backend::Uring, plan.registrable));
     let mut servers = Vec::new();
     let mut listeners = Vec::new();
-    let configured: Vec<(String, crate::config::ServerBinding)> =
-        plan.config.servers().map(|(n, s)| (n.to_owned(), s.clone())).collect();
-    for ((index, (name, cfg)), std) in configured.into_iter().enumerate().zip(plan.listeners.iter()) {
+    let configured: Vec<(String, crate::config::ServerBinding)> = plan
+        .config
+        .servers()
+        .map(|(n, s)| (n.to_owned(), s.clone()))
+        .collect();
+    for ((index, (name, cfg)), std) in configured
+        .into_iter()
+        .enumerate()
+        .zip(plan.listeners.iter())
+    {
         let Some(exit) = build_exit(&cfg.exit, &plan) else {
-            log::error(format_args!("worker: binding {name}: exit {} cannot be built", cfg.exit));
+            log::error(format_args!(
+                "worker: binding {name}: exit {} cannot be built",
+                cfg.exit
+            ));
             return;
         };
-        let server = Server::new(&name, index, cfg, plan.index as u8, exit, plan.inboxes.clone());
-        let listener = match std.try_clone().and_then(|s| Listener::adopt(s, plan.backend)) {
+        let server = Server::new(
+            &name,
+            index,
+            cfg,
+            plan.index as u8,
+            exit,
+            plan.inboxes.clone(),
+        );
+        let listener = match std
+            .try_clone()
+            .and_then(|s| Listener::adopt(s, plan.backend))
+        {
             Ok(l) => Rc::new(l),
             Err(e) => {
-                log::error(format_args!("worker: binding {name}: cannot adopt listener: {e}"));
+                log::error(format_args!(
+                    "worker: binding {name}: cannot adopt listener: {e}"
+                ));
                 return;
             }
         };
-        tokio::task::spawn_local(accept_loop(listener.clone(), server.clone(), slots.clone(), plan.drain.clone()));
+        tokio::task::spawn_local(accept_loop(
+            listener.clone(),
+            server.clone(),
+            slots.clone(),
+            plan.drain.clone(),
+        ));
         listeners.push(listener);
         servers.push(server);
     }
@@ -200,7 +253,12 @@ async fn worker(plan: WorkerPlan) {
     }
 }
 
-async fn accept_loop(listener: Rc<Listener>, server: Rc<Server>, slots: Rc<Slots>, drain: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: Rc<Listener>,
+    server: Rc<Server>,
+    slots: Rc<Slots>,
+    drain: watch::Receiver<bool>,
+) {
     loop {
         match listener.accept().await {
             Ok((conn, _peer)) => {
@@ -227,7 +285,9 @@ async fn accept_loop(listener: Rc<Listener>, server: Rc<Server>, slots: Rc<Slots
 /// snapshot through its inbox.
 async fn serve_metrics(listener: tokio::net::TcpListener, inboxes: Inboxes) {
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
         let inboxes = inboxes.clone();
         tokio::spawn(async move {
             let mut head = vec![0u8; 4096];
@@ -261,7 +321,15 @@ async fn gather(inboxes: &Inboxes) -> Vec<metrics::WorkerMetrics> {
     let mut asked = 0;
     for w in 0..inboxes.len() {
         let tx = tx.clone();
-        if inboxes.send(w, Box::new(move || { let _ = tx.try_send(metrics::snapshot()); })).is_ok() {
+        if inboxes
+            .send(
+                w,
+                Box::new(move || {
+                    let _ = tx.try_send(metrics::snapshot());
+                }),
+            )
+            .is_ok()
+        {
             asked += 1;
         }
     }

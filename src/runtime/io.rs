@@ -173,7 +173,11 @@ pub fn bind_reuseport(
     let mut bound = addr;
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
-        let socket = Socket::new(Domain::for_address(bound), Type::STREAM, Some(Protocol::TCP))?;
+        let socket = Socket::new(
+            Domain::for_address(bound),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
         socket.set_reuse_address(true)?;
         socket.set_reuse_port(true)?;
         socket.bind(&bound.into())?;

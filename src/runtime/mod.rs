@@ -54,12 +54,7 @@ pub fn inboxes(workers: usize) -> (Inboxes, Vec<mpsc::Receiver<Task>>) {
     let (tx, rx): (Vec<_>, Vec<_>) = (0..workers)
         .map(|_| mpsc::channel(CROSS_WORKER_QUEUE_LEN))
         .unzip();
-    (
-        Inboxes {
-            senders: tx.into(),
-        },
-        rx,
-    )
+    (Inboxes { senders: tx.into() }, rx)
 }
 
 /// Drains queued cross-worker tasks until the inbox closes.

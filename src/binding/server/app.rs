@@ -30,7 +30,10 @@ pub async fn http_error(sink: Sink, status: u16, message: &str, id: Option<&str>
     let mut body = BytesMut::with_capacity(128);
     jsonrpc::write_error(id, code, message, None, &mut body);
     let allow: &[(&str, &[u8])] = if status == 405 {
-        &[("content-type", b"application/json"), ("allow", b"GET, POST, DELETE")]
+        &[
+            ("content-type", b"application/json"),
+            ("allow", b"GET, POST, DELETE"),
+        ]
     } else {
         &[("content-type", b"application/json")]
     };
@@ -63,8 +66,12 @@ fn accepts(req: &Request, json: bool, sse: bool) -> bool {
     for item in accept.split(|b| *b == b',') {
         let mt = media_type(item);
         let any = mt.eq_ignore_ascii_case(b"*/*");
-        j |= any || mt.eq_ignore_ascii_case(b"application/json") || mt.eq_ignore_ascii_case(b"application/*");
-        s |= any || mt.eq_ignore_ascii_case(b"text/event-stream") || mt.eq_ignore_ascii_case(b"text/*");
+        j |= any
+            || mt.eq_ignore_ascii_case(b"application/json")
+            || mt.eq_ignore_ascii_case(b"application/*");
+        s |= any
+            || mt.eq_ignore_ascii_case(b"text/event-stream")
+            || mt.eq_ignore_ascii_case(b"text/*");
     }
     j && s
 }
@@ -82,10 +89,22 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
         .get("content-type")
         .is_some_and(|v| media_type(v).eq_ignore_ascii_case(b"application/json"));
     if !json_body {
-        return http_error(sink, 415, "Unsupported Media Type: Content-Type must be application/json", None).await;
+        return http_error(
+            sink,
+            415,
+            "Unsupported Media Type: Content-Type must be application/json",
+            None,
+        )
+        .await;
     }
     if !accepts(&req, true, true) {
-        return http_error(sink, 406, "Not Acceptable: Accept must list application/json and text/event-stream", None).await;
+        return http_error(
+            sink,
+            406,
+            "Not Acceptable: Accept must list application/json and text/event-stream",
+            None,
+        )
+        .await;
     }
     let env = match jsonrpc::parse_envelope(&req.body) {
         Ok(env) => env,
@@ -99,7 +118,13 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
     if !Server::version_ok(&req) {
-        return http_error(sink, 400, "Bad Request: unsupported MCP-Protocol-Version", None).await;
+        return http_error(
+            sink,
+            400,
+            "Bad Request: unsupported MCP-Protocol-Version",
+            None,
+        )
+        .await;
     }
     session.touch();
     match env.kind {
@@ -116,8 +141,12 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
         }
         MsgKind::Response | MsgKind::ErrorResponse => {
             if let Some(id) = env.id {
-                let result = env.result.map(|r| Bytes::copy_from_slice(r.get().as_bytes()));
-                let error = env.error.map(|r| Bytes::copy_from_slice(r.get().as_bytes()));
+                let result = env
+                    .result
+                    .map(|r| Bytes::copy_from_slice(r.get().as_bytes()));
+                let error = env
+                    .error
+                    .map(|r| Bytes::copy_from_slice(r.get().as_bytes()));
                 session.answer(Bytes::copy_from_slice(id.raw.as_bytes()), result, error);
             }
             let _ = sink.respond(202, &[], b"").await;
@@ -132,14 +161,39 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
     let started = Instant::now();
     let id = env.id.map_or("null", |i| i.raw);
     let Some(params) = env.params.filter(|p| jsonrpc::raw_is_object(p)) else {
-        return rpc_error(sink, id, jsonrpc::INVALID_PARAMS, "Invalid params: initialize needs params", None).await;
+        return rpc_error(
+            sink,
+            id,
+            jsonrpc::INVALID_PARAMS,
+            "Invalid params: initialize needs params",
+            None,
+        )
+        .await;
     };
     let requested = match jsonrpc::param_str(params, "protocolVersion") {
         Ok(Some(v)) => v,
-        _ => return rpc_error(sink, id, jsonrpc::INVALID_PARAMS, "Invalid params: protocolVersion must be a string", None).await,
+        _ => {
+            return rpc_error(
+                sink,
+                id,
+                jsonrpc::INVALID_PARAMS,
+                "Invalid params: protocolVersion must be a string",
+                None,
+            )
+            .await;
+        }
     };
-    let Some(capabilities) = jsonrpc::param_raw(params, "capabilities").filter(|c| jsonrpc::raw_is_object(c)) else {
-        return rpc_error(sink, id, jsonrpc::INVALID_PARAMS, "Invalid params: capabilities must be an object", None).await;
+    let Some(capabilities) =
+        jsonrpc::param_raw(params, "capabilities").filter(|c| jsonrpc::raw_is_object(c))
+    else {
+        return rpc_error(
+            sink,
+            id,
+            jsonrpc::INVALID_PARAMS,
+            "Invalid params: capabilities must be an object",
+            None,
+        )
+        .await;
     };
     let version = PROTOCOL_VERSIONS
         .iter()
@@ -148,11 +202,25 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
         .unwrap_or(PROTOCOL_VERSIONS[0]);
     if server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
         metrics::with(|m| m.overload_rejections += 1);
-        return http_error(sink, 503, "Service Unavailable: session table full", Some(id)).await;
+        return http_error(
+            sink,
+            503,
+            "Service Unavailable: session table full",
+            Some(id),
+        )
+        .await;
     }
     let session_id = match session_id::mint(0, server.worker) {
         Ok(s) => s,
-        Err(_) => return http_error(sink, 503, "Service Unavailable: no entropy for a session id", Some(id)).await,
+        Err(_) => {
+            return http_error(
+                sink,
+                503,
+                "Service Unavailable: no entropy for a session id",
+                Some(id),
+            )
+            .await;
+        }
     };
     let begin = Begin {
         kind: Kind::Lifecycle,
@@ -164,7 +232,11 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
         client: Some(ClientHello {
             capabilities: Bytes::copy_from_slice(capabilities.get().as_bytes()),
             protocol_version: version,
-            authorization: req.head.headers.get("authorization").map(Bytes::copy_from_slice),
+            authorization: req
+                .head
+                .headers
+                .get("authorization")
+                .map(Bytes::copy_from_slice),
         }),
     };
     let (caller, callee) = stream::open(begin);
@@ -182,7 +254,13 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
             return render_reset(sink, id, caller.initial.try_throttle(), None).await;
         }
     };
-    let session = Session::create(server, Rc::from(session_id.as_str()), version, reply.clone(), caller);
+    let session = Session::create(
+        server,
+        Rc::from(session_id.as_str()),
+        version,
+        reply.clone(),
+        caller,
+    );
     let mut body = BytesMut::with_capacity(512);
     jsonrpc::write_result_prefix(id, &mut body);
     body.extend_from_slice(b"{\"protocolVersion\":\"");
@@ -211,10 +289,16 @@ fn write_caps(caps: Caps, out: &mut BytesMut) {
     let mut members: Vec<String> = Vec::with_capacity(5);
     let flag = |c: Caps| caps.contains(c);
     if flag(Caps::TOOLS) {
-        members.push(format!("\"tools\":{{\"listChanged\":{}}}", flag(Caps::TOOLS_LIST_CHANGED)));
+        members.push(format!(
+            "\"tools\":{{\"listChanged\":{}}}",
+            flag(Caps::TOOLS_LIST_CHANGED)
+        ));
     }
     if flag(Caps::PROMPTS) {
-        members.push(format!("\"prompts\":{{\"listChanged\":{}}}", flag(Caps::PROMPTS_LIST_CHANGED)));
+        members.push(format!(
+            "\"prompts\":{{\"listChanged\":{}}}",
+            flag(Caps::PROMPTS_LIST_CHANGED)
+        ));
     }
     if flag(Caps::RESOURCES) {
         members.push(format!(
@@ -237,7 +321,11 @@ fn write_caps(caps: Caps, out: &mut BytesMut) {
 /// Renders a RESET (or a missing answer) from the exit on a response not yet started.
 async fn render_reset(sink: Sink, id: &str, throttle: Option<Throttle>, session: Option<&str>) {
     match throttle {
-        Some(Throttle::Reset(Reset::Error { code, message, data })) => {
+        Some(Throttle::Reset(Reset::Error {
+            code,
+            message,
+            data,
+        })) => {
             let mut body = BytesMut::with_capacity(128 + message.len());
             jsonrpc::write_error(Some(id), code, &message, data.as_deref(), &mut body);
             let mut headers: Vec<(&str, &[u8])> = vec![("content-type", b"application/json")];
@@ -250,7 +338,11 @@ async fn render_reset(sink: Sink, id: &str, throttle: Option<Throttle>, session:
             let header = events::render_bearer(&challenge);
             let status = if challenge.status == 403 { 403 } else { 401 };
             let mut body = BytesMut::with_capacity(128);
-            let message = if status == 403 { "Forbidden: insufficient scope upstream" } else { "Unauthorized upstream" };
+            let message = if status == 403 {
+                "Forbidden: insufficient scope upstream"
+            } else {
+                "Unauthorized upstream"
+            };
             jsonrpc::write_error(Some(id), jsonrpc::INVALID_REQUEST, message, None, &mut body);
             let headers: [(&str, &[u8]); 2] = [
                 ("content-type", b"application/json"),
@@ -263,7 +355,13 @@ async fn render_reset(sink: Sink, id: &str, throttle: Option<Throttle>, session:
 }
 
 /// Opens an internal stream for one request and renders its reply.
-async fn request(server: Rc<Server>, session: Rc<Session>, req: &Request, env: &Envelope<'_>, sink: Sink) {
+async fn request(
+    server: Rc<Server>,
+    session: Rc<Session>,
+    req: &Request,
+    env: &Envelope<'_>,
+    sink: Sink,
+) {
     let started = Instant::now();
     let Some(id) = env.id else { return };
     let method = env.method.as_deref().unwrap_or_default();
@@ -271,7 +369,10 @@ async fn request(server: Rc<Server>, session: Rc<Session>, req: &Request, env: &
         let mut body = BytesMut::with_capacity(64);
         jsonrpc::write_result(id.raw, b"{}", &mut body);
         metrics::record_request("ping", Outcome::Ok, started.elapsed());
-        let headers: [(&str, &[u8]); 2] = [("content-type", b"application/json"), ("mcp-session-id", session.id.as_bytes())];
+        let headers: [(&str, &[u8]); 2] = [
+            ("content-type", b"application/json"),
+            ("mcp-session-id", session.id.as_bytes()),
+        ];
         let _ = sink.respond(200, &headers, &body).await;
         return;
     }
@@ -279,7 +380,14 @@ async fn request(server: Rc<Server>, session: Rc<Session>, req: &Request, env: &
         Some(k) if session.caps.contains(k.capability()) => k,
         _ => {
             metrics::record_request("other", Outcome::Rejected, started.elapsed());
-            return rpc_error(sink, id.raw, jsonrpc::METHOD_NOT_FOUND, "Method not found", Some(&session.id)).await;
+            return rpc_error(
+                sink,
+                id.raw,
+                jsonrpc::METHOD_NOT_FOUND,
+                "Method not found",
+                Some(&session.id),
+            )
+            .await;
         }
     };
     let target_key = match kind {
@@ -296,14 +404,32 @@ async fn request(server: Rc<Server>, session: Rc<Session>, req: &Request, env: &
         (Some(_), None) => None,
     };
     if target_key.is_some() && target.is_none() {
-        let message = if target_key == Some("name") { "Invalid params: name must be a string" } else { "Invalid params: uri must be a string" };
+        let message = if target_key == Some("name") {
+            "Invalid params: name must be a string"
+        } else {
+            "Invalid params: uri must be a string"
+        };
         metrics::record_request(method, Outcome::Rejected, started.elapsed());
-        return rpc_error(sink, id.raw, jsonrpc::INVALID_PARAMS, message, Some(&session.id)).await;
+        return rpc_error(
+            sink,
+            id.raw,
+            jsonrpc::INVALID_PARAMS,
+            message,
+            Some(&session.id),
+        )
+        .await;
     }
     if session.request_count() >= REQUESTS_PER_SESSION_MAX {
         metrics::with(|m| m.overload_rejections += 1);
         metrics::record_request(method, Outcome::Rejected, started.elapsed());
-        return rpc_error(sink, id.raw, jsonrpc::INTERNAL_ERROR, "Too many requests in flight on this session", Some(&session.id)).await;
+        return rpc_error(
+            sink,
+            id.raw,
+            jsonrpc::INTERNAL_ERROR,
+            "Too many requests in flight on this session",
+            Some(&session.id),
+        )
+        .await;
     }
     let params = env
         .params
@@ -328,7 +454,14 @@ async fn request(server: Rc<Server>, session: Rc<Session>, req: &Request, env: &
     let inflight = session.register(id.key(), Bytes::copy_from_slice(id.raw.as_bytes()), caller);
     // If the exit refuses the params (Gone) its RESET is rendered from the reply below.
     let _ = inflight.caller.initial.data(params).await;
-    let outcome = events::pump(&session, &inflight, sink, progress_token.is_some(), deadline).await;
+    let outcome = events::pump(
+        &session,
+        &inflight,
+        sink,
+        progress_token.is_some(),
+        deadline,
+    )
+    .await;
     session.unregister(&inflight);
     metrics::record_request(kind.method(), outcome, started.elapsed());
 }

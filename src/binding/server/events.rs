@@ -84,7 +84,13 @@ pub struct Inflight {
 
 impl Session {
     /// Creates and registers a session whose lifecycle the exit just accepted.
-    pub fn create(server: &Rc<Server>, id: Rc<str>, version: &'static str, reply: ReplyBegin, lifecycle: Caller) -> Rc<Session> {
+    pub fn create(
+        server: &Rc<Server>,
+        id: Rc<str>,
+        version: &'static str,
+        reply: ReplyBegin,
+        lifecycle: Caller,
+    ) -> Rc<Session> {
         let session = Rc::new(Session {
             exit_session: reply.session.clone().unwrap_or_else(|| Rc::from("")),
             caps: reply.caps,
@@ -169,7 +175,11 @@ impl Session {
     /// Forgets a finished request.
     pub fn unregister(&self, inflight: &Rc<Inflight>) {
         let mut st = self.st.borrow_mut();
-        if st.requests.get(&inflight.key).is_some_and(|i| Rc::ptr_eq(i, inflight)) {
+        if st
+            .requests
+            .get(&inflight.key)
+            .is_some_and(|i| Rc::ptr_eq(i, inflight))
+        {
             st.requests.remove(&inflight.key);
         }
         st.streams.remove(&inflight.stream_no);
@@ -190,7 +200,10 @@ impl Session {
 
     /// Routes the agent's answer to a server-to-client request back to its stream.
     pub fn answer(&self, id: Bytes, result: Option<Bytes>, error: Option<Bytes>) {
-        let Some(key) = std::str::from_utf8(&id).ok().and_then(jsonrpc::id_key_of_raw) else {
+        let Some(key) = std::str::from_utf8(&id)
+            .ok()
+            .and_then(jsonrpc::id_key_of_raw)
+        else {
             return;
         };
         let to = self.st.borrow_mut().answers.remove(&key);
@@ -212,7 +225,12 @@ impl Session {
         st.next_seq += 1;
         let id = format!("0.{seq}");
         let mut out = BytesMut::with_capacity(json.len() + 32);
-        let event = sse::Event { id: Some(&id), event: None, data: Some(json), retry_ms: None };
+        let event = sse::Event {
+            id: Some(&id),
+            event: None,
+            data: Some(json),
+            retry_ms: None,
+        };
         if sse::encode_event(&event, &mut out).is_err() {
             return;
         }
@@ -280,7 +298,9 @@ fn render_event(event: &Event) -> Option<BytesMut> {
     Some(match event {
         Event::Resumable | Event::Suspend { .. } => return None,
         Event::ListChanged(k) => notification(k.method(), None),
-        Event::ResourcesUpdated { params } => notification("notifications/resources/updated", Some(params)),
+        Event::ResourcesUpdated { params } => {
+            notification("notifications/resources/updated", Some(params))
+        }
         Event::Progress { params } => notification("notifications/progress", Some(params)),
         Event::Notification { method, params } => notification(method, params.as_deref()),
         Event::Request { id, method, params } => {
@@ -306,11 +326,20 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
                     session.st.borrow_mut().last_exit_event = id;
                 }
                 match &event {
-                    Event::Resumable | Event::Suspend { retry_ms: 0.. } => set_support(&session, Support::Yes),
+                    Event::Resumable | Event::Suspend { retry_ms: 0.. } => {
+                        set_support(&session, Support::Yes)
+                    }
                     Event::Suspend { .. } => set_support(&session, Support::No),
                     Event::Request { id, .. } => {
-                        if let Some(key) = std::str::from_utf8(id).ok().and_then(jsonrpc::id_key_of_raw) {
-                            session.st.borrow_mut().answers.insert(key, AnswerTo::Lifecycle);
+                        if let Some(key) = std::str::from_utf8(id)
+                            .ok()
+                            .and_then(jsonrpc::id_key_of_raw)
+                        {
+                            session
+                                .st
+                                .borrow_mut()
+                                .answers
+                                .insert(key, AnswerTo::Lifecycle);
                         }
                     }
                     _ => {}
@@ -340,7 +369,11 @@ async fn expiry_task(server: Rc<Server>, session: Weak<Session>) {
         let Some(s) = session.upgrade() else { return };
         let (closed, idle_since, busy) = {
             let st = s.st.borrow();
-            (st.closed, st.last_active, !st.requests.is_empty() || st.get_live)
+            (
+                st.closed,
+                st.last_active,
+                !st.requests.is_empty() || st.get_live,
+            )
         };
         if closed {
             return;
@@ -366,23 +399,50 @@ fn parse_event_id(raw: &[u8]) -> Option<(u32, u64)> {
 /// GET: opens (or resumes) the session's event stream, or resumes a request's stream.
 pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
     if !accepts_sse(&req) {
-        return http_error(sink, 406, "Not Acceptable: Accept must list text/event-stream", None).await;
+        return http_error(
+            sink,
+            406,
+            "Not Acceptable: Accept must list text/event-stream",
+            None,
+        )
+        .await;
     }
     let session = match lookup(&server, &req) {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
     if !Server::version_ok(&req) {
-        return http_error(sink, 400, "Bad Request: unsupported MCP-Protocol-Version", None).await;
+        return http_error(
+            sink,
+            400,
+            "Bad Request: unsupported MCP-Protocol-Version",
+            None,
+        )
+        .await;
     }
     session.touch();
-    let last = req.head.headers.get("last-event-id").and_then(parse_event_id);
+    let last = req
+        .head
+        .headers
+        .get("last-event-id")
+        .and_then(parse_event_id);
     if let Some((stream, seq)) = last
         && stream != 0
     {
-        let inflight = session.st.borrow().streams.get(&stream).and_then(Weak::upgrade);
+        let inflight = session
+            .st
+            .borrow()
+            .streams
+            .get(&stream)
+            .and_then(Weak::upgrade);
         let Some(inflight) = inflight else {
-            return http_error(sink, 400, "Bad Request: Last-Event-ID names no live stream", None).await;
+            return http_error(
+                sink,
+                400,
+                "Bad Request: Last-Event-ID names no live stream",
+                None,
+            )
+            .await;
         };
         let old = inflight.attach.borrow_mut().replace((sink, seq));
         drop(old); // a resume that never got picked up: its connection is aborted
@@ -390,9 +450,17 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         return;
     }
     let resume = session.st.borrow().last_exit_event.clone();
-    let _ = session.lifecycle.reply.challenge(Challenge::Resume { last_event_id: resume });
+    let _ = session.lifecycle.reply.challenge(Challenge::Resume {
+        last_event_id: resume,
+    });
     if !wait_support(&session).await {
-        return http_error(sink, 405, "Method Not Allowed: the exit has no event stream", None).await;
+        return http_error(
+            sink,
+            405,
+            "Method Not Allowed: the exit has no event stream",
+            None,
+        )
+        .await;
     }
     let cursor = match last {
         Some((0, seq)) => seq,
@@ -437,7 +505,12 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
     if !gone && session.version >= "2025-11-25" {
         let mut out = BytesMut::with_capacity(32);
         let id = format!("0.{cursor}");
-        let priming = sse::Event { id: Some(&id), event: None, data: Some(b""), retry_ms: None };
+        let priming = sse::Event {
+            id: Some(&id),
+            event: None,
+            data: Some(b""),
+            retry_ms: None,
+        };
         if sse::encode_event(&priming, &mut out).is_ok() {
             gone = sink.body(&out).await.is_err();
         }
@@ -451,7 +524,11 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
                 replaced = true;
                 break;
             }
-            st.ring.iter().filter(|(seq, _)| *seq > cursor).map(|(_, b)| b.clone()).collect()
+            st.ring
+                .iter()
+                .filter(|(seq, _)| *seq > cursor)
+                .map(|(_, b)| b.clone())
+                .collect()
         };
         for event in pending {
             if sink.body(&event).await.is_err() {
@@ -587,7 +664,9 @@ impl Render<'_> {
     async fn start_sse(&mut self) {
         assert!(self.mode == Mode::Undecided);
         self.mode = Mode::Sse;
-        let Some(sink) = self.sink.as_mut() else { return };
+        let Some(sink) = self.sink.as_mut() else {
+            return;
+        };
         let headers: [(&str, &[u8]); 3] = [
             ("content-type", b"text/event-stream"),
             ("cache-control", b"no-cache"),
@@ -600,7 +679,12 @@ impl Render<'_> {
         if self.session.version >= "2025-11-25" {
             let id = self.event_id(0);
             let mut out = BytesMut::with_capacity(32);
-            let priming = sse::Event { id: Some(&id), event: None, data: Some(b""), retry_ms: None };
+            let priming = sse::Event {
+                id: Some(&id),
+                event: None,
+                data: Some(b""),
+                retry_ms: None,
+            };
             if sse::encode_event(&priming, &mut out).is_ok() {
                 self.write(&out).await;
             }
@@ -613,7 +697,12 @@ impl Render<'_> {
         self.next_seq += 1;
         let id = self.event_id(seq);
         let mut out = BytesMut::with_capacity(json.len() + 32);
-        let event = sse::Event { id: Some(&id), event: None, data: Some(json), retry_ms: None };
+        let event = sse::Event {
+            id: Some(&id),
+            event: None,
+            data: Some(json),
+            retry_ms: None,
+        };
         if sse::encode_event(&event, &mut out).is_err() {
             return;
         }
@@ -638,7 +727,12 @@ impl Render<'_> {
         if let Some(old) = self.sink.replace(sink) {
             let _ = old.finish().await;
         }
-        let missed: Vec<Bytes> = self.ring.iter().filter(|(s, _)| *s > last_seq).map(|(_, b)| b.clone()).collect();
+        let missed: Vec<Bytes> = self
+            .ring
+            .iter()
+            .filter(|(s, _)| *s > last_seq)
+            .map(|(_, b)| b.clone())
+            .collect();
         for event in missed {
             if !self.write(&event).await {
                 break;
@@ -653,8 +747,10 @@ impl Render<'_> {
         match self.mode {
             Mode::Undecided => {
                 if let Some(sink) = self.sink.take() {
-                    let headers: [(&str, &[u8]); 2] =
-                        [("content-type", b"application/json"), ("mcp-session-id", self.session.id.as_bytes())];
+                    let headers: [(&str, &[u8]); 2] = [
+                        ("content-type", b"application/json"),
+                        ("mcp-session-id", self.session.id.as_bytes()),
+                    ];
                     let _ = sink.respond(200, &headers, &body).await;
                 }
             }
@@ -680,7 +776,11 @@ impl Render<'_> {
     /// The exit aborted: render its RESET if it sent one.
     async fn on_abort(&mut self) {
         match self.inflight.caller.initial.try_throttle() {
-            Some(Throttle::Reset(Reset::Error { code, message, data })) => {
+            Some(Throttle::Reset(Reset::Error {
+                code,
+                message,
+                data,
+            })) => {
                 self.error(code, &message, data.as_deref()).await;
             }
             Some(Throttle::Reset(Reset::Bearer(challenge))) if self.mode == Mode::Undecided => {
@@ -688,13 +788,24 @@ impl Render<'_> {
                     let header = render_bearer(&challenge);
                     let status = if challenge.status == 403 { 403 } else { 401 };
                     let mut body = BytesMut::with_capacity(96);
-                    jsonrpc::write_error(Some(self.id()), jsonrpc::INVALID_REQUEST, "Unauthorized upstream", None, &mut body);
-                    let headers: [(&str, &[u8]); 2] =
-                        [("content-type", b"application/json"), ("www-authenticate", header.as_bytes())];
+                    jsonrpc::write_error(
+                        Some(self.id()),
+                        jsonrpc::INVALID_REQUEST,
+                        "Unauthorized upstream",
+                        None,
+                        &mut body,
+                    );
+                    let headers: [(&str, &[u8]); 2] = [
+                        ("content-type", b"application/json"),
+                        ("www-authenticate", header.as_bytes()),
+                    ];
                     let _ = sink.respond(status, &headers, &body).await;
                 }
             }
-            _ => self.error(jsonrpc::INTERNAL_ERROR, "Internal error", None).await,
+            _ => {
+                self.error(jsonrpc::INTERNAL_ERROR, "Internal error", None)
+                    .await
+            }
         }
     }
 
@@ -711,8 +822,10 @@ impl Render<'_> {
                 if let Some(Frame::End) = peek_end(reply) {
                     jsonrpc::write_result_suffix(&mut body);
                     if let Some(sink) = self.sink.take() {
-                        let headers: [(&str, &[u8]); 2] =
-                            [("content-type", b"application/json"), ("mcp-session-id", self.session.id.as_bytes())];
+                        let headers: [(&str, &[u8]); 2] = [
+                            ("content-type", b"application/json"),
+                            ("mcp-session-id", self.session.id.as_bytes()),
+                        ];
                         let _ = sink.respond(200, &headers, &body).await;
                     }
                     reply.ack(data.len() as u32);
@@ -722,8 +835,10 @@ impl Render<'_> {
                 self.mode = Mode::Json;
                 self.result_started = true;
                 if let Some(sink) = self.sink.as_mut() {
-                    let headers: [(&str, &[u8]); 2] =
-                        [("content-type", b"application/json"), ("mcp-session-id", self.session.id.as_bytes())];
+                    let headers: [(&str, &[u8]); 2] = [
+                        ("content-type", b"application/json"),
+                        ("mcp-session-id", self.session.id.as_bytes()),
+                    ];
                     if sink.head(200, &headers).await.is_err() {
                         self.sink = None;
                     }
@@ -762,7 +877,10 @@ impl Render<'_> {
     async fn on_end(&mut self) {
         match self.mode {
             Mode::Undecided if self.result_started => {}
-            Mode::Undecided => self.error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None).await,
+            Mode::Undecided => {
+                self.error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None)
+                    .await
+            }
             Mode::Json => {
                 let mut out = BytesMut::with_capacity(1);
                 jsonrpc::write_result_suffix(&mut out);
@@ -778,7 +896,9 @@ impl Render<'_> {
                     w.finish(&mut out);
                     self.write(&out).await;
                 } else {
-                    let _ = self.error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None).await;
+                    let _ = self
+                        .error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None)
+                        .await;
                     return;
                 }
                 self.finish().await;
@@ -800,7 +920,13 @@ fn peek_end(reply: &crate::stream::Receiver) -> Option<Frame> {
 
 /// Renders a request's reply from the exit to the agent, surviving dropped SSE
 /// connections (the request waits, bounded by its deadline, for a resuming GET).
-pub async fn pump(session: &Rc<Session>, inflight: &Rc<Inflight>, sink: Sink, progress: bool, deadline: Instant) -> Outcome {
+pub async fn pump(
+    session: &Rc<Session>,
+    inflight: &Rc<Inflight>,
+    sink: Sink,
+    progress: bool,
+    deadline: Instant,
+) -> Outcome {
     let mut r = Render {
         session,
         inflight,
@@ -862,7 +988,8 @@ pub async fn pump(session: &Rc<Session>, inflight: &Rc<Inflight>, sink: Sink, pr
             Step::Timeout => {
                 caller.reply.reset(Reset::Plain);
                 caller.initial.abort();
-                r.error(jsonrpc::INTERNAL_ERROR, "Request timed out", None).await;
+                r.error(jsonrpc::INTERNAL_ERROR, "Request timed out", None)
+                    .await;
                 return Outcome::Error;
             }
             Step::SessionClosed => {
@@ -886,11 +1013,19 @@ pub async fn pump(session: &Rc<Session>, inflight: &Rc<Inflight>, sink: Sink, pr
                     continue;
                 }
                 if let Event::Request { id, .. } = &event
-                    && let Some(key) = std::str::from_utf8(id).ok().and_then(jsonrpc::id_key_of_raw)
+                    && let Some(key) = std::str::from_utf8(id)
+                        .ok()
+                        .and_then(jsonrpc::id_key_of_raw)
                 {
-                    session.st.borrow_mut().answers.insert(key, AnswerTo::Request(Rc::downgrade(inflight)));
+                    session
+                        .st
+                        .borrow_mut()
+                        .answers
+                        .insert(key, AnswerTo::Request(Rc::downgrade(inflight)));
                 }
-                let Some(json) = render_event(&event) else { continue };
+                let Some(json) = render_event(&event) else {
+                    continue;
+                };
                 if r.mode == Mode::Undecided {
                     r.start_sse().await;
                 }

@@ -202,11 +202,7 @@ impl Server {
     pub async fn drain(&self, deadline: std::time::Instant) {
         self.draining.set(true);
         while std::time::Instant::now() < deadline {
-            let busy = self
-                .sessions
-                .borrow()
-                .values()
-                .any(|s| s.has_requests());
+            let busy = self.sessions.borrow().values().any(|s| s.has_requests());
             if !busy {
                 break;
             }

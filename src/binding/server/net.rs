@@ -200,7 +200,8 @@ async fn read_loop(link: Rc<Link>, slots: Rc<Slots>) {
         loop {
             match decoder.decode(&mut buf) {
                 Ok(Some(RequestEvent::Head(head))) => {
-                    if head.expects_continue() && !link.busy.get() && link.queue.borrow().is_empty() {
+                    if head.expects_continue() && !link.busy.get() && link.queue.borrow().is_empty()
+                    {
                         let _ = link
                             .shared
                             .conn
@@ -216,9 +217,19 @@ async fn read_loop(link: Rc<Link>, slots: Rc<Slots>) {
                 }
                 Ok(Some(RequestEvent::End)) => {
                     if let Some((head, body)) = partial.take() {
-                        push(&link, Item::Request(Request { head, body: body.freeze() }));
+                        push(
+                            &link,
+                            Item::Request(Request {
+                                head,
+                                body: body.freeze(),
+                            }),
+                        );
                     }
-                    link.partial_since.set(if buf.is_empty() { None } else { Some(Instant::now()) });
+                    link.partial_since.set(if buf.is_empty() {
+                        None
+                    } else {
+                        Some(Instant::now())
+                    });
                 }
                 Ok(None) => break,
                 Err(e) => {

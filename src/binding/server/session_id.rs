@@ -57,7 +57,12 @@ mod tests {
 
     #[test]
     fn foreign_ids_have_no_owner() {
-        for bad in [&b""[..], b"0007", b"zz07AAAAAAAAAAAAAAAAAAAAAA", b"0007AAAAAAAAAAAAAAAAAAAA A"] {
+        for bad in [
+            &b""[..],
+            b"0007",
+            b"zz07AAAAAAAAAAAAAAAAAAAAAA",
+            b"0007AAAAAAAAAAAAAAAAAAAA A",
+        ] {
             assert_eq!(owner(bad), None, "{bad:?}");
         }
         let mut long = mint(1, 2).expect("os random").into_bytes();

@@ -132,7 +132,13 @@ impl Sink {
         }
     }
 
-    fn encode_head(&self, status: u16, headers: &[(&str, &[u8])], body: BodyFraming, out: &mut BytesMut) {
+    fn encode_head(
+        &self,
+        status: u16,
+        headers: &[(&str, &[u8])],
+        body: BodyFraming,
+        out: &mut BytesMut,
+    ) {
         let mut all: Vec<(&str, &[u8])> = Vec::with_capacity(headers.len() + 1);
         all.extend_from_slice(headers);
         if !self.keep_alive {
@@ -142,10 +148,20 @@ impl Sink {
     }
 
     /// Writes a complete response with a known body in one write.
-    pub async fn respond(mut self, status: u16, headers: &[(&str, &[u8])], body: &[u8]) -> Result<(), Gone> {
+    pub async fn respond(
+        mut self,
+        status: u16,
+        headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) -> Result<(), Gone> {
         assert!(self.state == State::Head);
         let mut out = BytesMut::with_capacity(256 + body.len());
-        self.encode_head(status, headers, BodyFraming::Length(body.len() as u64), &mut out);
+        self.encode_head(
+            status,
+            headers,
+            BodyFraming::Length(body.len() as u64),
+            &mut out,
+        );
         out.extend_from_slice(body);
         self.state = State::Done;
         self.write(out.freeze()).await?;
