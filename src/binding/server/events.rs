@@ -1052,3 +1052,43 @@ pub async fn pump(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_ids_parse_only_in_our_format() {
+        assert_eq!(parse_event_id(b"0.17"), Some((0, 17)));
+        assert_eq!(parse_event_id(b" 3.0 "), Some((3, 0)));
+        for bad in [
+            &b""[..],
+            b"3",
+            b"a.b",
+            b"3.",
+            b".4",
+            b"-1.2",
+            b"1.2.3",
+            b"\xff.1",
+        ] {
+            assert_eq!(parse_event_id(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bearer_challenges_render_quoted_and_escaped() {
+        let c = BearerChallenge {
+            status: 403,
+            realm: Some("git\"hub".into()),
+            scope: Some("repo read".into()),
+            error: Some("insufficient_scope".into()),
+            error_description: None,
+            resource_metadata: Some("https://x/.well-known/oauth-protected-resource".into()),
+        };
+        assert_eq!(
+            render_bearer(&c),
+            "Bearer realm=\"git\\\"hub\", scope=\"repo read\", error=\"insufficient_scope\", resource_metadata=\"https://x/.well-known/oauth-protected-resource\""
+        );
+        assert_eq!(render_bearer(&BearerChallenge::default()), "Bearer");
+    }
+}
