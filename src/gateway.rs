@@ -247,6 +247,11 @@ async fn worker(plan: WorkerPlan) {
     for s in &servers {
         s.drain(deadline).await;
     }
+    // Responses the drain just ended (closed sessions, relayed replies) finish writing
+    // before the connections are shut down.
+    while net::busy() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(crate::limits::TICK).await;
+    }
     net::shutdown_all();
     while net::live() > 0 && Instant::now() < deadline {
         tokio::time::sleep(crate::limits::TICK).await;

@@ -27,6 +27,12 @@ pub async fn http_error(sink: Sink, status: u16, message: &str, id: Option<&str>
         404 => jsonrpc::INVALID_REQUEST,
         _ => jsonrpc::INTERNAL_ERROR,
     };
+    http_error_code(sink, status, code, message, id).await;
+}
+
+/// Like [`http_error`], with the JSON-RPC error code given: a body that is not JSON must
+/// be answered -32700 (JSON-RPC 2.0 §5.1), not the -32600 `http_error` picks for a 400.
+async fn http_error_code(sink: Sink, status: u16, code: i32, message: &str, id: Option<&str>) {
     let mut body = BytesMut::with_capacity(128);
     jsonrpc::write_error(id, code, message, None, &mut body);
     let allow: &[(&str, &[u8])] = if status == 405 {
@@ -108,7 +114,7 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
     }
     let env = match jsonrpc::parse_envelope(&req.body) {
         Ok(env) => env,
-        Err(e) => return http_error(sink, 400, e.message, e.id.as_deref()).await,
+        Err(e) => return http_error_code(sink, 400, e.code, e.message, e.id.as_deref()).await,
     };
     if env.kind == MsgKind::Request && env.method.as_deref() == Some("initialize") {
         return initialize(&server, &req, &env, sink).await;

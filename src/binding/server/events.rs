@@ -133,6 +133,12 @@ impl Session {
         !self.st.borrow().requests.is_empty()
     }
 
+    /// True while a request or the GET stream is still being answered.
+    pub fn streaming(&self) -> bool {
+        let st = self.st.borrow();
+        st.get_live || !st.requests.is_empty()
+    }
+
     /// Requests in flight.
     pub fn request_count(&self) -> usize {
         self.st.borrow().requests.len()

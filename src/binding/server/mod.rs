@@ -24,6 +24,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::rc::Rc;
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 /// Protocol versions this gateway speaks with agents, newest first.
@@ -199,9 +200,9 @@ impl Server {
 
     /// Begins a graceful drain: finish in-flight requests up to `deadline`, then close
     /// every session.
-    pub async fn drain(&self, deadline: std::time::Instant) {
+    pub async fn drain(&self, deadline: Instant) {
         self.draining.set(true);
-        while std::time::Instant::now() < deadline {
+        while Instant::now() < deadline {
             let busy = self.sessions.borrow().values().any(|s| s.has_requests());
             if !busy {
                 break;
@@ -209,8 +210,13 @@ impl Server {
             tokio::time::sleep(crate::limits::TICK).await;
         }
         let sessions: Vec<Rc<Session>> = self.sessions.borrow().values().cloned().collect();
-        for s in sessions {
-            events::close(self, &s, "shutdown");
+        for s in &sessions {
+            events::close(self, s, "shutdown");
+        }
+        // Let the streams those closes ended write their last bytes (to a local
+        // connection or to another worker's relay) before the worker stops.
+        while Instant::now() < deadline && sessions.iter().any(|s| s.streaming()) {
+            tokio::time::sleep(crate::limits::TICK).await;
         }
     }
 }

@@ -55,12 +55,24 @@ struct Link {
 
 thread_local! {
     /// This worker's live connections, so a drain can shut every one of them down.
-    static LIVE: RefCell<slab::Slab<std::rc::Weak<ConnShared>>> = const { RefCell::new(slab::Slab::new()) };
+    static LIVE: RefCell<slab::Slab<std::rc::Weak<Link>>> = const { RefCell::new(slab::Slab::new()) };
 }
 
 /// Connections open on this worker.
 pub fn live() -> usize {
     LIVE.with(|l| l.borrow().len())
+}
+
+/// Connections of this worker in the middle of a response (a drain waits for these
+/// before [`shutdown_all`], so a response ended by the drain still gets its last bytes
+/// out, e.g. a relayed reply or the terminating chunk of an SSE stream).
+pub fn busy() -> usize {
+    LIVE.with(|l| {
+        l.borrow()
+            .iter()
+            .filter(|(_, c)| c.upgrade().is_some_and(|c| c.busy.get()))
+            .count()
+    })
 }
 
 /// Shuts every connection of this worker down (drain): pending reads complete, the
@@ -69,7 +81,7 @@ pub fn shutdown_all() {
     LIVE.with(|l| {
         for (_, c) in l.borrow().iter() {
             if let Some(c) = c.upgrade() {
-                c.conn.shutdown();
+                c.shared.conn.shutdown();
             }
         }
     });
@@ -113,7 +125,7 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
         partial_since: Cell::new(None),
         last_activity: Cell::new(Instant::now()),
     });
-    let key = LIVE.with(|l| l.borrow_mut().insert(Rc::downgrade(&link.shared)));
+    let key = LIVE.with(|l| l.borrow_mut().insert(Rc::downgrade(&link)));
     let reader = tokio::task::spawn_local(read_loop(link.clone(), slots));
     tokio::task::spawn_local(timer(link.clone()));
     dispatch(&server, &link).await;

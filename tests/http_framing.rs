@@ -1,0 +1,268 @@
+//! HTTP/1.1 on the agent-facing endpoint: routing (404/405), Host and Origin admission,
+//! pipelining, keep-alive, `Connection: close`, chunked request bodies, and the limits on
+//! malformed or oversized input. After every refusal the gateway must still serve.
+
+mod support;
+
+use support::{Gateway, each_mode, initialize_body, request};
+
+const PING: &str = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+
+#[test]
+fn other_methods_get_405_with_allow() {
+    each_mode(|gw| {
+        for method in ["PUT", "PATCH", "OPTIONS"] {
+            let r = gw.raw(&request(&gw.host(), method, "/mcp", &[], b""));
+            assert_eq!(r.status, 405, "{method}");
+            assert_eq!(r.header("allow"), Some("GET, POST, DELETE"), "{method}");
+        }
+        gw.assert_serving();
+    });
+}
+
+#[test]
+fn other_paths_get_404() {
+    each_mode(|gw| {
+        let body = initialize_body(1, "2025-11-25");
+        let headers = [
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+        ];
+        for path in ["/", "/mcp/", "/mcpx", "/other"] {
+            let r = gw.raw(&request(
+                &gw.host(),
+                "POST",
+                path,
+                &headers,
+                body.as_bytes(),
+            ));
+            assert_eq!(r.status, 404, "{path}");
+        }
+    });
+}
+
+#[test]
+fn foreign_origin_gets_403_and_localhost_origin_is_allowed() {
+    each_mode(|gw| {
+        let body = initialize_body(1, "2025-11-25");
+        let r = gw.raw(&gw.post_bytes(None, &[("origin", "http://evil.example")], &body));
+        assert_eq!(r.status, 403);
+        let r = gw.raw(&gw.post_bytes(None, &[("origin", "http://localhost:1234")], &body));
+        assert_eq!(r.status, 200);
+        assert!(r.header("mcp-session-id").is_some());
+    });
+}
+
+#[test]
+fn foreign_host_gets_421() {
+    each_mode(|gw| {
+        let headers = [
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+        ];
+        let r = gw.raw(&request(
+            "evil.example",
+            "POST",
+            "/mcp",
+            &headers,
+            initialize_body(1, "2025-11-25").as_bytes(),
+        ));
+        assert_eq!(r.status, 421);
+        let r = gw.raw(&request(
+            "localhost:9",
+            "POST",
+            "/mcp",
+            &headers,
+            initialize_body(1, "2025-11-25").as_bytes(),
+        ));
+        assert_eq!(r.status, 200);
+    });
+}
+
+#[test]
+fn pipelined_posts_are_answered_in_order() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let mut bytes = gw.post_bytes(
+            Some(&session),
+            &[],
+            r#"{"jsonrpc":"2.0","id":"first","method":"ping"}"#,
+        );
+        bytes.extend(gw.post_bytes(
+            Some(&session),
+            &[],
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        ));
+        bytes.extend(gw.post_bytes(
+            Some(&session),
+            &[],
+            r#"{"jsonrpc":"2.0","id":"third","method":"ping"}"#,
+        ));
+        let mut c = gw.conn();
+        c.send(&bytes);
+        let first = c.read_response();
+        assert_eq!(
+            first.text(),
+            r#"{"jsonrpc":"2.0","id":"first","result":{}}"#
+        );
+        let second = c.read_response();
+        assert_eq!(second.json()["id"], 2);
+        assert!(second.json()["result"]["tools"].is_array());
+        let third = c.read_response();
+        assert_eq!(
+            third.text(),
+            r#"{"jsonrpc":"2.0","id":"third","result":{}}"#
+        );
+    });
+}
+
+#[test]
+fn keep_alive_connection_is_reused() {
+    each_mode(|gw| {
+        let mut c = gw.conn();
+        c.send(&gw.post_bytes(None, &[], &initialize_body(1, "2025-11-25")));
+        let init = c.read_response();
+        assert_eq!(init.status, 200);
+        let session = init.header("mcp-session-id").expect("session").to_owned();
+        for i in 0..10 {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"ping"}}"#);
+            c.send(&gw.post_bytes(Some(&session), &[], &body));
+            let r = c.read_response();
+            assert_eq!(
+                r.text(),
+                format!(r#"{{"jsonrpc":"2.0","id":{i},"result":{{}}}}"#)
+            );
+        }
+    });
+}
+
+#[test]
+fn connection_close_is_honoured() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let mut c = gw.conn();
+        c.send(&gw.post_bytes(Some(&session), &[("connection", "close")], PING));
+        let r = c.read_response();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("connection"), Some("close"));
+        assert!(c.closed(), "connection stays open after Connection: close");
+    });
+}
+
+#[test]
+fn chunked_request_body_is_accepted() {
+    each_mode(|gw| {
+        let body = initialize_body(1, "2025-11-25");
+        let (a, b) = body.split_at(17);
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+            gw.host()
+        );
+        let chunked = format!(
+            "{head}{:x}\r\n{a}\r\n{:x};ext=1\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        );
+        let r = gw.raw(chunked.as_bytes());
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["result"]["protocolVersion"], "2025-11-25");
+    });
+}
+
+#[test]
+fn expect_continue_gets_100_then_the_answer() {
+    each_mode(|gw| {
+        let body = initialize_body(1, "2025-11-25");
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\nexpect: 100-continue\r\n\
+             content-length: {}\r\n\r\n",
+            gw.host(),
+            body.len()
+        );
+        let mut c = gw.conn();
+        c.send(head.as_bytes());
+        let mut interim = [0u8; 25];
+        std::io::Read::read_exact(&mut c.stream, &mut interim).expect("100 Continue");
+        assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+        c.send(body.as_bytes());
+        let r = c.read_response();
+        assert_eq!(r.status, 200);
+        assert!(r.header("mcp-session-id").is_some());
+    });
+}
+
+/// Sends `bytes`, expects `status`, then checks a fresh initialize still works.
+fn refused(gw: &Gateway, bytes: &[u8], status: u16) {
+    let r = gw.raw(bytes);
+    assert_eq!(
+        r.status,
+        status,
+        "{}",
+        String::from_utf8_lossy(&bytes[..bytes.len().min(80)])
+    );
+    gw.assert_serving();
+}
+
+#[test]
+fn long_request_target_gets_414() {
+    each_mode(|gw| {
+        let target = format!("/mcp?{}", "a".repeat(5000));
+        refused(gw, &request(&gw.host(), "GET", &target, &[], b""), 414);
+    });
+}
+
+#[test]
+fn too_many_header_fields_get_431() {
+    each_mode(|gw| {
+        let names: Vec<String> = (0..100).map(|i| format!("x-h{i}")).collect();
+        let headers: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+        refused(gw, &gw_post(gw, &headers), 431);
+    });
+}
+
+#[test]
+fn oversized_header_block_gets_431() {
+    each_mode(|gw| {
+        let big = "b".repeat(17 * 1024);
+        refused(gw, &gw_post(gw, &[("x-big", big.as_str())]), 431);
+    });
+}
+
+#[test]
+fn huge_content_length_gets_413() {
+    each_mode(|gw| {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\ncontent-length: 5000000\r\n\r\n",
+            gw.host()
+        );
+        refused(gw, head.as_bytes(), 413);
+    });
+}
+
+#[test]
+fn unsupported_transfer_encoding_gets_501() {
+    each_mode(|gw| {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\ntransfer-encoding: gzip\r\n\r\n",
+            gw.host()
+        );
+        refused(gw, head.as_bytes(), 501);
+    });
+}
+
+#[test]
+fn garbage_request_line_gets_400() {
+    each_mode(|gw| {
+        refused(gw, b"THIS IS NOT HTTP\r\n\r\n", 400);
+        refused(gw, b"GET /mcp HTTP/1.1\r\nno colon here\r\n\r\n", 400);
+    });
+}
+
+/// An initialize POST with extra headers.
+fn gw_post(gw: &Gateway, extra: &[(&str, &str)]) -> Vec<u8> {
+    gw.post_bytes(None, extra, &initialize_body(1, "2025-11-25"))
+}

@@ -1,0 +1,279 @@
+//! JSON-RPC over POST: parse and envelope errors, notifications and agent responses (202),
+//! ping and exact id echo, and every demo request method answered as `application/json`.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::{Gateway, each_mode};
+
+/// POSTs `body` on `session` and returns the JSON-RPC reply (asserting 200 JSON).
+fn call(gw: &Gateway, session: &str, body: &str) -> Value {
+    let r = gw.post(Some(session), body);
+    assert_eq!(r.status, 200, "{body} -> {}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"), "{body}");
+    assert_eq!(r.header("mcp-session-id"), Some(session));
+    r.json()
+}
+
+#[test]
+fn invalid_json_gets_exact_parse_error() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        for bad in ["{", "{\"jsonrpc\":", "not json at all"] {
+            let r = gw.post(Some(&session), bad);
+            assert_eq!(r.status, 400, "{bad}");
+            assert_eq!(
+                r.text(),
+                r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}"#
+            );
+        }
+        let r = gw.post(None, "{");
+        assert_eq!(r.status, 400);
+        assert_eq!(
+            r.text(),
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}"#
+        );
+    });
+}
+
+#[test]
+fn batch_gets_400_invalid_request() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let r = gw.post(Some(&session), r#"[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping"}]"#);
+        assert_eq!(r.status, 400);
+        assert_eq!(r.json()["error"]["code"], -32600);
+    });
+}
+
+#[test]
+fn unknown_method_gets_32601_with_id() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let v = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":"u-1","method":"no/such/method"}"#,
+        );
+        assert_eq!(v["id"], "u-1");
+        assert_eq!(v["error"]["code"], -32601);
+    });
+}
+
+#[test]
+fn tools_call_without_name_gets_32602() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let v = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"arguments":{}}}"#,
+        );
+        assert_eq!(v["id"], 5);
+        assert_eq!(v["error"]["code"], -32602);
+        let v = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":6,"method":"tools/call"}"#,
+        );
+        assert_eq!(v["id"], 6);
+        assert_eq!(v["error"]["code"], -32602);
+    });
+}
+
+#[test]
+fn notifications_and_responses_get_202_without_body() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        for body in [
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/foo","params":{"x":1}}"#,
+            r#"{"jsonrpc":"2.0","id":99,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":98,"error":{"code":-1,"message":"no"}}"#,
+        ] {
+            let r = gw.post(Some(&session), body);
+            assert_eq!(r.status, 202, "{body}");
+            assert!(r.body.is_empty(), "{body}: {}", r.text());
+        }
+    });
+}
+
+#[test]
+fn ping_echoes_ids_byte_exact() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        for id in [
+            "1",
+            "0",
+            "-5",
+            "123456789012",
+            r#""abc""#,
+            r#""a\"b""#,
+            r#""\u00e9 x""#,
+        ] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+            let r = gw.post(Some(&session), &body);
+            assert_eq!(r.status, 200);
+            assert_eq!(
+                r.text(),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#)
+            );
+        }
+    });
+}
+
+#[test]
+fn list_methods_return_results() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let tools = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+        );
+        let names: Vec<&str> = tools["result"]["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        for want in [
+            "echo",
+            "add",
+            "progress",
+            "add_tool",
+            "remove_tool",
+            "touch_resource",
+            "log",
+        ] {
+            assert!(names.contains(&want), "{names:?}");
+        }
+        let prompts = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":2,"method":"prompts/list"}"#,
+        );
+        assert_eq!(prompts["result"]["prompts"][0]["name"], "greet");
+        let templates = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":3,"method":"resources/templates/list"}"#,
+        );
+        assert_eq!(
+            templates["result"]["resourceTemplates"][0]["uriTemplate"],
+            "demo://items/{id}"
+        );
+    });
+}
+
+#[test]
+fn resources_list_pages_with_cursor() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let first = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":1,"method":"resources/list"}"#,
+        );
+        let page = first["result"]["resources"].as_array().expect("resources");
+        assert_eq!(page.len(), 2);
+        assert_eq!(first["result"]["nextCursor"], "page-2");
+        let second = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":2,"method":"resources/list","params":{"cursor":"page-2"}}"#,
+        );
+        let rest = second["result"]["resources"].as_array().expect("resources");
+        assert!(second["result"].get("nextCursor").is_none());
+        let mut uris: Vec<&str> = page
+            .iter()
+            .chain(rest)
+            .filter_map(|r| r["uri"].as_str())
+            .collect();
+        uris.sort_unstable();
+        assert_eq!(uris, ["demo://config", "demo://readme", "demo://status"]);
+        let bad = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":3,"method":"resources/list","params":{"cursor":"bogus"}}"#,
+        );
+        assert_eq!(bad["id"], 3);
+        assert_eq!(bad["error"]["code"], -32602);
+    });
+}
+
+#[test]
+fn read_get_complete_set_level_and_subscribe_answer() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let read = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"demo://readme"}}"#,
+        );
+        assert_eq!(read["result"]["contents"][0]["uri"], "demo://readme");
+        let item = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"demo://items/7"}}"#,
+        );
+        assert_eq!(item["result"]["contents"][0]["uri"], "demo://items/7");
+        let prompt = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":3,"method":"prompts/get","params":{"name":"greet","arguments":{"name":"Ada"}}}"#,
+        );
+        assert!(
+            prompt["result"]["messages"]
+                .as_array()
+                .is_some_and(|m| !m.is_empty()),
+            "{prompt}"
+        );
+        let complete = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":4,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","name":"greet"},"argument":{"name":"style","value":"f"}}}"#,
+        );
+        assert_eq!(
+            complete["result"]["completion"]["values"],
+            json!(["formal"])
+        );
+        let level = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":5,"method":"logging/setLevel","params":{"level":"debug"}}"#,
+        );
+        assert_eq!(level, json!({"jsonrpc": "2.0", "id": 5, "result": {}}));
+        let sub = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":6,"method":"resources/subscribe","params":{"uri":"demo://status"}}"#,
+        );
+        assert_eq!(sub, json!({"jsonrpc": "2.0", "id": 6, "result": {}}));
+    });
+}
+
+#[test]
+fn tools_call_without_progress_token_is_json() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let echo = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi there"}}}"#,
+        );
+        assert_eq!(echo["result"]["content"][0]["text"], "hi there");
+        let add = call(
+            gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"add","arguments":{"a":2,"b":40}}}"#,
+        );
+        assert_eq!(add["id"], 2);
+        assert!(
+            add["result"]["content"][0]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("42")),
+            "{add}"
+        );
+    });
+}

@@ -1,0 +1,316 @@
+//! SSE on both kinds of stream: a request's progress stream (priming event, progress,
+//! result, end), resuming it on a GET with `Last-Event-ID` after the connection drops,
+//! cancellation, and the session's GET stream (list_changed, replay, replacement).
+
+mod support;
+
+use support::{Event, Events, Gateway, each_mode, initialize_body, open_events};
+
+/// A `tools/call` of `progress` with `steps` steps, and a progress token if given.
+fn progress_call(id: u32, steps: u32, token: Option<&str>) -> String {
+    let meta = token.map_or(String::new(), |t| {
+        format!(r#","_meta":{{"progressToken":{t}}}"#)
+    });
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"progress","arguments":{{"steps":{steps}}}{meta}}}}}"#
+    )
+}
+
+/// Splits an event id `<stream>.<seq>`.
+fn event_id(e: &Event) -> (u32, u64) {
+    let id =
+        e.id.as_deref()
+            .unwrap_or_else(|| panic!("event without id: {e:?}"));
+    let (stream, seq) = id.split_once('.').expect("id has a dot");
+    (stream.parse().expect("stream"), seq.parse().expect("seq"))
+}
+
+/// Asserts `e` is the progress notification `step` of `total` for token `token` on stream
+/// `stream`.
+fn assert_progress(e: &Event, stream: u32, step: u64, total: u64, token: &serde_json::Value) {
+    assert_eq!(event_id(e), (stream, step), "{e:?}");
+    let v = e.json();
+    assert_eq!(v["method"], "notifications/progress", "{e:?}");
+    assert_eq!(&v["params"]["progressToken"], token);
+    assert_eq!(v["params"]["progress"], step);
+    assert_eq!(v["params"]["total"], total);
+}
+
+/// Asserts `e` is the result of a progress call with JSON-RPC id `id`.
+fn assert_progress_result(e: &Event, stream: u32, seq: u64, id: u32, steps: u64) {
+    assert_eq!(event_id(e), (stream, seq), "{e:?}");
+    let v = e.json();
+    assert_eq!(v["id"], id);
+    assert_eq!(
+        v["result"]["content"][0]["text"],
+        format!("done after {steps} steps")
+    );
+}
+
+/// Reads the priming event of a 2025-11-25 request stream; returns the stream number.
+fn priming(events: &mut Events) -> u32 {
+    let first = events.expect();
+    let (stream, seq) = event_id(&first);
+    assert_eq!(seq, 0);
+    assert!(
+        stream >= 1,
+        "request streams are numbered from 1: {first:?}"
+    );
+    assert_eq!(first.raw, format!("id: {stream}.0\ndata: \n\n"));
+    stream
+}
+
+#[test]
+fn progress_call_streams_priming_progress_and_result() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let (head, mut events) = open_events(
+            gw,
+            &gw.post_bytes(
+                Some(&session),
+                &[],
+                &progress_call(1, 3, Some(r#""tok-1""#)),
+            ),
+        );
+        assert_eq!(head.header("mcp-session-id"), Some(session.as_str()));
+        let stream = priming(&mut events);
+        let token = serde_json::json!("tok-1");
+        for step in 1..=3 {
+            assert_progress(&events.expect(), stream, step, 3, &token);
+        }
+        assert_progress_result(&events.expect(), stream, 4, 1, 3);
+        assert_eq!(events.next(), None, "stream must end after the result");
+        // The connection stays usable after the stream's terminating chunk.
+        let mut conn = events.conn;
+        conn.send(&gw.post_bytes(
+            Some(&session),
+            &[],
+            r#"{"jsonrpc":"2.0","id":"after","method":"ping"}"#,
+        ));
+        assert_eq!(
+            conn.read_response().text(),
+            r#"{"jsonrpc":"2.0","id":"after","result":{}}"#
+        );
+        // An integer token works the same; each request gets its own stream number.
+        let (_, mut events) = open_events(
+            gw,
+            &gw.post_bytes(Some(&session), &[], &progress_call(2, 1, Some("9"))),
+        );
+        let second = priming(&mut events);
+        assert_ne!(second, stream);
+        assert_progress(&events.expect(), second, 1, 1, &serde_json::json!(9));
+        assert_progress_result(&events.expect(), second, 2, 2, 1);
+        assert_eq!(events.next(), None);
+    });
+}
+
+#[test]
+fn progress_call_without_token_is_json() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let r = gw.post(Some(&session), &progress_call(4, 2, None));
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        let v = r.json();
+        assert_eq!(v["id"], 4);
+        assert_eq!(v["result"]["content"][0]["text"], "done after 2 steps");
+    });
+}
+
+#[test]
+fn older_version_stream_has_no_priming_event() {
+    each_mode(|gw| {
+        let r = gw.post(None, &initialize_body(1, "2025-06-18"));
+        let session = r.header("mcp-session-id").expect("session").to_owned();
+        let (_, mut events) = open_events(
+            gw,
+            &gw.post_bytes(Some(&session), &[], &progress_call(3, 2, Some("1"))),
+        );
+        let first = events.expect();
+        let (stream, _) = event_id(&first);
+        assert_progress(&first, stream, 1, 2, &serde_json::json!(1));
+        assert_progress(&events.expect(), stream, 2, 2, &serde_json::json!(1));
+        assert_progress_result(&events.expect(), stream, 3, 3, 2);
+        assert_eq!(events.next(), None);
+    });
+}
+
+#[test]
+fn request_stream_resumes_on_get_with_last_event_id() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let (_, mut events) = open_events(
+            gw,
+            &gw.post_bytes(Some(&session), &[], &progress_call(11, 20, Some(r#""r""#))),
+        );
+        let stream = priming(&mut events);
+        let token = serde_json::json!("r");
+        assert_progress(&events.expect(), stream, 1, 20, &token);
+        assert_progress(&events.expect(), stream, 2, 20, &token);
+        drop(events);
+        let last = format!("{stream}.2");
+        let (_, mut resumed) = open_events(
+            gw,
+            &gw.get_bytes(&session, &[("last-event-id", last.as_str())]),
+        );
+        for step in 3..=20 {
+            assert_progress(&resumed.expect(), stream, step, 20, &token);
+        }
+        assert_progress_result(&resumed.expect(), stream, 21, 11, 20);
+        assert_eq!(resumed.next(), None);
+    });
+}
+
+#[test]
+fn cancelled_request_stream_ends_without_result() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let (_, mut events) = open_events(
+            gw,
+            &gw.post_bytes(Some(&session), &[], &progress_call(77, 100, Some(r#""c""#))),
+        );
+        let stream = priming(&mut events);
+        assert_progress(&events.expect(), stream, 1, 100, &serde_json::json!("c"));
+        let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":77,"reason":"test"}}"#;
+        let r = gw.post(Some(&session), cancel);
+        assert_eq!(r.status, 202);
+        assert!(r.body.is_empty());
+        let mut last = 1;
+        while let Some(e) = events.next() {
+            let v = e.json();
+            assert_eq!(
+                v["method"], "notifications/progress",
+                "a result after cancel: {e:?}"
+            );
+            last = event_id(&e).1;
+        }
+        assert!(last < 100, "the call ran to completion");
+        // The session is still fine.
+        let r = gw.post(
+            Some(&session),
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+        );
+        assert_eq!(r.status, 200);
+    });
+}
+
+/// Calls `add_tool` with `name` on `session`; asserts it succeeded.
+fn add_tool(gw: &Gateway, session: &str, name: &str) {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":"add","method":"tools/call","params":{{"name":"add_tool","arguments":{{"name":"{name}"}}}}}}"#
+    );
+    let r = gw.post(Some(session), &body);
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(v["result"]["isError"], serde_json::json!(false), "{v}");
+}
+
+/// Opens the session's GET stream and reads its priming event `0.<cursor>`.
+fn open_get(gw: &Gateway, session: &str, last: Option<&str>) -> Events {
+    let extra: Vec<(&str, &str)> = last.map(|l| ("last-event-id", l)).into_iter().collect();
+    let (head, mut events) = open_events(gw, &gw.get_bytes(session, &extra));
+    assert_eq!(head.header("mcp-session-id"), Some(session));
+    let first = events.expect();
+    let (stream, seq) = event_id(&first);
+    assert_eq!(stream, 0);
+    assert_eq!(first.raw, format!("id: 0.{seq}\ndata: \n\n"));
+    events
+}
+
+#[test]
+fn list_changed_arrives_on_get_stream_and_replays() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let mut get = open_get(gw, &session, None);
+        add_tool(gw, &session, "extra_one");
+        let changed = get.expect();
+        let (stream, seq) = event_id(&changed);
+        assert_eq!(stream, 0);
+        assert!(seq >= 1);
+        assert_eq!(
+            changed.data,
+            r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#
+        );
+        // A new GET resuming from just before the event replays it byte for byte, and
+        // replaces the first GET, which ends cleanly.
+        let before = format!("0.{}", seq - 1);
+        let mut again = open_get(gw, &session, Some(&before));
+        assert_eq!(again.expect(), changed);
+        assert_eq!(get.next(), None);
+        // The tool is listed now.
+        let r = gw.post(
+            Some(&session),
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+        );
+        assert!(r.text().contains(r#""name":"extra_one""#), "{}", r.text());
+    });
+}
+
+#[test]
+fn second_get_replaces_first() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let mut first = open_get(gw, &session, None);
+        let mut second = open_get(gw, &session, None);
+        assert_eq!(
+            first.next(),
+            None,
+            "the replaced GET must end with its terminating chunk"
+        );
+        add_tool(gw, &session, "extra_two");
+        let changed = second.expect();
+        assert_eq!(event_id(&changed).0, 0);
+        assert_eq!(changed.json()["method"], "notifications/tools/list_changed");
+    });
+}
+
+#[test]
+fn log_message_arrives_on_get_stream() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let mut get = open_get(gw, &session, None);
+        let r = gw.post(
+            Some(&session),
+            r#"{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{"level":"info"}}"#,
+        );
+        assert_eq!(r.status, 200);
+        let body = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"log","arguments":{"level":"debug","message":"quiet"}}}"#;
+        assert_eq!(gw.post(Some(&session), body).status, 200);
+        let body = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"log","arguments":{"level":"warning","message":"hi \"there\""}}}"#;
+        assert_eq!(gw.post(Some(&session), body).status, 200);
+        let e = get.expect();
+        assert_eq!(event_id(&e).0, 0);
+        assert_eq!(
+            e.data,
+            r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"warning","logger":"demo","data":"hi \"there\""}}"#
+        );
+    });
+}
+
+#[test]
+fn subscribed_resource_update_arrives_on_get_stream() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let sub = r#"{"jsonrpc":"2.0","id":1,"method":"resources/subscribe","params":{"uri":"demo://status"}}"#;
+        assert_eq!(gw.post(Some(&session), sub).status, 200);
+        let mut get = open_get(gw, &session, None);
+        let touch = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"touch_resource","arguments":{"uri":"demo://status"}}}"#;
+        assert_eq!(gw.post(Some(&session), touch).status, 200);
+        let e = get.expect();
+        assert_eq!(event_id(&e).0, 0);
+        assert_eq!(
+            e.data,
+            r#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"demo://status"}}"#
+        );
+    });
+}
+
+#[test]
+fn resume_of_unknown_stream_gets_400() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let r = gw.raw(&gw.get_bytes(&session, &[("last-event-id", "99.3")]));
+        assert_eq!(r.status, 400);
+        gw.assert_serving();
+    });
+}
