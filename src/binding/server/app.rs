@@ -119,20 +119,10 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
     if env.kind == MsgKind::Request && env.method.as_deref() == Some("initialize") {
         return initialize(&server, &req, &env, sink).await;
     }
-    let session = match events::lookup(&server, &req) {
+    let session = match events::session_for(&server, &req) {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
-    if !Server::version_ok(&req) {
-        return http_error(
-            sink,
-            400,
-            "Bad Request: unsupported MCP-Protocol-Version",
-            None,
-        )
-        .await;
-    }
-    session.touch();
     match env.kind {
         MsgKind::Notification => {
             if env.method.as_deref() == Some("notifications/cancelled")

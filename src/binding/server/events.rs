@@ -269,6 +269,17 @@ pub fn lookup(server: &Server, req: &Request) -> Result<Rc<Session>, (u16, &'sta
         .ok_or((404, "Session not found"))
 }
 
+/// The session a request names, checked and marked active: 400 without the session
+/// header or with an unsupported `MCP-Protocol-Version`, 404 if unknown.
+pub fn session_for(server: &Server, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
+    let session = lookup(server, req)?;
+    if !Server::version_ok(req) {
+        return Err((400, "Bad Request: unsupported MCP-Protocol-Version"));
+    }
+    session.touch();
+    Ok(session)
+}
+
 /// Ends a session: forgets it, ends its lifecycle stream (the exit closes its side),
 /// wakes its requests and GET stream so they finish.
 pub fn close(server: &Server, session: &Rc<Session>, reason: &str) {
@@ -413,20 +424,10 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         )
         .await;
     }
-    let session = match lookup(&server, &req) {
+    let session = match session_for(&server, &req) {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
-    if !Server::version_ok(&req) {
-        return http_error(
-            sink,
-            400,
-            "Bad Request: unsupported MCP-Protocol-Version",
-            None,
-        )
-        .await;
-    }
-    session.touch();
     let last = req
         .head
         .headers
