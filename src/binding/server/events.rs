@@ -503,11 +503,7 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
     };
     // A GET replaced by this one ends.
     session.changed.notify_waiters();
-    let headers: [(&str, &[u8]); 3] = [
-        ("content-type", b"text/event-stream"),
-        ("cache-control", b"no-cache"),
-        ("mcp-session-id", session.id.as_bytes()),
-    ];
+    let headers = sse_head(&session.id);
     let mut gone = sink.head(200, &headers).await.is_err();
     if !gone && session.version >= "2025-11-25" {
         let mut out = BytesMut::with_capacity(32);
@@ -577,6 +573,15 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
     } else if current {
         let _ = session.lifecycle.reply.challenge(Challenge::Suspended);
     }
+}
+
+/// Response headers opening an SSE stream for `session`.
+fn sse_head(session: &str) -> [(&'static str, &[u8]); 3] {
+    [
+        ("content-type", b"text/event-stream"),
+        ("cache-control", b"no-cache"),
+        ("mcp-session-id", session.as_bytes()),
+    ]
 }
 
 /// DELETE: terminates the session.
@@ -674,11 +679,7 @@ impl Render<'_> {
         let Some(sink) = self.sink.as_mut() else {
             return;
         };
-        let headers: [(&str, &[u8]); 3] = [
-            ("content-type", b"text/event-stream"),
-            ("cache-control", b"no-cache"),
-            ("mcp-session-id", self.session.id.as_bytes()),
-        ];
+        let headers = sse_head(&self.session.id);
         if sink.head(200, &headers).await.is_err() {
             self.sink = None;
             return;
@@ -723,11 +724,7 @@ impl Render<'_> {
 
     /// Takes a resuming connection: writes its SSE head and replays what it missed.
     async fn attach(&mut self, mut sink: Sink, last_seq: u64) {
-        let headers: [(&str, &[u8]); 3] = [
-            ("content-type", b"text/event-stream"),
-            ("cache-control", b"no-cache"),
-            ("mcp-session-id", self.session.id.as_bytes()),
-        ];
+        let headers = sse_head(&self.session.id);
         if sink.head(200, &headers).await.is_err() {
             return;
         }
