@@ -3,6 +3,7 @@
 //! gracefully on SIGINT/SIGTERM.
 
 use crate::binding::Exit;
+use crate::binding::client::Client;
 use crate::binding::demo::{Demo, DemoShared};
 use crate::binding::server::{Server, net};
 use crate::config::{Binding, Config};
@@ -40,7 +41,7 @@ pub fn run(config: Config) -> Result<(), String> {
         ));
     }
     for (name, binding) in &config.bindings {
-        if matches!(binding, Binding::Client(_) | Binding::Proxy(_)) {
+        if matches!(binding, Binding::Proxy(_)) {
             // TODO(#3): the client and proxy bindings.
             return Err(format!(
                 "{}: bindings.{name}.kind: {} bindings are not available in this build yet; use kind: demo",
@@ -175,12 +176,23 @@ async fn wait_for_signal() {
 }
 
 /// Builds this worker's instance of the exit named `name`.
-fn build_exit(name: &str, plan: &WorkerPlan) -> Option<Rc<dyn Exit>> {
+fn build_exit(
+    name: &str,
+    plan: &WorkerPlan,
+    slots: &Rc<Slots>,
+    clients: &mut Vec<Rc<Client>>,
+) -> Option<Rc<dyn Exit>> {
     match plan.config.bindings.get(name)? {
         Binding::Demo(_) => {
             let shared = plan.demos.get(name)?.clone();
             let demo: Rc<dyn Exit> = Demo::new(shared);
             Some(demo)
+        }
+        Binding::Client(cfg) => {
+            let client = Client::new(name, cfg, plan.index as u8, plan.backend, slots.clone());
+            clients.push(client.clone());
+            let exit: Rc<dyn Exit> = client;
+            Some(exit)
         }
         _ => None,
     }
@@ -191,6 +203,7 @@ async fn worker(plan: WorkerPlan) {
     let slots = Rc::new(Slots::new(plan.backend == Backend::Uring, plan.registrable));
     let mut servers = Vec::new();
     let mut listeners = Vec::new();
+    let mut clients = Vec::new();
     let configured: Vec<(String, crate::config::ServerBinding)> = plan
         .config
         .servers()
@@ -201,7 +214,7 @@ async fn worker(plan: WorkerPlan) {
         .enumerate()
         .zip(plan.listeners.iter())
     {
-        let Some(exit) = build_exit(&cfg.exit, &plan) else {
+        let Some(exit) = build_exit(&cfg.exit, &plan, &slots, &mut clients) else {
             log::error(format_args!(
                 "worker: binding {name}: exit {} cannot be built",
                 cfg.exit
@@ -255,6 +268,13 @@ async fn worker(plan: WorkerPlan) {
     net::shutdown_all();
     while net::live() > 0 && Instant::now() < deadline {
         tokio::time::sleep(crate::limits::TICK).await;
+    }
+    // Sessions are closed by now (their DELETEs went upstream); drop the idle pool.
+    while clients.iter().any(|c| c.sessions() > 0) && Instant::now() < deadline {
+        tokio::time::sleep(crate::limits::TICK).await;
+    }
+    for c in &clients {
+        c.close_idle();
     }
 }
 

@@ -96,9 +96,41 @@ pub const WORKERS_MAX: usize = 256;
 /// Bytes of a log line's quoted outside input (names, paths), to keep logs bounded.
 pub const LOG_FIELD_BYTES_MAX: usize = 128;
 
+/// Upstream connections one client binding may hold open per worker (pooled, busy and
+/// event streams together); past it a request gets a JSON-RPC error and a counter moves.
+pub const UPSTREAM_CONNECTIONS_MAX: usize = 1024;
+
+/// Idle keep-alive connections a client binding keeps per worker; more are closed.
+pub const UPSTREAM_POOL_IDLE_MAX: usize = 64;
+
+/// An idle pooled upstream connection older than this is closed instead of reused.
+pub const UPSTREAM_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Addresses of a DNS name tried in turn when connecting upstream.
+pub const UPSTREAM_ADDRS_MAX: usize = 4;
+
+/// Params at most this long are copied into the request head's write (one syscall);
+/// longer params are written piece by piece, as they arrive, without copying.
+pub const UPSTREAM_COALESCE_BYTES_MAX: usize = 16 * 1024;
+
+/// Times a request's upstream SSE stream is resumed (`Last-Event-ID`) after it broke.
+pub const UPSTREAM_RESUME_ATTEMPTS_MAX: u32 = 3;
+
+/// Wait before reconnecting an upstream event stream when the upstream named none
+/// (`retry:`), and the longest wait honoured (larger `retry:` values are capped).
+pub const UPSTREAM_RETRY_DEFAULT: Duration = Duration::from_secs(1);
+pub const UPSTREAM_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Events an upstream event stream may have waiting for the agent's session before the
+/// client stops reading it (back-pressure, nothing is dropped).
+pub const UPSTREAM_OUTBOX_EVENTS_MAX: usize = 64;
+
 const _: () = assert!(HEADER_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(REQUEST_TARGET_BYTES_MAX < HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < SLOT_BYTES);
 const _: () = assert!(SSE_EVENT_BYTES_MAX <= MESSAGE_BYTES_MAX);
 const _: () = assert!(REQUESTS_PER_SESSION_MAX <= STREAMS_PER_WORKER_MAX);
 const _: () = assert!(STREAM_WINDOW_BYTES as usize <= SLOT_BYTES);
+const _: () = assert!(UPSTREAM_POOL_IDLE_MAX <= UPSTREAM_CONNECTIONS_MAX);
+const _: () = assert!(UPSTREAM_COALESCE_BYTES_MAX <= SLOT_BYTES);
+const _: () = assert!(UPSTREAM_OUTBOX_EVENTS_MAX <= STREAM_FRAMES_MAX);

@@ -5,6 +5,7 @@
 //! [`crate::stream::open`] and hand the callee end to the exit, which spawns its handling
 //! on the current worker; every stream stays on the worker that opened it.
 
+pub mod client;
 pub mod demo;
 pub mod server;
 

@@ -88,6 +88,165 @@ pub struct WorkerMetrics {
     pub handoffs: u64,
     /// HTTP requests answered with a 4xx/5xx before reaching MCP handling.
     pub http_errors: u64,
+    /// The upstream side (`client` bindings).
+    pub upstream: UpstreamMetrics,
+}
+
+/// Counters of the upstream-facing `client` bindings.
+#[derive(Clone, Default)]
+pub struct UpstreamMetrics {
+    /// Upstream connections open now.
+    pub connections: u64,
+    /// Upstream sessions open now.
+    pub sessions: u64,
+    /// Connections established, and attempts that failed (refused, timed out, unresolved).
+    pub connects: u64,
+    pub connect_failures: u64,
+    /// Requests that reused a pooled connection.
+    pub reused: u64,
+    /// Pooled connections found closed (or expired) when taken, and dropped.
+    pub stale_dropped: u64,
+    /// Requests sent again after a reused connection turned out closed.
+    pub stale_retries: u64,
+    /// Request streams served, failed (error to the agent), cancelled by the agent.
+    pub requests: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+    /// Response heads that did not arrive within the response timeout.
+    pub timeouts: u64,
+    /// Upstream sessions re-initialized after a 404.
+    pub reinitialized: u64,
+    /// `initialize` exchanges that failed.
+    pub initialize_failures: u64,
+    /// 401/403 answers carrying a Bearer challenge.
+    pub bearer_challenges: u64,
+    /// Request event streams resumed with Last-Event-ID.
+    pub resumed: u64,
+    /// Upstream event-stream messages that were not JSON-RPC (skipped).
+    pub malformed: u64,
+}
+
+impl UpstreamMetrics {
+    fn merge(&mut self, o: &UpstreamMetrics) {
+        self.connections += o.connections;
+        self.sessions += o.sessions;
+        self.connects += o.connects;
+        self.connect_failures += o.connect_failures;
+        self.reused += o.reused;
+        self.stale_dropped += o.stale_dropped;
+        self.stale_retries += o.stale_retries;
+        self.requests += o.requests;
+        self.failed += o.failed;
+        self.cancelled += o.cancelled;
+        self.timeouts += o.timeouts;
+        self.reinitialized += o.reinitialized;
+        self.initialize_failures += o.initialize_failures;
+        self.bearer_challenges += o.bearer_challenges;
+        self.resumed += o.resumed;
+        self.malformed += o.malformed;
+    }
+
+    /// (name, help, value, is_gauge) of every upstream series.
+    fn series(&self) -> [(&'static str, &'static str, u64, bool); 16] {
+        [
+            (
+                "mcpyard_upstream_connections",
+                "Upstream connections open.",
+                self.connections,
+                true,
+            ),
+            (
+                "mcpyard_upstream_sessions",
+                "Upstream sessions open.",
+                self.sessions,
+                true,
+            ),
+            (
+                "mcpyard_upstream_connects_total",
+                "Upstream connections established.",
+                self.connects,
+                false,
+            ),
+            (
+                "mcpyard_upstream_connect_failures_total",
+                "Upstream connection attempts that failed.",
+                self.connect_failures,
+                false,
+            ),
+            (
+                "mcpyard_upstream_reused_total",
+                "Upstream requests on a pooled connection.",
+                self.reused,
+                false,
+            ),
+            (
+                "mcpyard_upstream_stale_dropped_total",
+                "Pooled upstream connections found closed or expired.",
+                self.stale_dropped,
+                false,
+            ),
+            (
+                "mcpyard_upstream_stale_retries_total",
+                "Requests resent after a pooled connection was found closed.",
+                self.stale_retries,
+                false,
+            ),
+            (
+                "mcpyard_upstream_requests_total",
+                "Request streams sent upstream.",
+                self.requests,
+                false,
+            ),
+            (
+                "mcpyard_upstream_failed_total",
+                "Upstream requests that ended in an error to the agent.",
+                self.failed,
+                false,
+            ),
+            (
+                "mcpyard_upstream_cancelled_total",
+                "Upstream requests cancelled by the agent.",
+                self.cancelled,
+                false,
+            ),
+            (
+                "mcpyard_upstream_timeouts_total",
+                "Upstream responses that missed the response timeout.",
+                self.timeouts,
+                false,
+            ),
+            (
+                "mcpyard_upstream_reinitialized_total",
+                "Upstream sessions re-initialized after a 404.",
+                self.reinitialized,
+                false,
+            ),
+            (
+                "mcpyard_upstream_initialize_failures_total",
+                "Upstream initialize exchanges that failed.",
+                self.initialize_failures,
+                false,
+            ),
+            (
+                "mcpyard_upstream_bearer_challenges_total",
+                "Upstream 401/403 answers with a Bearer challenge.",
+                self.bearer_challenges,
+                false,
+            ),
+            (
+                "mcpyard_upstream_resumed_total",
+                "Upstream request streams resumed with Last-Event-ID.",
+                self.resumed,
+                false,
+            ),
+            (
+                "mcpyard_upstream_malformed_total",
+                "Upstream event-stream messages that were not JSON-RPC.",
+                self.malformed,
+                false,
+            ),
+        ]
+    }
 }
 
 impl WorkerMetrics {
@@ -110,6 +269,7 @@ impl WorkerMetrics {
             overload_rejections: 0,
             handoffs: 0,
             http_errors: 0,
+            upstream: UpstreamMetrics::default(),
         }
     }
 
@@ -132,6 +292,7 @@ impl WorkerMetrics {
         self.overload_rejections += other.overload_rejections;
         self.handoffs += other.handoffs;
         self.http_errors += other.http_errors;
+        self.upstream.merge(&other.upstream);
     }
 }
 
@@ -323,6 +484,13 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
         let _ = writeln!(
             out,
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
+    }
+    for (name, help, v, gauge) in all.upstream.series() {
+        let kind = if gauge { "gauge" } else { "counter" };
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
         );
     }
     out

@@ -83,6 +83,56 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Connects to `addr` on this worker's backend, with TCP_NODELAY set.
+    ///
+    /// The connect itself runs on tokio's readiness reactor (present on both backends), so
+    /// a caller may time it out by dropping the future; on io_uring the connected socket is
+    /// then handed to the ring for all later reads and writes.
+    pub async fn connect(addr: SocketAddr, backend: Backend) -> io::Result<Conn> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        match backend {
+            Backend::Epoll => Ok(Conn::Epoll(stream)),
+            Backend::Uring => {
+                let std = stream.into_std()?;
+                // The ring's reads and writes expect a blocking socket (as accept gives).
+                std.set_nonblocking(false)?;
+                Ok(Conn::Uring(tokio_uring::net::TcpStream::from_std(std)))
+            }
+        }
+    }
+
+    /// True if the peer has closed (or reset) this idle connection, or sent bytes nobody
+    /// asked for; either way it must not carry another request. Never blocks: a
+    /// `MSG_PEEK | MSG_DONTWAIT` receive of one byte.
+    pub fn unusable(&self) -> bool {
+        let fd = match self {
+            Conn::Uring(s) => s.as_raw_fd(),
+            Conn::Epoll(s) => s.as_raw_fd(),
+        };
+        let mut byte = 0u8;
+        // SAFETY: `fd` is a socket owned by `self` for the duration of the call, and the
+        // buffer is one valid, writable byte.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                (&raw mut byte).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            );
+        }
+        true // 0: the peer closed; > 0: unsolicited bytes
+    }
+}
+
 async fn epoll_read(s: &tokio::net::TcpStream, v: &mut Vec<u8>) -> io::Result<usize> {
     loop {
         s.readable().await?;

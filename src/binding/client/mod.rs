@@ -1,0 +1,401 @@
+//! The upstream-facing `client` binding: every internal stream it is handed becomes MCP
+//! Streamable HTTP toward one upstream server.
+//!
+//! - A lifecycle stream becomes an upstream session ([`session`]): `initialize` and
+//!   `notifications/initialized` upstream, the upstream's `MCP-Session-Id` and protocol
+//!   version sent on every later request, the upstream GET event stream relayed while the
+//!   session lives, `DELETE` upstream when it ends.
+//! - A request stream becomes one upstream POST ([`request`]) whose params stream through
+//!   with the exact `Content-Length` computed up front, and whose JSON or SSE answer is
+//!   decoded incrementally ([`exchange`]) into the result DATA, in-band events, or a typed
+//!   RESET (JSON-RPC error, bearer challenge).
+//! - Connections are pooled per worker ([`pool`]); each has a demand-driven read loop
+//!   ([`wire`]) so that exchanges can give up on timers and cancellation without ever
+//!   dropping an io_uring read.
+//!
+//! Everything here lives on one worker: the binding is built once per worker and its
+//! sessions, connections and tasks stay there.
+
+pub mod bearer;
+mod exchange;
+mod pool;
+mod request;
+mod session;
+mod wire;
+
+use crate::binding::Exit;
+use crate::config::{ClientAuth, ClientBinding, UpstreamUrl};
+use crate::http::{self, BodyFraming, ResponseEvent, ResponseHead};
+use crate::jsonrpc;
+use crate::limits::UPSTREAM_COALESCE_BYTES_MAX;
+use crate::metrics;
+use crate::runtime::{Backend, Slots};
+use crate::stream::{BearerChallenge, Callee, Kind, Reset};
+use bytes::{BufMut, Bytes, BytesMut};
+use exchange::{BadBody, BodyKind, Broken, Messages, Response, Upward};
+use pool::{ConnectError, Lease, Pool};
+use session::UpSession;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
+use std::time::{Duration, Instant};
+
+/// What mcpyard calls itself in `clientInfo` upstream.
+const CLIENT_NAME: &str = "mcpyard";
+
+/// The protocol version mcpyard asks upstreams for.
+const PROTOCOL_VERSION: &str = "2025-11-25";
+
+/// `Accept` of every upstream POST (MCP: both media types must be listed).
+const ACCEPT_BOTH: &[u8] = b"application/json, text/event-stream";
+
+/// One worker's instance of a client binding: the exit a server or proxy hands streams to.
+pub struct Client {
+    /// This instance, for the tasks `Exit::open` spawns.
+    me: Weak<Client>,
+    /// The binding's name, for logs.
+    name: Rc<str>,
+    url: Rc<UpstreamUrl>,
+    authorization: Option<ClientAuth>,
+    response_timeout: Duration,
+    pool: Pool,
+    /// Upstream sessions of this worker, by the id given to the caller.
+    /// Invariant: `len() <= SESSIONS_PER_WORKER_MAX`.
+    sessions: RefCell<HashMap<Rc<str>, Rc<UpSession>>>,
+    worker: u8,
+    /// Session ids minted on this worker so far.
+    minted: Cell<u64>,
+}
+
+impl Client {
+    /// Builds the worker-local instance; must run inside the worker's runtime.
+    pub fn new(
+        name: &str,
+        cfg: &ClientBinding,
+        worker: u8,
+        backend: Backend,
+        slots: Rc<Slots>,
+    ) -> Rc<Client> {
+        let url = Rc::new(cfg.server.clone());
+        Rc::new_cyclic(|me| Client {
+            me: me.clone(),
+            name: Rc::from(name),
+            pool: Pool::new(url.clone(), backend, slots, cfg.connect_timeout),
+            url,
+            authorization: cfg.authorization.clone(),
+            response_timeout: cfg.response_timeout,
+            sessions: RefCell::new(HashMap::new()),
+            worker,
+            minted: Cell::new(0),
+        })
+    }
+
+    /// Upstream sessions open on this worker.
+    pub fn sessions(&self) -> usize {
+        self.sessions.borrow().len()
+    }
+
+    /// Closes idle pooled connections (drain).
+    pub fn close_idle(&self) {
+        self.pool.close_idle();
+    }
+
+    /// A fresh id for a session of this worker (`c<worker>-<n>`, unique per process).
+    fn mint_session_id(&self) -> Rc<str> {
+        let n = self.minted.get() + 1;
+        self.minted.set(n);
+        Rc::from(format!("c{:02x}-{n}", self.worker))
+    }
+
+    /// Writes a request head toward the upstream: target, `Host`, the MCP headers of
+    /// `session` (when it has been initialized), the credential, and the framing.
+    fn head(&self, req: &Outgoing<'_>, out: &mut BytesMut) {
+        let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(8);
+        headers.push(("host", self.url.authority.as_bytes()));
+        let ids = req.session.map(|s| s.ids());
+        if req.method == "POST" {
+            headers.push(("content-type", b"application/json"));
+        }
+        headers.push(("accept", req.accept));
+        if let Some(ids) = &ids {
+            if let Some(sid) = &ids.session {
+                headers.push(("mcp-session-id", sid));
+            }
+            if let Some(version) = &ids.version {
+                headers.push(("mcp-protocol-version", version));
+            }
+        }
+        if let Some(auth) = req.session.and_then(|s| s.authorization.as_deref()) {
+            headers.push(("authorization", auth));
+        }
+        if let Some(last) = req.last_event_id {
+            headers.push(("last-event-id", last));
+        }
+        let framing = match req.body_len {
+            Some(n) => BodyFraming::Length(n),
+            None => BodyFraming::None,
+        };
+        http::encode_request_head(req.method, &self.url.path_and_query, &headers, framing, out);
+    }
+
+    /// Sends a request whose body is known in full and waits for the response head
+    /// (bounded by `response_timeout`). A reused connection that turns out closed before
+    /// any response byte is retried once on a fresh one.
+    async fn send(&self, req: &Outgoing<'_>, body: &[Bytes]) -> Result<Answered, UpErr> {
+        let mut retried = false;
+        loop {
+            let lease = self.pool.take().await.map_err(UpErr::Connect)?;
+            let reused = lease.link.reused;
+            let mut head = BytesMut::with_capacity(256);
+            self.head(req, &mut head);
+            let sent =
+                write_known(&lease, head, body, Instant::now() + self.response_timeout).await;
+            let mut response = Response::new(lease);
+            let outcome = match sent {
+                Ok(()) => self.await_head(&mut response).await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(head) => return Ok(Answered { response, head }),
+                Err(UpErr::Write | UpErr::Broken(Broken::Closed))
+                    if reused && !retried && !response.started =>
+                {
+                    metrics::with(|m| m.upstream.stale_retries += 1);
+                    retried = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Waits for the response head, closing the connection past `response_timeout`.
+    async fn await_head(&self, response: &mut Response) -> Result<ResponseHead, UpErr> {
+        let deadline = tokio::time::sleep(self.response_timeout);
+        tokio::select! {
+            event = response.next() => match event {
+                Ok(ResponseEvent::Head(head)) => Ok(head),
+                Ok(_) => Err(UpErr::Broken(Broken::Closed)),
+                Err(b) => Err(UpErr::Broken(b)),
+            },
+            () = deadline => {
+                response.lease.link.wire().close();
+                metrics::with(|m| m.upstream.timeouts += 1);
+                Err(UpErr::Timeout(self.response_timeout))
+            }
+        }
+    }
+
+    /// Sends one JSON-RPC message on `session` and reads its answer: `Ok(None)` for an
+    /// accepted notification or response (202), `Ok(Some(result))` for a request's result.
+    /// Events the upstream sends meanwhile are ignored (this is for the session's own
+    /// traffic: initialize, notifications, answers, pings).
+    async fn call(
+        &self,
+        session: &UpSession,
+        body: Bytes,
+        expect: Option<&str>,
+    ) -> Result<Option<Bytes>, UpErr> {
+        let req = Outgoing::post(Some(session), body.len());
+        let Answered { mut response, head } = self.send(&req, &[body]).await?;
+        check_status(&head)?;
+        let kind = BodyKind::of(&head);
+        let mut messages = Messages::new(kind);
+        let mut result = None;
+        let deadline = Instant::now() + self.response_timeout;
+        if kind != BodyKind::Other || expect.is_some() {
+            loop {
+                let next = tokio::select! {
+                    m = exchange::next_message(&mut response, &mut messages) => m,
+                    () = tokio::time::sleep_until(deadline.into()) => {
+                        response.lease.link.wire().close();
+                        return Err(UpErr::Timeout(self.response_timeout));
+                    }
+                };
+                let Some(incoming) = next.map_err(UpErr::Exchange)? else {
+                    break;
+                };
+                let Some(data) = incoming.data else { continue };
+                match exchange::classify(&data, expect)
+                    .map_err(|e| UpErr::Exchange(exchange::Failure::Body(e)))?
+                {
+                    Upward::Result(r) => {
+                        result = Some(r);
+                        if kind == BodyKind::Sse {
+                            // An SSE answer may stay open; the result is all we wait for.
+                            break;
+                        }
+                    }
+                    Upward::Error(reset) => return Err(UpErr::Rpc(reset)),
+                    Upward::Event(_) | Upward::Ignore => {}
+                }
+            }
+        } else {
+            drain(&mut response).await?;
+        }
+        if expect.is_some() && result.is_none() {
+            return Err(UpErr::Exchange(exchange::Failure::Body(
+                BadBody::NotJsonRpc,
+            )));
+        }
+        self.finish(response, &head);
+        Ok(result)
+    }
+
+    /// Returns a connection to the pool if its response ended cleanly (else closes it).
+    fn finish(&self, response: Response, head: &ResponseHead) {
+        if response.reusable(head) {
+            self.pool.give_back(response.lease);
+        }
+    }
+}
+
+impl Exit for Client {
+    fn open(&self, callee: Callee) {
+        let Some(client) = self.me.upgrade() else {
+            return; // the worker is shutting down: dropping the callee aborts the stream
+        };
+        if callee.begin.kind == Kind::Lifecycle {
+            tokio::task::spawn_local(session::serve(client, callee));
+        } else {
+            tokio::task::spawn_local(request::serve(client, callee));
+        }
+    }
+}
+
+/// A request toward the upstream, before its head is written.
+struct Outgoing<'a> {
+    method: &'static str,
+    session: Option<&'a UpSession>,
+    /// `Content-Length`; `None` for a request without a body.
+    body_len: Option<u64>,
+    accept: &'static [u8],
+    last_event_id: Option<&'a [u8]>,
+}
+
+impl<'a> Outgoing<'a> {
+    fn post(session: Option<&'a UpSession>, len: usize) -> Outgoing<'a> {
+        Outgoing {
+            method: "POST",
+            session,
+            body_len: Some(len as u64),
+            accept: ACCEPT_BOTH,
+            last_event_id: None,
+        }
+    }
+}
+
+/// A response whose head arrived.
+struct Answered {
+    response: Response,
+    head: ResponseHead,
+}
+
+/// Why an upstream exchange failed, as the caller will be told.
+#[derive(Debug)]
+enum UpErr {
+    Connect(ConnectError),
+    /// Writing the request failed (the upstream closed or reset the connection).
+    Write,
+    /// No response head within the response timeout.
+    Timeout(Duration),
+    Broken(Broken),
+    Exchange(exchange::Failure),
+    /// A non-2xx status without anything more specific.
+    Status(u16),
+    /// 401/403 with a Bearer challenge.
+    Bearer(BearerChallenge),
+    /// The upstream answered with a JSON-RPC error.
+    Rpc(Reset),
+    /// 404 on a request carrying the upstream session: the upstream forgot the session.
+    SessionGone,
+    /// The caller went away (cancelled, timed out, disconnected).
+    Gone,
+}
+
+impl UpErr {
+    /// The RESET that tells the caller.
+    fn into_reset(self) -> Reset {
+        let message = match self {
+            UpErr::Rpc(reset) => return reset,
+            UpErr::Bearer(challenge) => return Reset::Bearer(challenge),
+            UpErr::Gone => return Reset::Plain,
+            UpErr::Connect(e) => e.describe(),
+            UpErr::Write => "Upstream closed the connection while the request was sent".to_owned(),
+            UpErr::Timeout(d) => format!("Upstream did not answer within {} ms", d.as_millis()),
+            UpErr::Broken(b) => b.describe(),
+            UpErr::Exchange(f) => f.describe(),
+            UpErr::Status(s) => format!("Upstream answered HTTP {s}"),
+            UpErr::SessionGone => "Upstream session expired and could not be renewed".to_owned(),
+        };
+        Reset::Error {
+            code: jsonrpc::INTERNAL_ERROR,
+            message: Rc::from(message.as_str()),
+            data: None,
+        }
+    }
+}
+
+/// Maps a non-2xx status to the failure it means.
+fn check_status(head: &ResponseHead) -> Result<(), UpErr> {
+    match head.status {
+        200..=299 => Ok(()),
+        401 | 403 => match bearer::parse(head.status, head.headers.get_all("www-authenticate")) {
+            Some(challenge) => {
+                metrics::with(|m| m.upstream.bearer_challenges += 1);
+                Err(UpErr::Bearer(challenge))
+            }
+            None => Err(UpErr::Status(head.status)),
+        },
+        404 => Err(UpErr::SessionGone),
+        s => Err(UpErr::Status(s)),
+    }
+}
+
+/// Reads a response body to its end, discarding it.
+async fn drain(response: &mut Response) -> Result<(), UpErr> {
+    loop {
+        match response.next().await.map_err(UpErr::Broken)? {
+            ResponseEvent::End => return Ok(()),
+            ResponseEvent::Data(_) => {}
+            ResponseEvent::Head(_) => return Err(UpErr::Broken(Broken::Closed)),
+        }
+    }
+}
+
+/// Writes a head and a known body, coalescing small bodies into one write. Past
+/// `deadline` the connection is closed (which completes a write stuck on a full socket).
+async fn write_known(
+    lease: &Lease,
+    mut head: BytesMut,
+    body: &[Bytes],
+    deadline: Instant,
+) -> Result<(), UpErr> {
+    let total: usize = body.iter().map(Bytes::len).sum();
+    if total <= UPSTREAM_COALESCE_BYTES_MAX {
+        for piece in body {
+            head.put_slice(piece);
+        }
+        return write_bounded(lease, head.freeze(), deadline).await;
+    }
+    write_bounded(lease, head.freeze(), deadline).await?;
+    for piece in body {
+        write_bounded(lease, piece.clone(), deadline).await?;
+    }
+    Ok(())
+}
+
+/// Writes `data`, closing the connection if the write is still pending at `deadline`.
+/// The write future is never dropped before it completes (io_uring rule).
+async fn write_bounded(lease: &Lease, data: Bytes, deadline: Instant) -> Result<(), UpErr> {
+    let wire = lease.link.wire();
+    let write = wire.write(data);
+    tokio::pin!(write);
+    let result = tokio::select! {
+        r = &mut write => r,
+        () = tokio::time::sleep_until(deadline.into()) => {
+            wire.close();
+            write.await
+        }
+    };
+    result.map_err(|_| UpErr::Write)
+}

@@ -1,0 +1,731 @@
+//! Upstream sessions: one per lifecycle stream.
+//!
+//! The lifecycle task ([`serve`]) initializes the upstream, answers the caller with the
+//! session's id and the upstream's capabilities, then relays until the caller ends the
+//! lifecycle: events of the upstream GET stream (FLUSH), the agent's answers to
+//! server-to-client requests (POSTed upstream), and the caller's resume challenges (which
+//! open the upstream GET stream once). It is the only task that sends on the lifecycle
+//! reply: the GET task ([`events_task`]) queues into a bounded outbox and stops reading
+//! the upstream while the outbox is full, so nothing is dropped.
+//!
+//! When the upstream forgets the session (404), [`reinitialize`] runs `initialize` again,
+//! once for all requests that saw the same session.
+
+use super::exchange::{self, BodyKind, Messages, Upward};
+use super::{Client, Outgoing, PROTOCOL_VERSION, UpErr};
+use crate::jsonrpc;
+use crate::limits::{
+    SESSIONS_PER_WORKER_MAX, UPSTREAM_OUTBOX_EVENTS_MAX, UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
+};
+use crate::log;
+use crate::metrics;
+use crate::stream::{Callee, Caps, Challenge, Event, Flush, Frame, ReplyBegin, Throttle};
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::cell::{Cell, Ref, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// Longest upstream `MCP-Session-Id` accepted (the spec allows visible ASCII of any length;
+/// ours are 48 bytes, common ones are UUIDs).
+const UPSTREAM_SESSION_ID_BYTES_MAX: usize = 256;
+
+/// What the upstream said about the session: sent on every later request.
+#[derive(Clone, Debug, Default)]
+pub struct Ids {
+    /// The upstream's `MCP-Session-Id`, if it gave one.
+    pub session: Option<Bytes>,
+    /// The negotiated protocol version (after initialize).
+    pub version: Option<Bytes>,
+    /// Bumped by every (re)initialize: a 404 seen under an older generation needs none.
+    pub generation: u64,
+}
+
+/// Whether the upstream has a GET event stream for this session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Events {
+    /// Not asked yet (no agent opened a GET stream).
+    NotAsked,
+    /// The GET task is connecting.
+    Connecting,
+    /// The upstream GET stream is open.
+    Live,
+    /// The upstream answered 405: it has none.
+    Unsupported,
+}
+
+/// One upstream session.
+pub struct UpSession {
+    /// The id the caller uses in request `Begin`s.
+    pub id: Rc<str>,
+    /// The agent's raw `capabilities`, sent in every `initialize`.
+    capabilities: Bytes,
+    /// The `Authorization` value to send upstream (never logged).
+    pub authorization: Option<Bytes>,
+    ids: RefCell<Ids>,
+    /// The next upstream JSON-RPC id (`initialize` is 1).
+    next_rpc: Cell<u64>,
+    /// Serializes re-initialization.
+    renewing: tokio::sync::Mutex<()>,
+    closed: Cell<bool>,
+    /// Woken when the session closes (the GET task stops).
+    closing: Notify,
+    events: Cell<Events>,
+    /// Events from the GET task for the lifecycle task. Invariant:
+    /// `len() <= UPSTREAM_OUTBOX_EVENTS_MAX`.
+    outbox: RefCell<VecDeque<Flush>>,
+    outbox_ready: Notify,
+    outbox_room: Notify,
+    /// The last upstream event id seen on the GET stream (resume point).
+    last_event: RefCell<Option<Rc<str>>>,
+}
+
+impl UpSession {
+    /// The upstream ids, for a request head.
+    pub fn ids(&self) -> Ref<'_, Ids> {
+        self.ids.borrow()
+    }
+
+    /// A fresh upstream JSON-RPC id.
+    pub fn next_rpc_id(&self) -> u64 {
+        let id = self.next_rpc.get();
+        self.next_rpc.set(id + 1);
+        id
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
+    /// Resolves when the session closes.
+    pub async fn closed(&self) {
+        loop {
+            let notified = self.closing.notified();
+            if self.closed.get() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn close(&self) {
+        self.closed.set(true);
+        self.closing.notify_waiters();
+        self.outbox_room.notify_waiters();
+    }
+
+    /// Queues an event for the lifecycle reply, waiting for room; false if the session
+    /// closed first.
+    async fn post(&self, flush: Flush) -> bool {
+        loop {
+            let room = self.outbox_room.notified();
+            if self.closed.get() {
+                return false;
+            }
+            {
+                let mut outbox = self.outbox.borrow_mut();
+                if outbox.len() < UPSTREAM_OUTBOX_EVENTS_MAX {
+                    outbox.push_back(flush);
+                    drop(outbox);
+                    self.outbox_ready.notify_one();
+                    return true;
+                }
+            }
+            room.await;
+        }
+    }
+
+    /// Queues an event without waiting (control events, when there is room).
+    fn post_now(&self, flush: Flush) {
+        let mut outbox = self.outbox.borrow_mut();
+        if outbox.len() < UPSTREAM_OUTBOX_EVENTS_MAX {
+            outbox.push_back(flush);
+            drop(outbox);
+            self.outbox_ready.notify_one();
+        }
+    }
+
+    fn take(&self) -> Option<Flush> {
+        let flush = self.outbox.borrow_mut().pop_front();
+        if flush.is_some() {
+            self.outbox_room.notify_waiters();
+        }
+        flush
+    }
+}
+
+/// Keeps a session in its client's table while the lifecycle task runs.
+struct Registration {
+    client: Rc<Client>,
+    id: Rc<str>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.client.sessions.borrow_mut().remove(&*self.id);
+        metrics::with(|m| m.upstream.sessions -= 1);
+    }
+}
+
+/// Serves one lifecycle stream from `initialize` to `DELETE`.
+pub async fn serve(client: Rc<Client>, callee: Callee) {
+    let fail = |err: UpErr| {
+        callee.initial.reset(err.into_reset());
+        callee.reply.abort();
+    };
+    let Some(hello) = callee.begin.client.clone() else {
+        return fail(UpErr::Rpc(exchange::upstream_error(
+            "Lifecycle stream without the agent's hello",
+        )));
+    };
+    if client.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
+        metrics::with(|m| m.overload_rejections += 1);
+        return fail(UpErr::Rpc(exchange::upstream_error(
+            "Too many upstream sessions",
+        )));
+    }
+    let authorization = match &client.authorization {
+        None => None,
+        Some(crate::config::ClientAuth::Forward) => hello.authorization.clone(),
+        Some(crate::config::ClientAuth::Bearer(secret)) => {
+            let mut value = BytesMut::with_capacity(7 + secret.expose().len());
+            value.put_slice(b"Bearer ");
+            value.put_slice(secret.expose().as_bytes());
+            Some(value.freeze())
+        }
+    };
+    let session = Rc::new(UpSession {
+        id: client.mint_session_id(),
+        capabilities: hello.capabilities.clone(),
+        authorization,
+        ids: RefCell::new(Ids::default()),
+        next_rpc: Cell::new(1),
+        renewing: tokio::sync::Mutex::new(()),
+        closed: Cell::new(false),
+        closing: Notify::new(),
+        events: Cell::new(Events::NotAsked),
+        outbox: RefCell::new(VecDeque::new()),
+        outbox_ready: Notify::new(),
+        outbox_room: Notify::new(),
+        last_event: RefCell::new(None),
+    });
+    let started = std::time::Instant::now();
+    let init = match initialize(&client, &session).await {
+        Ok(init) => init,
+        Err(e) => {
+            metrics::with(|m| m.upstream.initialize_failures += 1);
+            return fail(e);
+        }
+    };
+    metrics::record_request("initialize", metrics::Outcome::Ok, started.elapsed());
+    client
+        .sessions
+        .borrow_mut()
+        .insert(session.id.clone(), session.clone());
+    metrics::with(|m| m.upstream.sessions += 1);
+    let _registration = Registration {
+        client: client.clone(),
+        id: session.id.clone(),
+    };
+    let begin = ReplyBegin {
+        session: Some(session.id.clone()),
+        caps: init.caps,
+        instructions: init.instructions,
+    };
+    if callee.reply.begin(begin).await.is_ok() {
+        relay(&client, &session, &callee).await;
+    }
+    session.close();
+    callee.reply.end();
+    terminate(&client, &session).await;
+}
+
+/// Relays events and challenges until the caller ends the lifecycle.
+async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) {
+    loop {
+        while let Some(flush) = session.take() {
+            if callee.reply.flush(flush).await.is_err() {
+                return;
+            }
+        }
+        tokio::select! {
+            throttle = callee.reply.throttle() => match throttle {
+                Some(Throttle::Challenge(Challenge::Resume { .. })) => resume(client, session),
+                Some(Throttle::Challenge(Challenge::Answer { id, result, error })) => {
+                    tokio::task::spawn_local(answer(
+                        client.clone(),
+                        session.clone(),
+                        id,
+                        result,
+                        error,
+                    ));
+                }
+                // The agent's GET went away: the upstream stream stays open, so events
+                // meanwhile reach the agent's next GET through the server's replay.
+                Some(Throttle::Challenge(Challenge::Suspended)) => {}
+                Some(Throttle::Reset(_)) | None => return,
+            },
+            frame = callee.initial.next() => match frame {
+                Some(Frame::Data(piece)) => callee.initial.ack(piece.len() as u32),
+                Some(Frame::Begin(_) | Frame::Flush(_)) => {}
+                Some(Frame::End | Frame::Abort) | None => return,
+            },
+            () = session.outbox_ready.notified() => {}
+        }
+    }
+}
+
+/// The agent opened (or reopened) its GET stream.
+fn resume(client: &Rc<Client>, session: &Rc<UpSession>) {
+    match session.events.get() {
+        Events::NotAsked => {
+            session.events.set(Events::Connecting);
+            tokio::task::spawn_local(events_task(client.clone(), session.clone()));
+        }
+        Events::Connecting => {} // the GET task will say
+        Events::Live => session.post_now(Flush {
+            id: None,
+            event: Event::Resumable,
+        }),
+        Events::Unsupported => session.post_now(Flush {
+            id: None,
+            event: Event::Suspend { retry_ms: -1 },
+        }),
+    }
+}
+
+/// What `initialize` told us.
+struct Initialized {
+    caps: Caps,
+    instructions: Option<Bytes>,
+}
+
+/// The members of an `InitializeResult` we use.
+#[derive(Deserialize)]
+struct InitializeResult<'a> {
+    #[serde(rename = "protocolVersion")]
+    protocol_version: &'a str,
+    #[serde(default)]
+    capabilities: ServerCapabilities,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct ServerCapabilities {
+    tools: Option<ListCap>,
+    prompts: Option<ListCap>,
+    resources: Option<ResourcesCap>,
+    logging: Option<serde::de::IgnoredAny>,
+    completions: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize, Default)]
+struct ListCap {
+    #[serde(rename = "listChanged", default)]
+    list_changed: bool,
+}
+
+#[derive(Deserialize, Default)]
+struct ResourcesCap {
+    #[serde(default)]
+    subscribe: bool,
+    #[serde(rename = "listChanged", default)]
+    list_changed: bool,
+}
+
+impl ServerCapabilities {
+    fn bits(&self) -> Caps {
+        let mut caps = Caps::empty();
+        let mut set = |on: bool, bit: Caps| {
+            if on {
+                caps = caps.union(bit);
+            }
+        };
+        set(self.tools.is_some(), Caps::TOOLS);
+        set(
+            self.tools.as_ref().is_some_and(|t| t.list_changed),
+            Caps::TOOLS_LIST_CHANGED,
+        );
+        set(self.prompts.is_some(), Caps::PROMPTS);
+        set(
+            self.prompts.as_ref().is_some_and(|p| p.list_changed),
+            Caps::PROMPTS_LIST_CHANGED,
+        );
+        set(self.resources.is_some(), Caps::RESOURCES);
+        set(
+            self.resources.as_ref().is_some_and(|r| r.subscribe),
+            Caps::RESOURCES_SUBSCRIBE,
+        );
+        set(
+            self.resources.as_ref().is_some_and(|r| r.list_changed),
+            Caps::RESOURCES_LIST_CHANGED,
+        );
+        set(self.logging.is_some(), Caps::LOGGING);
+        set(self.completions.is_some(), Caps::COMPLETIONS);
+        caps
+    }
+}
+
+/// Runs `initialize` and `notifications/initialized` upstream and records the session's
+/// ids (bumping their generation).
+async fn initialize(client: &Client, session: &UpSession) -> Result<Initialized, UpErr> {
+    let id = session.next_rpc_id().to_string();
+    let mut body = BytesMut::with_capacity(192 + session.capabilities.len());
+    body.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    body.put_slice(id.as_bytes());
+    body.put_slice(b",\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"");
+    body.put_slice(PROTOCOL_VERSION.as_bytes());
+    body.put_slice(b"\",\"capabilities\":");
+    body.put_slice(&session.capabilities);
+    body.put_slice(b",\"clientInfo\":{\"name\":\"");
+    body.put_slice(super::CLIENT_NAME.as_bytes());
+    body.put_slice(b"\",\"version\":\"");
+    body.put_slice(env!("CARGO_PKG_VERSION").as_bytes());
+    body.put_slice(b"\"}}}");
+    let body = body.freeze();
+    // The initialize request carries no session headers (fresh ids, same credential).
+    let fresh = Ids {
+        generation: session.ids.borrow().generation,
+        ..Ids::default()
+    };
+    *session.ids.borrow_mut() = fresh;
+    let req = Outgoing::post(Some(session), body.len());
+    let super::Answered { mut response, head } = client.send(&req, &[body]).await?;
+    match super::check_status(&head) {
+        Ok(()) => {}
+        Err(UpErr::SessionGone) => return Err(UpErr::Status(404)),
+        Err(e) => return Err(e),
+    }
+    let upstream_id = match head.headers.get("mcp-session-id") {
+        None => None,
+        Some(v) if valid_session_id(v) => Some(Bytes::copy_from_slice(v)),
+        Some(_) => {
+            return Err(UpErr::Rpc(exchange::upstream_error(
+                "Upstream sent an invalid MCP-Session-Id",
+            )));
+        }
+    };
+    let kind = BodyKind::of(&head);
+    let mut messages = Messages::new(kind);
+    let deadline = tokio::time::Instant::now() + client.response_timeout;
+    let result = loop {
+        let next = tokio::select! {
+            m = exchange::next_message(&mut response, &mut messages) => m,
+            () = tokio::time::sleep_until(deadline) => {
+                response.lease.link.wire().close();
+                return Err(UpErr::Timeout(client.response_timeout));
+            }
+        };
+        let Some(incoming) = next.map_err(UpErr::Exchange)? else {
+            return Err(UpErr::Exchange(exchange::Failure::Body(
+                exchange::BadBody::NotJsonRpc,
+            )));
+        };
+        let Some(data) = incoming.data else { continue };
+        match exchange::classify(&data, Some(&id))
+            .map_err(|e| UpErr::Exchange(exchange::Failure::Body(e)))?
+        {
+            Upward::Result(result) => break result,
+            Upward::Error(reset) => return Err(UpErr::Rpc(reset)),
+            Upward::Event(_) | Upward::Ignore => {}
+        }
+    };
+    if kind == BodyKind::Json {
+        // The body ended with the one message: the connection can be reused.
+        let _ = exchange::next_message(&mut response, &mut messages).await;
+    }
+    client.finish(response, &head);
+    let parsed: InitializeResult<'_> = std::str::from_utf8(&result)
+        .ok()
+        .and_then(|text| serde_json::from_str(text).ok())
+        .ok_or_else(|| {
+            UpErr::Rpc(exchange::upstream_error(
+                "Upstream sent a malformed initialize result",
+            ))
+        })?;
+    let version = Bytes::copy_from_slice(parsed.protocol_version.as_bytes());
+    let caps = parsed.capabilities.bits();
+    let instructions = parsed
+        .instructions
+        .filter(|raw| raw.get().starts_with('"'))
+        .map(|raw| result.slice_ref(raw.get().as_bytes()));
+    {
+        let mut ids = session.ids.borrow_mut();
+        ids.session = upstream_id;
+        ids.version = Some(version);
+        ids.generation += 1;
+    }
+    let mut note = BytesMut::with_capacity(64);
+    jsonrpc::write_notification("notifications/initialized", None, &mut note);
+    client.call(session, note.freeze(), None).await?;
+    Ok(Initialized { caps, instructions })
+}
+
+/// MCP: a session id is visible ASCII (0x21..=0x7E).
+fn valid_session_id(v: &[u8]) -> bool {
+    !v.is_empty()
+        && v.len() <= UPSTREAM_SESSION_ID_BYTES_MAX
+        && v.iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
+/// Re-initializes the upstream session after a 404 seen under `generation`, unless
+/// another request already did. True if the session has fresh ids.
+pub async fn reinitialize(client: &Client, session: &UpSession, generation: u64) -> bool {
+    let _turn = session.renewing.lock().await;
+    if session.ids.borrow().generation != generation {
+        return true;
+    }
+    if session.closed.get() {
+        return false;
+    }
+    metrics::with(|m| m.upstream.reinitialized += 1);
+    match initialize(client, session).await {
+        Ok(_) => true,
+        Err(e) => {
+            log::warn(format_args!(
+                "client {}: re-initializing the upstream session failed: {}",
+                client.name,
+                describe(e)
+            ));
+            false
+        }
+    }
+}
+
+fn describe(e: UpErr) -> String {
+    match e.into_reset() {
+        crate::stream::Reset::Error { message, .. } => message.to_string(),
+        crate::stream::Reset::Bearer(c) => format!("bearer challenge ({})", c.status),
+        crate::stream::Reset::Plain => "gone".to_owned(),
+    }
+}
+
+/// POSTs the agent's answer to a server-to-client request upstream.
+async fn answer(
+    client: Rc<Client>,
+    session: Rc<UpSession>,
+    id: Bytes,
+    result: Option<Bytes>,
+    error: Option<Bytes>,
+) {
+    let body = answer_body(&id, result.as_deref(), error.as_deref());
+    if let Err(e) = client.call(&session, body, None).await {
+        log::warn(format_args!(
+            "client {}: relaying an answer upstream failed: {}",
+            client.name,
+            describe(e)
+        ));
+    }
+}
+
+/// `{"jsonrpc":"2.0","id":<id>,"result":<result>}` (or `"error":<error>`).
+pub fn answer_body(id: &[u8], result: Option<&[u8]>, error: Option<&[u8]>) -> Bytes {
+    let mut body = BytesMut::with_capacity(48 + id.len() + result.map_or(0, <[u8]>::len));
+    body.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    body.put_slice(id);
+    match (result, error) {
+        (_, Some(error)) => {
+            body.put_slice(b",\"error\":");
+            body.put_slice(error);
+        }
+        (Some(result), None) => {
+            body.put_slice(b",\"result\":");
+            body.put_slice(result);
+        }
+        (None, None) => body.put_slice(b",\"result\":{}"),
+    }
+    body.put_slice(b"}");
+    body.freeze()
+}
+
+/// Sends `DELETE` for the upstream session (MCP: the client should; 405 means the
+/// upstream does not let clients end sessions, which is fine).
+async fn terminate(client: &Client, session: &UpSession) {
+    if session.ids.borrow().session.is_none() {
+        return;
+    }
+    let req = Outgoing {
+        method: "DELETE",
+        session: Some(session),
+        body_len: None,
+        accept: b"application/json, text/event-stream",
+        last_event_id: None,
+    };
+    match client.send(&req, &[]).await {
+        Ok(super::Answered { mut response, head }) => {
+            if super::drain(&mut response).await.is_ok() {
+                client.finish(response, &head);
+            }
+        }
+        Err(e) => log::warn(format_args!(
+            "client {}: DELETE of the upstream session failed: {}",
+            client.name,
+            describe(e)
+        )),
+    }
+}
+
+/// Keeps the upstream GET event stream open for the session's life, relaying its events
+/// and reconnecting (with `Last-Event-ID`, after the upstream's `retry:`) when it breaks.
+async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
+    let mut wait = UPSTREAM_RETRY_DEFAULT;
+    let mut announced = false;
+    while !session.closed.get() {
+        let generation = session.ids.borrow().generation;
+        let last = session.last_event.borrow().clone();
+        let req = Outgoing {
+            method: "GET",
+            session: Some(&session),
+            body_len: None,
+            accept: b"text/event-stream",
+            last_event_id: last.as_deref().map(str::as_bytes),
+        };
+        let opened = tokio::select! {
+            r = client.send(&req, &[]) => Some(r),
+            () = session.closed() => None,
+        };
+        let Some(opened) = opened else { return };
+        match opened {
+            Ok(super::Answered { mut response, head }) => {
+                match (head.status, BodyKind::of(&head)) {
+                    (200, BodyKind::Sse) => {
+                        session.events.set(Events::Live);
+                        announced = true;
+                        let live = Flush {
+                            id: None,
+                            event: Event::Resumable,
+                        };
+                        if !session.post(live).await {
+                            return;
+                        }
+                        if let Some(retry) = follow(&session, &mut response).await {
+                            wait = retry;
+                        }
+                        // The stream ended (or broke): reconnect after `wait`.
+                    }
+                    (405, _) => {
+                        session.events.set(Events::Unsupported);
+                        session.post_now(Flush {
+                            id: None,
+                            event: Event::Suspend { retry_ms: -1 },
+                        });
+                        return;
+                    }
+                    (404, _) => {
+                        if !reinitialize(&client, &session, generation).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    (status, _) => log::warn(format_args!(
+                        "client {}: upstream GET stream answered {status}",
+                        client.name
+                    )),
+                }
+            }
+            Err(e) => log::warn(format_args!(
+                "client {}: upstream GET stream failed: {}",
+                client.name,
+                describe(e)
+            )),
+        }
+        if !announced {
+            // Let the agent's GET be served meanwhile; events follow once connected.
+            announced = true;
+            session.events.set(Events::Connecting);
+            session.post_now(Flush {
+                id: None,
+                event: Event::Suspend {
+                    retry_ms: wait.as_millis() as i64,
+                },
+            });
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = session.closed() => return,
+        }
+    }
+}
+
+/// Relays one open GET stream until it ends; returns the upstream's last `retry:`.
+async fn follow(session: &UpSession, response: &mut exchange::Response) -> Option<Duration> {
+    let mut messages = Messages::new(BodyKind::Sse);
+    let mut retry = None;
+    loop {
+        let next = tokio::select! {
+            m = exchange::next_message(response, &mut messages) => m,
+            () = session.closed() => {
+                response.lease.link.wire().close();
+                return retry;
+            }
+        };
+        let incoming = match next {
+            Ok(Some(incoming)) => incoming,
+            Ok(None) | Err(_) => return retry,
+        };
+        if let Some(ms) = incoming.retry_ms {
+            retry = Some(Duration::from_millis(ms).min(UPSTREAM_RETRY_MAX));
+        }
+        let id: Option<Rc<str>> = incoming.event_id.as_deref().map(Rc::from);
+        if let Some(id) = &id {
+            *session.last_event.borrow_mut() = Some(id.clone());
+        }
+        let Some(data) = incoming.data else { continue };
+        let event = match exchange::classify(&data, None) {
+            Ok(Upward::Event(event)) => event,
+            Ok(_) => continue,
+            Err(_) => {
+                metrics::with(|m| m.upstream.malformed += 1);
+                continue;
+            }
+        };
+        if !session.post(Flush { id, event }).await {
+            response.lease.link.wire().close();
+            return retry;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capability_bits() {
+        let caps: ServerCapabilities = serde_json::from_str(
+            r#"{"tools":{"listChanged":true},"resources":{"subscribe":true},"logging":{},"experimental":{"x":{}}}"#,
+        )
+        .unwrap();
+        let bits = caps.bits();
+        assert!(bits.contains(Caps::TOOLS));
+        assert!(bits.contains(Caps::TOOLS_LIST_CHANGED));
+        assert!(bits.contains(Caps::RESOURCES));
+        assert!(bits.contains(Caps::RESOURCES_SUBSCRIBE));
+        assert!(!bits.contains(Caps::RESOURCES_LIST_CHANGED));
+        assert!(!bits.contains(Caps::PROMPTS));
+        assert!(bits.contains(Caps::LOGGING));
+        assert!(!bits.contains(Caps::COMPLETIONS));
+    }
+
+    #[test]
+    fn session_ids_and_answers() {
+        assert!(valid_session_id(b"abc-123"));
+        assert!(!valid_session_id(b""));
+        assert!(!valid_session_id(b"has space"));
+        assert!(!valid_session_id(
+            &[b'a'; UPSTREAM_SESSION_ID_BYTES_MAX + 1]
+        ));
+        assert_eq!(
+            &answer_body(b"\"e1\"", Some(b"{\"action\":\"accept\"}"), None)[..],
+            br#"{"jsonrpc":"2.0","id":"e1","result":{"action":"accept"}}"#
+        );
+        assert_eq!(
+            &answer_body(b"3", None, Some(b"{\"code\":-1,\"message\":\"no\"}"))[..],
+            br#"{"jsonrpc":"2.0","id":3,"error":{"code":-1,"message":"no"}}"#
+        );
+    }
+}

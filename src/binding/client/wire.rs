@@ -1,0 +1,176 @@
+//! One upstream connection: the socket, a demand-driven read loop, and the bytes it read.
+//!
+//! io_uring forbids cancelling a read by dropping its future, yet an upstream exchange
+//! must be able to give up (timeout, cancellation) while a read is pending. So each
+//! connection has one read-loop task that owns the reads; an exchange asks it for bytes
+//! ([`Wire::fill`], a wait on a `Notify` that is safe to drop) and gives up by shutting
+//! the socket down ([`Wire::close`]), which completes the pending read.
+//!
+//! The loop reads only on demand: an idle pooled connection has no read pending and holds
+//! no slot (DESIGN §5). Whether such a connection is still usable is checked when it is
+//! taken from the pool ([`crate::runtime::Conn::unusable`]).
+
+use crate::metrics;
+use crate::runtime::{Conn, Slots};
+use bytes::{Bytes, BytesMut};
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::rc::Rc;
+use tokio::sync::Notify;
+
+/// Where the read side of a connection is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadState {
+    /// No read pending, none wanted.
+    Idle,
+    /// The exchange wants bytes; the read loop reads once.
+    Wanted,
+    /// The peer closed, the read failed, or the connection was closed: no more bytes.
+    Over,
+}
+
+/// The shared state of one connection (its read loop holds an `Rc` too).
+pub struct Wire {
+    conn: Conn,
+    /// Bytes read and not yet taken by the exchange's decoder.
+    inbox: RefCell<BytesMut>,
+    read: Cell<ReadState>,
+    /// The connection was closed by us: the read loop must stop.
+    closed: Cell<bool>,
+    /// Wakes the read loop (demand, or close).
+    demand: Notify,
+    /// Wakes the exchange (bytes arrived, or the read side is over).
+    arrived: Notify,
+}
+
+/// The owner's handle of a connection: closing it on drop is what ends the read loop.
+pub struct Link {
+    wire: Rc<Wire>,
+    /// The connection carried an exchange before (reuse makes a failure retryable).
+    pub reused: bool,
+}
+
+impl Link {
+    /// Wraps a freshly connected socket and starts its read loop on this worker.
+    pub fn start(conn: Conn, slots: Rc<Slots>) -> Link {
+        let wire = Rc::new(Wire {
+            conn,
+            inbox: RefCell::new(BytesMut::new()),
+            read: Cell::new(ReadState::Idle),
+            closed: Cell::new(false),
+            demand: Notify::new(),
+            arrived: Notify::new(),
+        });
+        metrics::with(|m| m.upstream.connections += 1);
+        tokio::task::spawn_local(read_loop(wire.clone(), slots));
+        Link {
+            wire,
+            reused: false,
+        }
+    }
+
+    /// The connection's shared state.
+    pub fn wire(&self) -> &Wire {
+        &self.wire
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.wire.close();
+    }
+}
+
+impl Wire {
+    /// Writes all of `data`. Not cancel-safe (io_uring): await it to completion; to give up
+    /// early, [`Wire::close`] the connection, which makes the write fail.
+    pub async fn write(&self, data: Bytes) -> io::Result<()> {
+        if self.closed.get() {
+            return Err(io::ErrorKind::NotConnected.into());
+        }
+        self.conn.write_all(data).await
+    }
+
+    /// The bytes read so far and not yet consumed.
+    pub fn inbox(&self) -> std::cell::RefMut<'_, BytesMut> {
+        self.inbox.borrow_mut()
+    }
+
+    /// Asks the read loop for more bytes and waits until some arrived (true) or the read
+    /// side is over (false). Safe to drop at any point: the read goes on in the loop and
+    /// its bytes wait in the inbox.
+    pub async fn fill(&self) -> bool {
+        let before = self.inbox.borrow().len();
+        loop {
+            let arrived = self.arrived.notified();
+            if self.inbox.borrow().len() > before {
+                return true;
+            }
+            match self.read.get() {
+                ReadState::Over => return false,
+                ReadState::Idle => {
+                    self.read.set(ReadState::Wanted);
+                    self.demand.notify_one();
+                }
+                ReadState::Wanted => {}
+            }
+            arrived.await;
+        }
+    }
+
+    /// True once the read side is over (peer closed, error, or closed by us).
+    pub fn is_over(&self) -> bool {
+        self.read.get() == ReadState::Over || self.closed.get()
+    }
+
+    /// True if this idle connection may carry another request: not closed, nothing
+    /// unread, and the peer has not closed it meanwhile.
+    pub fn reusable(&self) -> bool {
+        !self.is_over() && self.inbox.borrow().is_empty() && !self.conn.unusable()
+    }
+
+    /// Closes the connection: a pending read or write completes, the read loop ends.
+    /// Idempotent.
+    pub fn close(&self) {
+        if self.closed.replace(true) {
+            return;
+        }
+        self.conn.shutdown();
+        self.demand.notify_one();
+    }
+}
+
+/// Reads once per demand until the connection is over.
+async fn read_loop(wire: Rc<Wire>, slots: Rc<Slots>) {
+    loop {
+        while wire.read.get() != ReadState::Wanted {
+            if wire.closed.get() {
+                wire.read.set(ReadState::Over);
+                wire.arrived.notify_one();
+                metrics::with(|m| m.upstream.connections -= 1);
+                return;
+            }
+            wire.demand.notified().await;
+        }
+        let buf = slots.lend();
+        let (result, buf) = wire.conn.read(buf).await;
+        // A failed read ends the read side like a close: the exchange sees the
+        // response cut short either way.
+        let n = result.unwrap_or(0);
+        if let Some(bytes) = buf.get(..n) {
+            wire.inbox.borrow_mut().extend_from_slice(bytes);
+        }
+        slots.give_back(buf);
+        if n == 0 {
+            wire.read.set(ReadState::Over);
+            wire.arrived.notify_one();
+            // The socket still needs its shutdown before the fd is dropped.
+            wire.closed.set(true);
+            wire.conn.shutdown();
+            metrics::with(|m| m.upstream.connections -= 1);
+            return;
+        }
+        wire.read.set(ReadState::Idle);
+        wire.arrived.notify_one();
+    }
+}
