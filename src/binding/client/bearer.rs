@@ -41,7 +41,11 @@ fn parse_field(status: u16, field: &str) -> Option<BearerChallenge> {
             // A parameter of the current challenge.
             lex.skip_spaces();
             let value = if lex.peek() == Some('"') {
-                lex.quoted()?
+                match lex.quoted() {
+                    Some(v) => v,
+                    // An unterminated quote ends the field: keep what was read before it.
+                    None => return challenge,
+                }
             } else {
                 lex.token().unwrap_or_default().to_owned()
             };
