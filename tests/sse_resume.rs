@@ -176,14 +176,24 @@ fn cancelled_request_stream_ends_without_result() {
         assert_eq!(r.status, 202);
         assert!(r.body.is_empty());
         let mut last = 1;
+        let mut cancelled = false;
         while let Some(e) = events.next() {
             let v = e.json();
+            assert!(!cancelled, "an event after the cancellation error: {e:?}");
+            if v.get("error").is_some() {
+                // The stream ends with the error MCP SDK servers send for a cancelled request.
+                assert_eq!(v["id"], 77, "{e:?}");
+                assert_eq!(v["error"]["code"], -32800, "{e:?}");
+                cancelled = true;
+                continue;
+            }
             assert_eq!(
                 v["method"], "notifications/progress",
                 "a result after cancel: {e:?}"
             );
             last = event_id(&e).1;
         }
+        assert!(cancelled, "no cancellation error closed the stream");
         assert!(last < 100, "the call ran to completion");
         // The session is still fine.
         let r = gw.post(

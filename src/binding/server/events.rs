@@ -27,6 +27,9 @@ use std::rc::{Rc, Weak};
 use std::time::Instant;
 use tokio::sync::Notify;
 
+/// JSON-RPC code of the answer to a request the agent cancelled (the code MCP SDKs use).
+const REQUEST_CANCELLED: i32 = -32800;
+
 /// Whether the exit has a server-to-agent event stream.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Support {
@@ -979,9 +982,9 @@ pub async fn pump(
                 if inflight.cancelled.get() {
                     caller.reply.reset(Reset::Plain);
                     caller.initial.abort();
-                    if r.mode == Mode::Sse {
-                        r.finish().await;
-                    }
+                    // The HTTP request still gets an answer, as MCP SDK servers give it:
+                    // an error naming the cancellation (the agent's SDK discards it).
+                    r.error(REQUEST_CANCELLED, "Request cancelled", None).await;
                     return Outcome::Cancelled;
                 }
                 let attach = inflight.attach.borrow_mut().take();
