@@ -41,6 +41,14 @@ pub fn run(config: Config) -> Result<(), String> {
         ));
     }
     for (name, binding) in &config.bindings {
+        if let Binding::Client(c) = binding
+            && c.server.scheme == crate::config::Scheme::Https
+        {
+            return Err(format!(
+                "{}: bindings.{name}.server: https upstreams need TLS, which this build does not have yet; use an http:// URL",
+                config.source
+            ));
+        }
         if matches!(binding, Binding::Proxy(_)) {
             // TODO(#3): the client and proxy bindings.
             return Err(format!(

@@ -162,6 +162,9 @@ pub struct Begin {
     pub progress_token: Option<Bytes>,
     /// Lifecycle only: the agent's raw `capabilities` object and negotiated version.
     pub client: Option<ClientHello>,
+    /// The agent's `Authorization` header on this request, for exits that forward it
+    /// (`authorization: forward`); the agent may renew it between requests.
+    pub authorization: Option<Bytes>,
 }
 
 /// What the agent said about itself in `initialize` (lifecycle streams only).

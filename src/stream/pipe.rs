@@ -348,6 +348,7 @@ mod tests {
             deadline: Instant::now() + Duration::from_secs(1),
             progress_token: None,
             client: None,
+            authorization: None,
         }
     }
 

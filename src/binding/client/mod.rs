@@ -125,7 +125,8 @@ impl Client {
                 headers.push(("mcp-protocol-version", version));
             }
         }
-        if let Some(auth) = req.session.and_then(|s| s.authorization.as_deref()) {
+        let auth = req.session.and_then(|s| s.authorization.borrow().clone());
+        if let Some(auth) = &auth {
             headers.push(("authorization", auth));
         }
         if let Some(last) = req.last_event_id {

@@ -18,6 +18,7 @@ use super::exchange::{self, BodyKind, Broken, Messages, Response, Upward};
 use super::pool::Lease;
 use super::session::{self, UpSession};
 use super::{Answered, Client, Outgoing, UpErr, check_status, write_bounded, write_known};
+use crate::config::ClientAuth;
 use crate::jsonrpc;
 use crate::limits::{
     MESSAGE_BYTES_MAX, UPSTREAM_COALESCE_BYTES_MAX, UPSTREAM_RESUME_ATTEMPTS_MAX,
@@ -50,6 +51,11 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
             .reset(exchange::upstream_error("Params too large"));
         callee.reply.abort();
         return;
+    }
+    if matches!(client.authorization, Some(ClientAuth::Forward))
+        && let Some(renewed) = &callee.begin.authorization
+    {
+        *session.authorization.borrow_mut() = Some(renewed.clone());
     }
     let rpc_id = session.next_rpc_id();
     let mut exchange = Exchange {

@@ -63,8 +63,9 @@ pub struct UpSession {
     pub id: Rc<str>,
     /// The agent's raw `capabilities`, sent in every `initialize`.
     capabilities: Bytes,
-    /// The `Authorization` value to send upstream (never logged).
-    pub authorization: Option<Bytes>,
+    /// The `Authorization` value to send upstream (never logged); in `forward` mode the
+    /// agent's latest header, renewed by each request that carries one.
+    pub authorization: RefCell<Option<Bytes>>,
     ids: RefCell<Ids>,
     /// The next upstream JSON-RPC id (`initialize` is 1).
     next_rpc: Cell<u64>,
@@ -200,7 +201,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
     let session = Rc::new(UpSession {
         id: client.mint_session_id(),
         capabilities: hello.capabilities.clone(),
-        authorization,
+        authorization: RefCell::new(authorization),
         ids: RefCell::new(Ids::default()),
         next_rpc: Cell::new(1),
         renewing: tokio::sync::Mutex::new(()),

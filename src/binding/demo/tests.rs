@@ -28,6 +28,7 @@ fn begin(kind: Kind, session: &str, params_len: usize, token: Option<&'static st
         deadline: Instant::now() + Duration::from_secs(30),
         progress_token: token.map(|t| Bytes::from_static(t.as_bytes())),
         client: None,
+        authorization: None,
     }
 }
 

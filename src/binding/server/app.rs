@@ -228,12 +228,9 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
         client: Some(ClientHello {
             capabilities: Bytes::copy_from_slice(capabilities.get().as_bytes()),
             protocol_version: version,
-            authorization: req
-                .head
-                .headers
-                .get("authorization")
-                .map(Bytes::copy_from_slice),
+            authorization: authorization(req),
         }),
+        authorization: authorization(req),
     };
     let (caller, callee) = stream::open(begin);
     server.exit.open(callee);
@@ -278,6 +275,14 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
     ];
     metrics::record_request("initialize", Outcome::Ok, started.elapsed());
     let _ = sink.respond(200, &headers, &body).await;
+}
+
+/// The agent's `Authorization` header, for exits that forward it.
+fn authorization(req: &Request) -> Option<Bytes> {
+    req.head
+        .headers
+        .get("authorization")
+        .map(Bytes::copy_from_slice)
 }
 
 /// Renders the exit's capability bits as the MCP `capabilities` object.
@@ -443,6 +448,7 @@ async fn request(
         deadline: Instant::now() + server.cfg.request_timeout,
         progress_token: progress_token.clone(),
         client: None,
+        authorization: authorization(req),
     };
     let deadline = begin.deadline;
     let (caller, callee) = stream::open(begin);
