@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI and the README run it: `bash tests/run.sh`.
 # Installs what the tests need by itself: a Python venv with the official MCP SDK
-# (tests/py), Node packages with the official TypeScript SDK (tests/js).
+# (tests/py), Node packages with the official TypeScript SDK (tests/js) and the MCP
+# conformance suite with a Node 22 from npm (tests/conformance).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,5 +23,9 @@ fi
 if [ -x tests/js/run.sh ]; then
   echo "== TypeScript MCP SDK scenarios"
   tests/js/run.sh
+fi
+if [ -x tests/conformance/run.sh ]; then
+  echo "== MCP conformance suite (server scenarios; fails if anything is worse through mcpyard)"
+  tests/conformance/run.sh
 fi
 echo "== all tests passed"
