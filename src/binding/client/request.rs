@@ -369,7 +369,24 @@ impl Exchange<'_> {
         let mut retry = UPSTREAM_RETRY_DEFAULT;
         let mut resumes = 0;
         let mut resumed: Option<Response> = None;
-        let deadline = self.callee.begin.deadline;
+        // A JSON body must arrive within the response timeout (a stalled upstream gets a
+        // clear error); an event stream may be silent while the tool works, up to the
+        // request's own deadline.
+        let body_deadline = match kind {
+            BodyKind::Json => Some(Instant::now() + self.client.response_timeout),
+            _ => None,
+        };
+        let deadline = body_deadline.map_or(self.callee.begin.deadline, |d| {
+            d.min(self.callee.begin.deadline)
+        });
+        let expired = || {
+            if Instant::now() >= self.callee.begin.deadline {
+                UpErr::Gone
+            } else {
+                metrics::with(|m| m.upstream.timeouts += 1);
+                UpErr::Timeout(self.client.response_timeout)
+            }
+        };
         loop {
             let current = resumed.as_mut().unwrap_or(response);
             let next = {
@@ -379,7 +396,7 @@ impl Exchange<'_> {
                     match self.wake(&mut work, Some(deadline)).await {
                         Wake::Upstream(n) => break n,
                         Wake::Gone => return Err(UpErr::Gone),
-                        Wake::Deadline => return Err(UpErr::Gone),
+                        Wake::Deadline => return Err(expired()),
                         Wake::Answer(id, result, error) => self.relay_answer(id, result, error),
                     }
                 }
