@@ -62,7 +62,7 @@ pub const LATENCY_US_MAX: u64 = 60_000_000;
 /// Significant figures of the latency histograms.
 pub const LATENCY_SIGFIG: u8 = 3;
 
-/// Fixture: sessions alive at once over all workers; `initialize` beyond this gets 503.
+/// Fixture: sessions alive at once over all workers; a new one beyond this evicts the oldest.
 pub const FIXTURE_SESSIONS_MAX: usize = 100_000;
 
 /// Fixture: open connections per worker; more are answered 503 and closed.
@@ -79,6 +79,10 @@ pub const FIXTURE_PROGRESS_MAX: u32 = 100_000;
 
 /// Fixture: largest `--delay-ms` and `--progress-interval-ms`.
 pub const FIXTURE_DELAY_MAX: Duration = Duration::from_secs(600);
+
+/// Fixture: delays wake this long before their deadline and yield-spin the rest, so the
+/// reactor's wake-up latency does not lengthen them (see `sys::sleep_precise`).
+pub const FIXTURE_SPIN_WINDOW: Duration = Duration::from_micros(50);
 
 /// Fixture: an open GET stream gets a comment this often so idle peers keep it.
 pub const FIXTURE_KEEPALIVE: Duration = Duration::from_secs(15);

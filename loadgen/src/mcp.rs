@@ -106,6 +106,11 @@ pub fn expect_status(response: &Response, expected: u16, what: &str) -> Result<(
     if ok {
         return Ok(());
     }
+    let expected = if expected == 0 {
+        "2xx".to_owned()
+    } else {
+        expected.to_string()
+    };
     Err(Failure::new(
         ErrorKind::HttpStatus,
         format!("{what}: http {} (expected {expected})", response.status),

@@ -212,8 +212,9 @@ impl Exchange for Session {
     }
 }
 
-/// Checks the target with one full iteration before any load; returns a clear error if it
-/// is down, not MCP, or refuses the scenario.
+/// Checks the target before any load: a session (initialize + initialized) and, for the
+/// request scenarios, one full iteration. Returns a clear error if the target is down, not
+/// MCP, or refuses the scenario.
 pub fn probe(plan: &Arc<Plan>) -> Result<(), RunError> {
     let mut session = Session::new(Arc::clone(plan));
     let probe_error = |doing, failure: Failure| {
@@ -235,6 +236,9 @@ pub fn probe(plan: &Arc<Plan>) -> Result<(), RunError> {
     session
         .ensure_session()
         .map_err(|f| probe_error("initialize", f))?;
+    if matches!(plan.scenario, Scenario::IdleSessions | Scenario::Fanout) {
+        return Ok(());
+    }
     session
         .exchange()
         .map_err(|f| probe_error("the first request", f))?;

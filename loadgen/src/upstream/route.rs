@@ -193,9 +193,7 @@ fn initialize(shared: &Shared, envelope: &Envelope<'_>) -> Reply {
     let Some(result) = shared.rendered.initialize.get(index) else {
         return Reply::Text(500, "no rendered initialize result");
     };
-    let Some(session) = shared.create_session() else {
-        return Reply::Text(503, "too many sessions");
-    };
+    let session = shared.create_session();
     Reply::Message {
         status: 200,
         session: Some(session),

@@ -6,7 +6,7 @@
 //! them. The critical section is one hash-set operation, so two to a few workers contend
 //! little; the fixture favours being correct for any client over share-nothing purity.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -53,8 +53,8 @@ pub struct Shared {
     pub args: UpstreamArgs,
     /// Pre-rendered bodies.
     pub rendered: Rendered,
-    /// Live session ids. Invariant: at most `FIXTURE_SESSIONS_MAX` entries.
-    sessions: Mutex<HashSet<u64>>,
+    /// Live session ids, and the order they were created in.
+    sessions: Mutex<Sessions>,
     /// Sessions created so far; XORed with `salt`, it makes ids unique per process.
     created: AtomicU64,
     /// Per-process randomness so ids differ between runs.
@@ -73,7 +73,7 @@ impl Shared {
         Shared {
             args,
             rendered,
-            sessions: Mutex::new(HashSet::new()),
+            sessions: Mutex::new(Sessions::default()),
             created: AtomicU64::new(0),
             salt: RandomState::new().hash_one(std::process::id()),
             list_changed,
@@ -81,44 +81,37 @@ impl Shared {
         }
     }
 
-    /// Creates a session; returns its id, or `None` when `FIXTURE_SESSIONS_MAX` are live.
-    pub fn create_session(&self) -> Option<String> {
+    /// Creates a session and returns its id. When `FIXTURE_SESSIONS_MAX` are live the
+    /// oldest is forgotten first (its next request gets 404 and its client starts over),
+    /// so a long-lived fixture serves any number of runs that never DELETE.
+    pub fn create_session(&self) -> String {
         let n = self.created.fetch_add(1, Ordering::Relaxed);
-        // XOR with a constant is a bijection, so distinct counters give distinct ids.
-        let id = n ^ self.salt;
-        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        if sessions.len() >= FIXTURE_SESSIONS_MAX {
-            return None;
-        }
-        sessions.insert(id);
-        Some(format!("{id:016x}"))
+        // Both steps are bijections on u64, so distinct counters give distinct ids.
+        let id = mix(n ^ self.salt);
+        self.lock_sessions().insert(id);
+        format!("{id:016x}")
     }
 
     /// Returns true if `header` names a live session.
     pub fn has_session(&self, header: &[u8]) -> bool {
-        let Some(id) = parse_session_id(header) else {
-            return false;
-        };
-        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        sessions.contains(&id)
+        parse_session_id(header).is_some_and(|id| self.lock_sessions().live.contains(&id))
     }
 
     /// Forgets the session `header` names; returns false if it was not live.
     pub fn remove_session(&self, header: &[u8]) -> bool {
-        let Some(id) = parse_session_id(header) else {
-            return false;
-        };
-        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        sessions.remove(&id)
+        parse_session_id(header).is_some_and(|id| self.lock_sessions().live.remove(&id))
     }
 
     /// Returns how many sessions are live.
     #[cfg(test)]
     pub fn session_count(&self) -> usize {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.lock_sessions().live.len()
+    }
+
+    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        // A panic aborts the process (panic = "abort"), so a poisoned lock is not expected;
+        // the table is consistent after every operation, so it stays usable regardless.
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Wakes every open GET stream to send list_changed; returns how many are open.
@@ -126,6 +119,45 @@ impl Shared {
         self.list_changed.send_modify(|n| *n = n.wrapping_add(1));
         self.streams.load(Ordering::Relaxed)
     }
+}
+
+/// The session table: a set for lookups and a queue of creation order for eviction.
+///
+/// Invariants: `live.len() <= FIXTURE_SESSIONS_MAX`; `order` holds every live id (and
+/// possibly ids already removed, skipped when reached) and at most
+/// `2 * FIXTURE_SESSIONS_MAX` entries.
+#[derive(Debug, Default)]
+struct Sessions {
+    live: HashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+impl Sessions {
+    fn insert(&mut self, id: u64) {
+        // Each pass pops one entry, so this ends within `order.len()` passes.
+        while self.live.len() >= FIXTURE_SESSIONS_MAX {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            self.live.remove(&oldest);
+        }
+        if self.order.len() >= 2 * FIXTURE_SESSIONS_MAX {
+            let live = &self.live;
+            self.order.retain(|id| live.contains(id));
+        }
+        self.live.insert(id);
+        self.order.push_back(id);
+        assert!(self.live.len() <= FIXTURE_SESSIONS_MAX);
+        assert!(self.order.len() <= 2 * FIXTURE_SESSIONS_MAX);
+    }
+}
+
+/// Scrambles `x` so consecutive sessions get unrelated-looking ids: the splitmix64
+/// finalizer, which is invertible (xor-shifts and odd multipliers), hence collision-free.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// Parses a session id header: exactly `SESSION_ID_CHARS` lowercase hex digits.
@@ -193,8 +225,8 @@ mod tests {
     #[test]
     fn sessions_are_unique_and_forgotten_on_remove() {
         let s = shared(0);
-        let a = s.create_session().unwrap_or_default();
-        let b = s.create_session().unwrap_or_default();
+        let a = s.create_session();
+        let b = s.create_session();
         assert_ne!(a, b);
         assert_eq!(a.len(), SESSION_ID_CHARS);
         assert!(s.has_session(a.as_bytes()));
@@ -202,6 +234,21 @@ mod tests {
         assert!(!s.has_session(a.as_bytes()));
         assert!(!s.remove_session(a.as_bytes()));
         assert_eq!(s.session_count(), 1);
+    }
+
+    #[test]
+    fn a_full_table_forgets_the_oldest_session() {
+        let mut sessions = Sessions::default();
+        for id in 0..FIXTURE_SESSIONS_MAX as u64 {
+            sessions.insert(id);
+        }
+        sessions.live.remove(&1);
+        sessions.insert(u64::MAX);
+        assert_eq!(sessions.live.len(), FIXTURE_SESSIONS_MAX);
+        sessions.insert(u64::MAX - 1);
+        assert!(!sessions.live.contains(&0));
+        assert!(sessions.live.contains(&2));
+        assert_eq!(sessions.live.len(), FIXTURE_SESSIONS_MAX);
     }
 
     #[test]
