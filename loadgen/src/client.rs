@@ -100,6 +100,9 @@ pub fn encode_request(
 pub struct Collector {
     decoder: ResponseDecoder,
     head: Option<(u16, BodyKind, Option<String>, bool)>,
+    /// The first body piece, kept without copying: most bodies arrive in one.
+    first: Option<Bytes>,
+    /// The body so far once a second piece arrived.
     body: BytesMut,
 }
 
@@ -115,6 +118,7 @@ impl Collector {
         Collector {
             decoder: ResponseDecoder::new(RESPONSE_BYTES_MAX),
             head: None,
+            first: None,
             body: BytesMut::new(),
         }
     }
@@ -137,7 +141,7 @@ impl Collector {
                         .map(|v| String::from_utf8_lossy(v).into_owned());
                     self.head = Some((head.status, kind, session, head.keep_alive()));
                 }
-                Some(ResponseEvent::Data(data)) => self.body.extend_from_slice(&data),
+                Some(ResponseEvent::Data(data)) => self.on_data(data),
                 Some(ResponseEvent::End) => return Ok(Some(self.finish()?)),
             }
         }
@@ -153,10 +157,21 @@ impl Collector {
             match event {
                 None => return Ok(None),
                 Some(ResponseEvent::Head(_)) => {}
-                Some(ResponseEvent::Data(data)) => self.body.extend_from_slice(&data),
+                Some(ResponseEvent::Data(data)) => self.on_data(data),
                 Some(ResponseEvent::End) => return Ok(Some(self.finish()?)),
             }
         }
+    }
+
+    fn on_data(&mut self, data: Bytes) {
+        if self.first.is_none() && self.body.is_empty() {
+            self.first = Some(data);
+            return;
+        }
+        if let Some(first) = self.first.take() {
+            self.body.extend_from_slice(&first);
+        }
+        self.body.extend_from_slice(&data);
     }
 
     fn finish(&mut self) -> Result<Response, Failure> {
@@ -169,7 +184,10 @@ impl Collector {
             kind,
             session,
             keep_alive,
-            body: std::mem::take(&mut self.body).freeze(),
+            body: match self.first.take() {
+                Some(first) => first,
+                None => std::mem::take(&mut self.body).freeze(),
+            },
         })
     }
 }

@@ -65,16 +65,28 @@ impl ToolsCall {
 
     /// Appends the request with id `id`; with `progress` the params carry
     /// `_meta.progressToken` equal to the id, so progress notifications can be matched.
+    ///
+    /// Written in place (the same bytes `write_request` would produce), so a request costs
+    /// no allocation beyond the caller's reused buffer.
     pub fn encode(&self, id: u64, progress: bool, out: &mut BytesMut) {
-        let mut params = BytesMut::with_capacity(self.members.len() + 48);
-        params.put_u8(b'{');
+        out.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+        put_u64(id, out);
+        out.put_slice(b",\"method\":\"tools/call\",\"params\":{");
         if progress {
-            params.put_slice(format!("\"_meta\":{{\"progressToken\":{id}}},").as_bytes());
+            out.put_slice(b"\"_meta\":{\"progressToken\":");
+            put_u64(id, out);
+            out.put_slice(b"},");
         }
-        params.put_slice(&self.members);
-        params.put_u8(b'}');
-        write_request(&id.to_string(), "tools/call", Some(&params), out);
+        out.put_slice(&self.members);
+        out.put_slice(b"}}");
     }
+}
+
+/// Appends `n` in decimal without allocating.
+fn put_u64(n: u64, out: &mut BytesMut) {
+    use std::io::Write as _;
+    // Writing to a BytesMut grows it and cannot fail.
+    let _ = write!(out.writer(), "{n}");
 }
 
 /// Returns `len` bytes of the repeated fill pattern (valid inside a JSON string).

@@ -198,17 +198,19 @@ impl Connection {
         message: &Message,
     ) -> io::Result<()> {
         self.out.clear();
-        let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(2);
-        headers.push(("content-type", b"application/json"));
-        if let Some(session) = session {
-            headers.push(("mcp-session-id", session.as_bytes()));
-        }
+        let all: [(&str, &[u8]); 2] = [
+            ("content-type", b"application/json"),
+            ("mcp-session-id", session.unwrap_or_default().as_bytes()),
+        ];
+        let headers = all
+            .get(..1 + usize::from(session.is_some()))
+            .unwrap_or_default();
         let Message::Result { id, result } = message else {
             let mut body = BytesMut::new();
             put_message(message, &mut body);
             encode_response_head(
                 status,
-                &headers,
+                headers,
                 BodyFraming::Length(body.len() as u64),
                 &mut self.out,
             );
@@ -218,7 +220,7 @@ impl Connection {
         let length = RESULT_FRAME_BYTES + id.len() + result.len();
         encode_response_head(
             status,
-            &headers,
+            headers,
             BodyFraming::Length(length as u64),
             &mut self.out,
         );
@@ -243,13 +245,15 @@ impl Connection {
         progress: Option<&ProgressPlan>,
     ) -> io::Result<()> {
         self.out.clear();
-        let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(3);
-        headers.push(("content-type", b"text/event-stream"));
-        headers.push(("cache-control", b"no-cache"));
-        if let Some(session) = session {
-            headers.push(("mcp-session-id", session.as_bytes()));
-        }
-        encode_response_head(status, &headers, BodyFraming::Chunked, &mut self.out);
+        let all: [(&str, &[u8]); 3] = [
+            ("content-type", b"text/event-stream"),
+            ("cache-control", b"no-cache"),
+            ("mcp-session-id", session.unwrap_or_default().as_bytes()),
+        ];
+        let headers = all
+            .get(..2 + usize::from(session.is_some()))
+            .unwrap_or_default();
+        encode_response_head(status, headers, BodyFraming::Chunked, &mut self.out);
         if let Some(plan) = progress {
             for i in 1..=plan.count {
                 if !plan.interval.is_zero() {
