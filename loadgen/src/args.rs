@@ -1,0 +1,668 @@
+//! Command-line parsing: `upstream` (the MCP fixture) and `run` (the load generator).
+//!
+//! Every value is checked against a bound in `limits.rs` and refused with an [`ArgError`]
+//! that names the flag; nothing here panics on what the user typed.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::limits::{
+    CONNECTIONS_MAX, FANOUT_ROUNDS_MAX, FIXTURE_DELAY_MAX, FIXTURE_PROGRESS_MAX,
+    FIXTURE_RESULT_BYTES_MAX, FIXTURE_WORKERS_MAX, PARAMS_BYTES_MAX, RATE_MAX,
+    REQUEST_TIMEOUT_DEFAULT, RUN_DURATION_MAX, SESSIONS_MAX,
+};
+
+/// The usage text printed for `--help` and after an argument error.
+pub const USAGE: &str = "\
+usage:
+  mcpyard-loadgen upstream --listen ADDR [--result-bytes N] [--delay-ms F] [--progress N]
+                           [--progress-interval-ms F] [--sse] [--workers N]
+  mcpyard-loadgen run --url http://HOST:PORT/PATH [--scenario S] [--rate R | --mode closed]
+                      [--connections N] [--duration D] [--warmup D] [--timeout D]
+                      [--params-bytes N] [--tool NAME] [--args JSON]
+                      [--sessions N] [--trigger URL] [--rounds N]
+                      [--json FILE] [--hgrm FILE] [--svg FILE]
+scenarios: initialize, tools-call (default), tools-call-progress, tools-list,
+           idle-sessions, fanout
+durations: 10s, 500ms, 250us, 2m, or plain seconds (1.5)
+`mcpyard-loadgen --url ... [--connections N] [--seconds S]` (no subcommand) is `run`.";
+
+/// A command-line mistake; `Display` names the flag and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgError {
+    /// `--help` was asked for: print the usage and exit 0... or 2 with nothing else to say.
+    Help,
+    /// No subcommand and no flags.
+    NoCommand,
+    /// A word that is not a flag this command knows.
+    Unknown(String),
+    /// A flag given last, without its value.
+    MissingValue(&'static str),
+    /// A required flag is absent.
+    Required(&'static str),
+    /// A value that does not parse or is out of range.
+    Invalid {
+        /// The flag.
+        flag: &'static str,
+        /// What the user wrote.
+        value: String,
+        /// What was expected.
+        expected: String,
+    },
+}
+
+impl fmt::Display for ArgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArgError::Help => f.write_str("help requested"),
+            ArgError::NoCommand => f.write_str("a subcommand (upstream or run) is required"),
+            ArgError::Unknown(word) => write!(f, "unknown argument {word:?}"),
+            ArgError::MissingValue(flag) => write!(f, "{flag} needs a value"),
+            ArgError::Required(flag) => write!(f, "{flag} is required"),
+            ArgError::Invalid {
+                flag,
+                value,
+                expected,
+            } => write!(f, "{flag} {value:?}: expected {expected}"),
+        }
+    }
+}
+
+impl std::error::Error for ArgError {}
+
+/// What to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// Serve as the MCP upstream fixture.
+    Upstream(UpstreamArgs),
+    /// Generate load (boxed: it is much larger than the fixture's settings).
+    Run(Box<RunArgs>),
+}
+
+/// Settings of the upstream fixture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpstreamArgs {
+    /// Where to listen; port 0 picks one (printed on stdout).
+    pub listen: SocketAddr,
+    /// Size of the text payload of every tools/call result.
+    pub result_bytes: usize,
+    /// How long each tools/call takes before its result.
+    pub delay: Duration,
+    /// Progress notifications per tools/call that carries a progress token.
+    pub progress: u32,
+    /// Spacing of those notifications.
+    pub progress_interval: Duration,
+    /// Answer every request as an SSE stream instead of JSON.
+    pub sse: bool,
+    /// Worker threads, each with its own SO_REUSEPORT listener.
+    pub workers: usize,
+}
+
+/// Which workload `run` generates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// initialize + notifications/initialized + DELETE per iteration (session churn).
+    Initialize,
+    /// tools/call on a session per connection.
+    ToolsCall,
+    /// tools/call with a progress token, reading the SSE answer to its end.
+    ToolsCallProgress,
+    /// tools/list on a session per connection.
+    ToolsList,
+    /// Open N sessions with GET streams and hold them.
+    IdleSessions,
+    /// Open N sessions with GET streams, trigger list_changed, time each delivery.
+    Fanout,
+}
+
+impl Scenario {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Initialize => "initialize",
+            Scenario::ToolsCall => "tools-call",
+            Scenario::ToolsCallProgress => "tools-call-progress",
+            Scenario::ToolsList => "tools-list",
+            Scenario::IdleSessions => "idle-sessions",
+            Scenario::Fanout => "fanout",
+        }
+    }
+
+    fn parse(value: &str) -> Option<Scenario> {
+        [
+            Scenario::Initialize,
+            Scenario::ToolsCall,
+            Scenario::ToolsCallProgress,
+            Scenario::ToolsList,
+            Scenario::IdleSessions,
+            Scenario::Fanout,
+        ]
+        .into_iter()
+        .find(|s| s.name() == value)
+    }
+}
+
+/// How requests are paced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Constant rate over all connections, latency from the intended send time.
+    Open {
+        /// Requests per second, over all connections.
+        rate: u64,
+    },
+    /// Back to back on each connection, latency from the actual send.
+    Closed,
+}
+
+/// An `http://` URL split the way the client needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// `host:port` as written: the `Host` header and what is connected to.
+    pub authority: String,
+    /// The request target, starting with `/`.
+    pub path: String,
+}
+
+impl Target {
+    /// Parses `http://host[:port][/path]`; the port defaults to 80 and the path to `/`.
+    pub fn parse(flag: &'static str, url: &str) -> Result<Target, ArgError> {
+        let invalid = |expected: &str| ArgError::Invalid {
+            flag,
+            value: url.to_owned(),
+            expected: expected.to_owned(),
+        };
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| invalid("an http:// URL (TLS is not supported)"))?;
+        let (authority, path) = match rest.find('/') {
+            Some(at) => rest.split_at(at),
+            None => (rest, "/"),
+        };
+        if authority.is_empty() || !authority.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid("a host after http://"));
+        }
+        if !path.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid("a path of visible ASCII"));
+        }
+        let authority = if authority
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| !p.contains(']'))
+        {
+            authority.to_owned()
+        } else {
+            format!("{authority}:80")
+        };
+        Ok(Target {
+            authority,
+            path: path.to_owned(),
+        })
+    }
+}
+
+/// Settings of a load run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunArgs {
+    /// The MCP endpoint.
+    pub target: Target,
+    /// The workload.
+    pub scenario: Scenario,
+    /// Open or closed loop.
+    pub mode: Mode,
+    /// Keep-alive connections (one thread each).
+    pub connections: usize,
+    /// Measured time, after the warm-up.
+    pub duration: Duration,
+    /// Unrecorded time at the start.
+    pub warmup: Duration,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// Bytes of the `text` argument of each generated tools/call.
+    pub params_bytes: usize,
+    /// The tool to call.
+    pub tool: String,
+    /// tools/call arguments as a JSON object, replacing the generated `text` argument.
+    pub args_json: Option<String>,
+    /// Sessions for idle-sessions and fanout.
+    pub sessions: usize,
+    /// The URL POSTed to trigger list_changed in fanout.
+    pub trigger: Option<Target>,
+    /// Fan-out rounds.
+    pub rounds: u32,
+    /// Where to write the JSON report.
+    pub json: Option<PathBuf>,
+    /// Where to write the HdrHistogram percentile distribution.
+    pub hgrm: Option<PathBuf>,
+    /// Where to write the SVG percentile plot.
+    pub svg: Option<PathBuf>,
+}
+
+/// Parses the whole command line (without the program name).
+pub fn parse(words: &[String]) -> Result<Command, ArgError> {
+    match words.first().map(String::as_str) {
+        None => Err(ArgError::NoCommand),
+        Some("--help" | "-h" | "help") => Err(ArgError::Help),
+        Some("upstream") => {
+            parse_upstream(words.get(1..).unwrap_or_default()).map(Command::Upstream)
+        }
+        Some("run") => {
+            parse_run(words.get(1..).unwrap_or_default()).map(|a| Command::Run(Box::new(a)))
+        }
+        // The first version took `--url ...` with no subcommand; keep that working.
+        Some(flag) if flag.starts_with("--") => parse_run(words).map(|a| Command::Run(Box::new(a))),
+        Some(other) => Err(ArgError::Unknown(other.to_owned())),
+    }
+}
+
+/// Walks `--flag value` pairs; `take` consumes a value, `flag` says which flag is current.
+struct Flags<'a> {
+    words: std::slice::Iter<'a, String>,
+}
+
+impl<'a> Flags<'a> {
+    fn next_flag(&mut self) -> Option<&'a str> {
+        self.words.next().map(String::as_str)
+    }
+
+    fn value(&mut self, flag: &'static str) -> Result<&'a str, ArgError> {
+        self.words
+            .next()
+            .map(String::as_str)
+            .ok_or(ArgError::MissingValue(flag))
+    }
+
+    fn number<T: TryFrom<u64>>(&mut self, flag: &'static str, max: u64) -> Result<T, ArgError> {
+        let value = self.value(flag)?;
+        parse_number(flag, value, max)
+    }
+
+    fn duration(&mut self, flag: &'static str, max: Duration) -> Result<Duration, ArgError> {
+        let value = self.value(flag)?;
+        parse_duration(flag, value, "s", max)
+    }
+
+    fn millis(&mut self, flag: &'static str, max: Duration) -> Result<Duration, ArgError> {
+        let value = self.value(flag)?;
+        parse_duration(flag, value, "ms", max)
+    }
+}
+
+fn parse_number<T: TryFrom<u64>>(flag: &'static str, value: &str, max: u64) -> Result<T, ArgError> {
+    let invalid = || ArgError::Invalid {
+        flag,
+        value: value.to_owned(),
+        expected: format!("a whole number from 0 to {max}"),
+    };
+    let n: u64 = value.parse().map_err(|_| invalid())?;
+    if n > max {
+        return Err(invalid());
+    }
+    T::try_from(n).map_err(|_| invalid())
+}
+
+/// Parses `10s`, `500ms`, `250us`, `2m`, or a plain number in `default_unit`.
+fn parse_duration(
+    flag: &'static str,
+    value: &str,
+    default_unit: &str,
+    max: Duration,
+) -> Result<Duration, ArgError> {
+    let invalid = || ArgError::Invalid {
+        flag,
+        value: value.to_owned(),
+        expected: format!(
+            "a duration up to {} s, like 10s, 500ms or 250us",
+            max.as_secs()
+        ),
+    };
+    let split = value
+        .find(|c: char| c.is_ascii_alphabetic())
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let unit = if unit.is_empty() { default_unit } else { unit };
+    let scale = match unit {
+        "us" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        _ => return Err(invalid()),
+    };
+    let n: f64 = number.parse().map_err(|_| invalid())?;
+    let secs = n * scale;
+    if !secs.is_finite() || secs < 0.0 || secs > max.as_secs_f64() {
+        return Err(invalid());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_upstream(words: &[String]) -> Result<UpstreamArgs, ArgError> {
+    let mut listen = None;
+    let mut a = UpstreamArgs {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        result_bytes: 1024,
+        delay: Duration::ZERO,
+        progress: 0,
+        progress_interval: Duration::ZERO,
+        sse: false,
+        workers: 1,
+    };
+    let mut flags = Flags {
+        words: words.iter(),
+    };
+    while let Some(flag) = flags.next_flag() {
+        match flag {
+            "--listen" => {
+                let value = flags.value("--listen")?;
+                listen = Some(value.parse().map_err(|_| ArgError::Invalid {
+                    flag: "--listen",
+                    value: value.to_owned(),
+                    expected: "IP:PORT, like 127.0.0.1:0".into(),
+                })?);
+            }
+            "--result-bytes" => {
+                a.result_bytes = flags.number("--result-bytes", FIXTURE_RESULT_BYTES_MAX as u64)?
+            }
+            "--delay-ms" => a.delay = flags.millis("--delay-ms", FIXTURE_DELAY_MAX)?,
+            "--progress" => {
+                a.progress = flags.number("--progress", u64::from(FIXTURE_PROGRESS_MAX))?
+            }
+            "--progress-interval-ms" => {
+                a.progress_interval = flags.millis("--progress-interval-ms", FIXTURE_DELAY_MAX)?
+            }
+            "--sse" => a.sse = true,
+            "--workers" => a.workers = flags.number("--workers", FIXTURE_WORKERS_MAX as u64)?,
+            "--help" | "-h" => return Err(ArgError::Help),
+            other => return Err(ArgError::Unknown(other.to_owned())),
+        }
+    }
+    a.listen = listen.ok_or(ArgError::Required("--listen"))?;
+    if a.workers == 0 {
+        return Err(ArgError::Invalid {
+            flag: "--workers",
+            value: "0".into(),
+            expected: "at least 1".into(),
+        });
+    }
+    Ok(a)
+}
+
+fn default_run(target: Target) -> RunArgs {
+    RunArgs {
+        target,
+        scenario: Scenario::ToolsCall,
+        mode: Mode::Closed,
+        connections: 4,
+        duration: Duration::from_secs(5),
+        warmup: Duration::from_secs(1),
+        timeout: REQUEST_TIMEOUT_DEFAULT,
+        params_bytes: 16,
+        tool: "echo".into(),
+        args_json: None,
+        sessions: 1000,
+        trigger: None,
+        rounds: 1,
+        json: None,
+        hgrm: None,
+        svg: None,
+    }
+}
+
+fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
+    let mut a = default_run(Target {
+        authority: String::new(),
+        path: String::new(),
+    });
+    let (mut url, mut rate, mut closed) = (None, None, false);
+    let mut flags = Flags {
+        words: words.iter(),
+    };
+    while let Some(flag) = flags.next_flag() {
+        match flag {
+            "--url" => url = Some(Target::parse("--url", flags.value("--url")?)?),
+            "--scenario" => {
+                let value = flags.value("--scenario")?;
+                a.scenario = Scenario::parse(value).ok_or_else(|| ArgError::Invalid {
+                    flag: "--scenario",
+                    value: value.to_owned(),
+                    expected: "initialize, tools-call, tools-call-progress, tools-list, \
+                               idle-sessions or fanout"
+                        .into(),
+                })?;
+            }
+            "--rate" => rate = Some(flags.number::<u64>("--rate", RATE_MAX)?),
+            "--mode" => closed = parse_mode(flags.value("--mode")?)?,
+            "--connections" => {
+                a.connections = flags.number("--connections", CONNECTIONS_MAX as u64)?
+            }
+            "--duration" | "--seconds" => {
+                a.duration = flags.duration("--duration", RUN_DURATION_MAX)?
+            }
+            "--warmup" => a.warmup = flags.duration("--warmup", RUN_DURATION_MAX)?,
+            "--timeout" => a.timeout = flags.duration("--timeout", RUN_DURATION_MAX)?,
+            "--params-bytes" => {
+                a.params_bytes = flags.number("--params-bytes", PARAMS_BYTES_MAX as u64)?
+            }
+            "--tool" => a.tool = flags.value("--tool")?.to_owned(),
+            "--args" => a.args_json = Some(parse_args_json(flags.value("--args")?)?),
+            "--sessions" => a.sessions = flags.number("--sessions", SESSIONS_MAX as u64)?,
+            "--trigger" => a.trigger = Some(Target::parse("--trigger", flags.value("--trigger")?)?),
+            "--rounds" => a.rounds = flags.number("--rounds", u64::from(FANOUT_ROUNDS_MAX))?,
+            "--json" => a.json = Some(PathBuf::from(flags.value("--json")?)),
+            "--hgrm" => a.hgrm = Some(PathBuf::from(flags.value("--hgrm")?)),
+            "--svg" => a.svg = Some(PathBuf::from(flags.value("--svg")?)),
+            "--help" | "-h" => return Err(ArgError::Help),
+            other => return Err(ArgError::Unknown(other.to_owned())),
+        }
+    }
+    a.target = url.ok_or(ArgError::Required("--url"))?;
+    a.mode = match (rate, closed) {
+        (Some(0), _) | (None, _) => Mode::Closed,
+        (Some(rate), false) => Mode::Open { rate },
+        (Some(rate), true) => {
+            return Err(ArgError::Invalid {
+                flag: "--rate",
+                value: rate.to_string(),
+                expected: "0 or no --rate with --mode closed".into(),
+            });
+        }
+    };
+    check_run(&a)?;
+    Ok(a)
+}
+
+fn parse_mode(value: &str) -> Result<bool, ArgError> {
+    match value {
+        "closed" => Ok(true),
+        "open" => Ok(false),
+        _ => Err(ArgError::Invalid {
+            flag: "--mode",
+            value: value.to_owned(),
+            expected: "open or closed".into(),
+        }),
+    }
+}
+
+fn parse_args_json(value: &str) -> Result<String, ArgError> {
+    match serde_json::from_str::<serde_json::Value>(value) {
+        Ok(v) if v.is_object() => Ok(value.to_owned()),
+        _ => Err(ArgError::Invalid {
+            flag: "--args",
+            value: value.to_owned(),
+            expected: "a JSON object".into(),
+        }),
+    }
+}
+
+fn check_run(a: &RunArgs) -> Result<(), ArgError> {
+    let positive = |flag: &'static str, ok: bool, value: String| {
+        if ok {
+            Ok(())
+        } else {
+            Err(ArgError::Invalid {
+                flag,
+                value,
+                expected: "a value above zero".into(),
+            })
+        }
+    };
+    positive(
+        "--connections",
+        a.connections > 0,
+        a.connections.to_string(),
+    )?;
+    positive(
+        "--duration",
+        !a.duration.is_zero(),
+        format!("{:?}", a.duration),
+    )?;
+    positive(
+        "--timeout",
+        !a.timeout.is_zero(),
+        format!("{:?}", a.timeout),
+    )?;
+    positive("--sessions", a.sessions > 0, a.sessions.to_string())?;
+    positive("--rounds", a.rounds > 0, a.rounds.to_string())?;
+    if a.scenario == Scenario::Fanout && a.trigger.is_none() {
+        return Err(ArgError::Required("--trigger"));
+    }
+    if a.scenario == Scenario::Fanout && a.mode != Mode::Closed {
+        return Err(ArgError::Invalid {
+            flag: "--rate",
+            value: format!("{:?}", a.mode),
+            expected: "no --rate: fanout is timed per trigger".into(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(line: &str) -> Vec<String> {
+        line.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn run_with_rate_is_open_loop() {
+        let cmd = parse(&words(
+            "run --url http://127.0.0.1:9/mcp --scenario tools-call --rate 5000 --connections 16 \
+             --duration 10s --warmup 2s",
+        ));
+        let Ok(Command::Run(a)) = cmd else {
+            panic!("parsed {cmd:?}");
+        };
+        assert_eq!(a.mode, Mode::Open { rate: 5000 });
+        assert_eq!(a.connections, 16);
+        assert_eq!(a.duration, Duration::from_secs(10));
+        assert_eq!(a.warmup, Duration::from_secs(2));
+        assert_eq!(a.target.authority, "127.0.0.1:9");
+        assert_eq!(a.target.path, "/mcp");
+    }
+
+    #[test]
+    fn rate_zero_and_mode_closed_are_closed_loop() {
+        for line in [
+            "run --url http://h:1/ --rate 0",
+            "run --url http://h:1/ --mode closed",
+            "--url http://h:1/mcp --connections 8 --seconds 3",
+        ] {
+            let Ok(Command::Run(a)) = parse(&words(line)) else {
+                panic!("{line}");
+            };
+            assert_eq!(a.mode, Mode::Closed, "{line}");
+        }
+    }
+
+    #[test]
+    fn durations_take_units_and_refuse_nonsense() {
+        let max = Duration::from_secs(100);
+        assert_eq!(
+            parse_duration("-d", "1.5", "s", max),
+            Ok(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            parse_duration("-d", "250us", "s", max),
+            Ok(Duration::from_micros(250))
+        );
+        assert_eq!(
+            parse_duration("-d", "1", "ms", max),
+            Ok(Duration::from_millis(1))
+        );
+        assert_eq!(
+            parse_duration("-d", "1m", "s", max),
+            Ok(Duration::from_secs(60))
+        );
+        for bad in ["", "x", "1h", "-1s", "NaN", "inf", "101s"] {
+            assert!(parse_duration("-d", bad, "s", max).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn urls_need_http_and_get_a_default_port_and_path() {
+        let t = Target::parse("--url", "http://example.test");
+        assert_eq!(
+            t,
+            Ok(Target {
+                authority: "example.test:80".into(),
+                path: "/".into()
+            })
+        );
+        assert!(Target::parse("--url", "https://h/mcp").is_err());
+        assert!(Target::parse("--url", "http:///mcp").is_err());
+    }
+
+    #[test]
+    fn errors_name_the_flag() {
+        let err = parse(&words("run --url http://h:1/ --connections 0"));
+        assert!(matches!(
+            err,
+            Err(ArgError::Invalid {
+                flag: "--connections",
+                ..
+            })
+        ));
+        let err = parse(&words("run --url http://h:1/ --connections 99999"));
+        assert!(matches!(
+            err,
+            Err(ArgError::Invalid {
+                flag: "--connections",
+                ..
+            })
+        ));
+        assert_eq!(
+            parse(&words("run --rate")),
+            Err(ArgError::MissingValue("--rate"))
+        );
+        assert_eq!(
+            parse(&words("run --rate 5")),
+            Err(ArgError::Required("--url"))
+        );
+        assert_eq!(
+            parse(&words("run --url http://h:1/ --scenario fanout")),
+            Err(ArgError::Required("--trigger"))
+        );
+        assert_eq!(
+            parse(&words("upstream")),
+            Err(ArgError::Required("--listen"))
+        );
+    }
+
+    #[test]
+    fn upstream_flags() {
+        let cmd = parse(&words(
+            "upstream --listen 127.0.0.1:0 --result-bytes 200 --delay-ms 1 --progress 3 \
+             --progress-interval-ms 0.5 --sse --workers 2",
+        ));
+        let Ok(Command::Upstream(a)) = cmd else {
+            panic!("parsed {cmd:?}");
+        };
+        assert_eq!(a.result_bytes, 200);
+        assert_eq!(a.delay, Duration::from_millis(1));
+        assert_eq!(a.progress, 3);
+        assert_eq!(a.progress_interval, Duration::from_micros(500));
+        assert!(a.sse);
+        assert_eq!(a.workers, 2);
+    }
+}

@@ -1,0 +1,277 @@
+//! The generator's HTTP/1.1 client: request encoding and response collection (sans-IO, with
+//! mcpyard's own codecs) and a blocking keep-alive connection for the `run` threads.
+//!
+//! A [`Collector`] turns response bytes into one [`Response`] with its whole body; the
+//! blocking [`Conn`] and the async clients in `streams.rs` both feed it. Every way the
+//! target can misbehave becomes a [`Failure`] of the right kind.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use mcpyard::http::{BodyFraming, ResponseDecoder, ResponseEvent, encode_request_head};
+
+use crate::args::Target;
+use crate::limits::{READ_CHUNK_BYTES, RESPONSE_BYTES_MAX};
+use crate::record::{ErrorKind, Failure};
+
+/// The protocol version the generator speaks.
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
+
+/// What kind of body a response carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyKind {
+    /// `application/json`.
+    Json,
+    /// `text/event-stream`.
+    EventStream,
+    /// Anything else, or no content type.
+    Other,
+}
+
+/// One complete response.
+#[derive(Clone, Debug)]
+pub struct Response {
+    /// The status code.
+    pub status: u16,
+    /// The body's media type.
+    pub kind: BodyKind,
+    /// The `mcp-session-id` header, if any.
+    pub session: Option<String>,
+    /// True if the connection can carry another request.
+    pub keep_alive: bool,
+    /// The whole body.
+    pub body: Bytes,
+}
+
+/// Classifies a `content-type` value by its media type (parameters ignored).
+pub fn body_kind(content_type: Option<&[u8]>) -> BodyKind {
+    let Some(value) = content_type else {
+        return BodyKind::Other;
+    };
+    let media = value.split(|b| *b == b';').next().unwrap_or_default();
+    let media = media.trim_ascii();
+    if media.eq_ignore_ascii_case(b"application/json") {
+        BodyKind::Json
+    } else if media.eq_ignore_ascii_case(b"text/event-stream") {
+        BodyKind::EventStream
+    } else {
+        BodyKind::Other
+    }
+}
+
+/// Appends one request to `out`: method, target, host, the MCP headers and the body.
+///
+/// `session` adds `mcp-session-id` and `mcp-protocol-version`; a POST gets the JSON content
+/// type and the two-type `accept` MCP requires, a GET asks for an event stream.
+pub fn encode_request(
+    method: &str,
+    target: &Target,
+    session: Option<&str>,
+    body: &[u8],
+    out: &mut BytesMut,
+) {
+    let accept: &[u8] = if method == "GET" {
+        b"text/event-stream"
+    } else {
+        b"application/json, text/event-stream"
+    };
+    let mut headers: Vec<(&str, &[u8])> =
+        vec![("host", target.authority.as_bytes()), ("accept", accept)];
+    if method == "POST" {
+        headers.push(("content-type", b"application/json"));
+    }
+    if let Some(session) = session {
+        headers.push(("mcp-session-id", session.as_bytes()));
+        headers.push(("mcp-protocol-version", PROTOCOL_VERSION.as_bytes()));
+    }
+    let framing = if method == "POST" {
+        BodyFraming::Length(body.len() as u64)
+    } else {
+        BodyFraming::None
+    };
+    encode_request_head(method, &target.path, &headers, framing, out);
+    out.extend_from_slice(body);
+}
+
+/// Collects one response from bytes as they arrive.
+#[derive(Debug)]
+pub struct Collector {
+    decoder: ResponseDecoder,
+    head: Option<(u16, BodyKind, Option<String>, bool)>,
+    /// The first body piece, kept without copying: most bodies arrive in one.
+    first: Option<Bytes>,
+    /// The body so far once a second piece arrived.
+    body: BytesMut,
+}
+
+impl Default for Collector {
+    fn default() -> Self {
+        Collector::new()
+    }
+}
+
+impl Collector {
+    /// Creates a collector for one response.
+    pub fn new() -> Collector {
+        Collector {
+            decoder: ResponseDecoder::new(RESPONSE_BYTES_MAX),
+            head: None,
+            first: None,
+            body: BytesMut::new(),
+        }
+    }
+
+    /// Consumes what it can from `buf`; `Ok(Some(response))` once the response is complete,
+    /// `Ok(None)` when more bytes are needed.
+    pub fn feed(&mut self, buf: &mut BytesMut) -> Result<Option<Response>, Failure> {
+        loop {
+            let event = self
+                .decoder
+                .decode(buf, false)
+                .map_err(|e| Failure::new(ErrorKind::Decode, format!("bad http response: {e}")))?;
+            match event {
+                None => return Ok(None),
+                Some(ResponseEvent::Head(head)) => {
+                    let kind = body_kind(head.headers.get("content-type"));
+                    let session = head
+                        .headers
+                        .get("mcp-session-id")
+                        .map(|v| String::from_utf8_lossy(v).into_owned());
+                    self.head = Some((head.status, kind, session, head.keep_alive()));
+                }
+                Some(ResponseEvent::Data(data)) => self.on_data(data),
+                Some(ResponseEvent::End) => return Ok(Some(self.finish()?)),
+            }
+        }
+    }
+
+    /// Finishes a response whose body ran until the peer closed (RFC 9112 §6.3 (8)).
+    pub fn feed_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Response>, Failure> {
+        loop {
+            let event = self
+                .decoder
+                .decode_eof(buf)
+                .map_err(|e| Failure::new(ErrorKind::Io, format!("closed mid-response: {e}")))?;
+            match event {
+                None => return Ok(None),
+                Some(ResponseEvent::Head(_)) => {}
+                Some(ResponseEvent::Data(data)) => self.on_data(data),
+                Some(ResponseEvent::End) => return Ok(Some(self.finish()?)),
+            }
+        }
+    }
+
+    fn on_data(&mut self, data: Bytes) {
+        if self.first.is_none() && self.body.is_empty() {
+            self.first = Some(data);
+            return;
+        }
+        if let Some(first) = self.first.take() {
+            self.body.extend_from_slice(&first);
+        }
+        self.body.extend_from_slice(&data);
+    }
+
+    fn finish(&mut self) -> Result<Response, Failure> {
+        let (status, kind, session, keep_alive) = self
+            .head
+            .take()
+            .ok_or_else(|| Failure::new(ErrorKind::Decode, "response ended before its head"))?;
+        Ok(Response {
+            status,
+            kind,
+            session,
+            keep_alive,
+            body: match self.first.take() {
+                Some(first) => first,
+                None => std::mem::take(&mut self.body).freeze(),
+            },
+        })
+    }
+}
+
+/// Maps a socket error to the failure kind it counts as.
+pub fn io_failure(err: &io::Error, doing: &str) -> Failure {
+    let kind = match err.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ErrorKind::Timeout,
+        _ => ErrorKind::Io,
+    };
+    Failure::new(kind, format!("{doing}: {err}"))
+}
+
+/// A blocking keep-alive connection with a read timeout.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    read: BytesMut,
+    write: BytesMut,
+    /// Where each socket read lands before it is appended to `read`.
+    scratch: Box<[u8]>,
+}
+
+impl Conn {
+    /// Connects to `target` within `timeout`; a refused or unreachable target is a
+    /// `Connect` failure.
+    pub fn open(target: &Target, timeout: Duration) -> Result<Conn, Failure> {
+        let connect_failure = |e: &dyn std::fmt::Display| {
+            Failure::new(ErrorKind::Connect, format!("{}: {e}", target.authority))
+        };
+        let addr = target
+            .authority
+            .to_socket_addrs()
+            .map_err(|e| connect_failure(&e))?
+            .next()
+            .ok_or_else(|| connect_failure(&"no address"))?;
+        let stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| connect_failure(&e))?;
+        stream.set_nodelay(true).map_err(|e| connect_failure(&e))?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(|e| connect_failure(&e))?;
+        stream
+            .set_write_timeout(Some(timeout))
+            .map_err(|e| connect_failure(&e))?;
+        Ok(Conn {
+            stream,
+            read: BytesMut::with_capacity(READ_CHUNK_BYTES),
+            write: BytesMut::with_capacity(READ_CHUNK_BYTES),
+            scratch: vec![0; READ_CHUNK_BYTES].into_boxed_slice(),
+        })
+    }
+
+    /// Sends one request and reads its whole response.
+    pub fn send(
+        &mut self,
+        method: &str,
+        target: &Target,
+        session: Option<&str>,
+        body: &[u8],
+    ) -> Result<Response, Failure> {
+        self.write.clear();
+        encode_request(method, target, session, body, &mut self.write);
+        self.stream
+            .write_all(&self.write)
+            .map_err(|e| io_failure(&e, "write"))?;
+        let mut collector = Collector::new();
+        loop {
+            if let Some(response) = collector.feed(&mut self.read)? {
+                return Ok(response);
+            }
+            let n = self
+                .stream
+                .read(&mut self.scratch)
+                .map_err(|e| io_failure(&e, "read"))?;
+            if n == 0 {
+                return collector.feed_eof(&mut self.read)?.ok_or_else(|| {
+                    Failure::new(
+                        ErrorKind::Io,
+                        "the target closed the connection mid-response",
+                    )
+                });
+            }
+            self.read
+                .extend_from_slice(self.scratch.get(..n).unwrap_or_default());
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Every bound of the load generator and the upstream fixture, named once.
+//!
+//! Outside input (CLI values, network bytes) is checked against these and refused with a
+//! typed error; nothing grows past them.
+
+use std::time::Duration;
+
+/// Largest HTTP response body the generator accepts (a 150 KB payload sweep fits easily).
+pub const RESPONSE_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Largest request body the fixture accepts; larger ones get 413 from the decoder.
+pub const REQUEST_BYTES_MAX: usize = mcpyard::limits::MESSAGE_BYTES_MAX;
+
+/// Read buffer reserved per connection read; grows only as far as a message needs.
+pub const READ_CHUNK_BYTES: usize = 16 * 1024;
+
+/// Keep-alive connections of one `run`: each is a thread with one request in flight.
+pub const CONNECTIONS_MAX: usize = 1024;
+
+/// Sessions an `idle-sessions` or `fanout` run may hold open at once.
+pub const SESSIONS_MAX: usize = 50_000;
+
+/// Sessions being set up concurrently in `idle-sessions` and `fanout` (initialize + GET).
+pub const SESSION_SETUP_CONCURRENCY: usize = 64;
+
+/// Largest target rate, requests per second, over all connections.
+pub const RATE_MAX: u64 = 10_000_000;
+
+/// Largest `--duration` or `--warmup`.
+pub const RUN_DURATION_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// Largest `--params-bytes` (the size of the `text` argument of a generated tools/call).
+pub const PARAMS_BYTES_MAX: usize = 1024 * 1024;
+
+/// Fan-out rounds per `fanout` run.
+pub const FANOUT_ROUNDS_MAX: u32 = 1000;
+
+/// Pause between fan-out rounds, so one round's stragglers never count in the next.
+pub const FANOUT_ROUND_PAUSE: Duration = Duration::from_millis(200);
+
+/// Default per-request timeout (socket read timeout in `run`, wait limit in `fanout`).
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
+/// The open-loop pacer sleeps until this long before a request's intended send time and
+/// yield-spins the rest: `nanosleep` with a 1 ns timer slack wakes within a few tens of µs,
+/// so a 100 µs window absorbs its error at a CPU cost of at most rate x 100 µs per second.
+pub const SPIN_WINDOW: Duration = Duration::from_micros(100);
+
+/// How far past the scheduled end a lagging open-loop connection may keep sending the
+/// requests it still owes before they are counted as unsent.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs longer than this print a progress line to stderr.
+pub const PROGRESS_AFTER: Duration = Duration::from_secs(3);
+
+/// How often the progress line is rewritten.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Latency histograms record microseconds from 1 µs to this many (one minute).
+pub const LATENCY_US_MAX: u64 = 60_000_000;
+
+/// Significant figures of the latency histograms.
+pub const LATENCY_SIGFIG: u8 = 3;
+
+/// Fixture: sessions alive at once over all workers; a new one beyond this evicts the oldest.
+pub const FIXTURE_SESSIONS_MAX: usize = 100_000;
+
+/// Fixture: open connections per worker; more are answered 503 and closed.
+pub const FIXTURE_CONNECTIONS_PER_WORKER_MAX: usize = 32 * 1024;
+
+/// Fixture: worker threads.
+pub const FIXTURE_WORKERS_MAX: usize = 64;
+
+/// Fixture: largest `--result-bytes`.
+pub const FIXTURE_RESULT_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Fixture: largest `--progress` event count per call.
+pub const FIXTURE_PROGRESS_MAX: u32 = 100_000;
+
+/// Fixture: largest `--delay-ms` and `--progress-interval-ms`.
+pub const FIXTURE_DELAY_MAX: Duration = Duration::from_secs(600);
+
+/// Fixture: delays wake this long before their deadline and yield-spin the rest, so the
+/// reactor's wake-up latency does not lengthen them (see `sys::sleep_precise`).
+pub const FIXTURE_SPIN_WINDOW: Duration = Duration::from_micros(50);
+
+/// Fixture: an open GET stream gets a comment this often so idle peers keep it.
+pub const FIXTURE_KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// Fixture: responses whose payload is at least this large are written as separate
+/// segments (head, shared payload, tail) instead of being copied into one buffer.
+pub const FIXTURE_COPY_BYTES_MAX: usize = 16 * 1024;
+
+const _: () = assert!(SESSION_SETUP_CONCURRENCY <= SESSIONS_MAX);
+const _: () = assert!(SESSIONS_MAX <= FIXTURE_SESSIONS_MAX);
+const _: () = assert!(SESSIONS_MAX <= FIXTURE_CONNECTIONS_PER_WORKER_MAX * 2);
+const _: () = assert!(FIXTURE_RESULT_BYTES_MAX < RESPONSE_BYTES_MAX);
+const _: () = assert!(PARAMS_BYTES_MAX < REQUEST_BYTES_MAX);
+const _: () = assert!(READ_CHUNK_BYTES <= mcpyard::limits::HEADER_BYTES_MAX * 2);

@@ -1,0 +1,308 @@
+//! Reports: the table printed after a run, and the `--json`, `--hgrm` and `--svg` files.
+//!
+//! Everything is computed from the merged [`Recorder`] (or, for fan-out, the delivery
+//! histogram), so the printed table and the files always agree.
+
+pub mod hgrm;
+pub mod svg;
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde_json::{Map, Value, json};
+
+use crate::args::{Mode, RunArgs};
+use crate::record::{ErrorKind, Recorder};
+use crate::run::RunError;
+
+/// The quantiles the table shows, with their labels.
+pub const TABLE_QUANTILES: [(&str, f64); 4] =
+    [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)];
+
+/// Requests per second achieved below this fraction of the target get a warning.
+pub const ACHIEVED_RATE_MIN: f64 = 0.99;
+
+/// The headline numbers of a request run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Figures {
+    /// Successful recorded requests per second of measured time.
+    pub throughput: f64,
+    /// Recorded requests sent (successful or not) per second of measured time.
+    pub sent_rate: f64,
+    /// The target rate, open loop only.
+    pub target_rate: Option<u64>,
+}
+
+impl Figures {
+    /// Computes the figures of `rec` for a run of `args`.
+    pub fn of(args: &RunArgs, rec: &Recorder) -> Figures {
+        let secs = args.duration.as_secs_f64().max(1e-9);
+        Figures {
+            throughput: rec.ok_count() as f64 / secs,
+            sent_rate: (rec.ok_count() + rec.errors.total()) as f64 / secs,
+            target_rate: match args.mode {
+                Mode::Open { rate } => Some(rate),
+                Mode::Closed => None,
+            },
+        }
+    }
+
+    /// Returns true if an open-loop run fell short of its target rate.
+    pub fn rate_short(&self) -> bool {
+        self.target_rate
+            .is_some_and(|rate| self.sent_rate < rate as f64 * ACHIEVED_RATE_MIN)
+    }
+}
+
+/// Renders the table printed after a request run.
+pub fn table(args: &RunArgs, rec: &Recorder) -> String {
+    let fig = Figures::of(args, rec);
+    let mut out = String::new();
+    let mode = match args.mode {
+        Mode::Open { rate } => format!("open-loop {rate} req/s"),
+        Mode::Closed => "closed-loop".into(),
+    };
+    // `fmt::Write` for `String` never fails; results are ignored for that reason.
+    let _ = writeln!(
+        out,
+        "mcpyard-loadgen {} {mode}, {} connections, {:.1} s (+{:.1} s warm-up), http://{}{}",
+        args.scenario.name(),
+        args.connections,
+        args.duration.as_secs_f64(),
+        args.warmup.as_secs_f64(),
+        args.target.authority,
+        args.target.path
+    );
+    let _ = write!(
+        out,
+        "requests {:>10} ok {:>8} errors {:>8} unsent   throughput {:.1} req/s",
+        rec.ok_count(),
+        rec.errors.total(),
+        rec.unsent,
+        fig.throughput
+    );
+    if let Some(rate) = fig.target_rate {
+        let _ = write!(
+            out,
+            " (sent {:.1}/s = {:.1} % of target)",
+            fig.sent_rate,
+            100.0 * fig.sent_rate / rate as f64
+        );
+    }
+    out.push('\n');
+    let _ = write!(out, "errors  ");
+    for kind in ErrorKind::ALL {
+        let _ = write!(out, " {} {}", kind.name(), rec.errors.get(kind));
+    }
+    out.push('\n');
+    for kind in ErrorKind::ALL {
+        if let Some(detail) = rec.errors.first(kind) {
+            let _ = writeln!(out, "  first {}: {detail}", kind.name());
+        }
+    }
+    if rec.notifications > 0 {
+        let _ = writeln!(
+            out,
+            "notifications {} ({:.2} per request)",
+            rec.notifications,
+            rec.notifications as f64 / rec.ok_count().max(1) as f64
+        );
+    }
+    out.push_str(&latency_rows(&[
+        ("response", &rec.response),
+        ("service", &rec.service),
+    ]));
+    if fig.rate_short() {
+        let _ = writeln!(
+            out,
+            "warning: sent below {:.0} % of the target rate; the generator or the target is \
+             saturated, so these latencies understate the schedule",
+            ACHIEVED_RATE_MIN * 100.0
+        );
+    }
+    out
+}
+
+/// Renders the latency rows (µs) of the named histograms under one header.
+pub fn latency_rows(rows: &[(&str, &Histogram<u64>)]) -> String {
+    let mut out = String::new();
+    let _ = write!(out, "{:<14}", "latency (us)");
+    for (label, _) in TABLE_QUANTILES {
+        let _ = write!(out, " {label:>9}");
+    }
+    let _ = writeln!(out, " {:>9} {:>9}", "max", "mean");
+    for (name, hist) in rows {
+        let _ = write!(out, "{name:<14}");
+        for (_, q) in TABLE_QUANTILES {
+            let _ = write!(out, " {:>9}", hist.value_at_quantile(q));
+        }
+        let _ = writeln!(out, " {:>9} {:>9.1}", hist.max(), hist.mean());
+    }
+    out
+}
+
+/// The summary of one histogram (µs) as JSON, with its percentile steps.
+pub fn histogram_json(hist: &Histogram<u64>) -> Value {
+    let mut summary = Map::new();
+    summary.insert("count".into(), json!(hist.len()));
+    for (label, q) in TABLE_QUANTILES {
+        summary.insert(label.replace('.', "_"), json!(hist.value_at_quantile(q)));
+    }
+    summary.insert("max".into(), json!(hist.max()));
+    summary.insert("mean".into(), json!(hist.mean()));
+    summary.insert("stdev".into(), json!(hist.stdev()));
+    let steps: Vec<Value> = hist
+        .iter_quantiles(hgrm::TICKS_PER_HALF_DISTANCE)
+        .map(|step| {
+            json!({
+                "percentile": step.quantile_iterated_to() * 100.0,
+                "value_us": step.value_iterated_to(),
+                "count": step.count_since_last_iteration(),
+            })
+        })
+        .collect();
+    summary.insert("percentiles".into(), Value::Array(steps));
+    Value::Object(summary)
+}
+
+/// The JSON report of a request run.
+pub fn run_json(args: &RunArgs, rec: &Recorder) -> Value {
+    let fig = Figures::of(args, rec);
+    let errors: Map<String, Value> = ErrorKind::ALL
+        .iter()
+        .map(|k| (k.name().to_owned(), json!(rec.errors.get(*k))))
+        .collect();
+    let examples: Map<String, Value> = ErrorKind::ALL
+        .iter()
+        .filter_map(|k| Some((k.name().to_owned(), json!(rec.errors.first(*k)?))))
+        .collect();
+    json!({
+        "scenario": args.scenario.name(),
+        "mode": if fig.target_rate.is_some() { "open" } else { "closed" },
+        "target_rate": fig.target_rate,
+        "url": format!("http://{}{}", args.target.authority, args.target.path),
+        "connections": args.connections,
+        "duration_s": args.duration.as_secs_f64(),
+        "warmup_s": args.warmup.as_secs_f64(),
+        "requests_ok": rec.ok_count(),
+        "errors": errors,
+        "error_examples": examples,
+        "unsent": rec.unsent,
+        "warmup_requests": rec.warmup_count,
+        "notifications": rec.notifications,
+        "throughput_rps": fig.throughput,
+        "sent_rps": fig.sent_rate,
+        "response_us": histogram_json(&rec.response),
+        "service_us": histogram_json(&rec.service),
+    })
+}
+
+/// Writes `text` to `path`, mapping failure to a [`RunError`] that names the file.
+pub fn write_file(path: &Path, text: &str) -> Result<(), RunError> {
+    std::fs::write(path, text).map_err(|err| RunError::Write {
+        path: path.display().to_string(),
+        err,
+    })
+}
+
+/// Writes whichever of `--json`, `--hgrm` and `--svg` were asked for.
+pub fn write_files(
+    args: &RunArgs,
+    json: &Value,
+    hist: &Histogram<u64>,
+    title: &str,
+) -> Result<(), RunError> {
+    if let Some(path) = &args.json {
+        let mut text = serde_json::to_string_pretty(json).unwrap_or_else(|_| json.to_string());
+        text.push('\n');
+        write_file(path, &text)?;
+    }
+    if let Some(path) = &args.hgrm {
+        write_file(path, &hgrm::render(hist))?;
+    }
+    if let Some(path) = &args.svg {
+        write_file(path, &svg::render(hist, title))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::{Scenario, Target};
+    use crate::record::{Failure, Served};
+    use std::time::Duration;
+
+    fn args(mode: Mode) -> RunArgs {
+        RunArgs {
+            target: Target {
+                authority: "127.0.0.1:1".into(),
+                path: "/mcp".into(),
+            },
+            scenario: Scenario::ToolsCall,
+            mode,
+            connections: 2,
+            duration: Duration::from_secs(2),
+            warmup: Duration::ZERO,
+            timeout: Duration::from_secs(1),
+            params_bytes: 0,
+            tool: "echo".into(),
+            args_json: None,
+            sessions: 1,
+            trigger: None,
+            rounds: 1,
+            json: None,
+            hgrm: None,
+            svg: None,
+        }
+    }
+
+    fn recorder() -> Recorder {
+        let mut rec = Recorder::new(0);
+        for us in 1..=1000u64 {
+            rec.on_complete(0, 0, us * 1000, &Ok(Served::default()));
+        }
+        rec.on_complete(
+            0,
+            0,
+            1,
+            &Err(Failure::new(ErrorKind::Timeout, "read: timed out")),
+        );
+        rec
+    }
+
+    #[test]
+    fn figures_use_measured_time() {
+        let fig = Figures::of(&args(Mode::Open { rate: 1000 }), &recorder());
+        assert_eq!(fig.throughput, 500.0);
+        assert_eq!(fig.sent_rate, 500.5);
+        assert!(fig.rate_short());
+        assert!(!Figures::of(&args(Mode::Closed), &recorder()).rate_short());
+    }
+
+    #[test]
+    fn table_shows_counts_errors_and_percentiles() {
+        let text = table(&args(Mode::Open { rate: 500 }), &recorder());
+        assert!(text.contains("requests       1000 ok        1 errors        0 unsent"));
+        assert!(text.contains("timeout 1"));
+        assert!(text.contains("first timeout: read: timed out"));
+        assert!(text.contains("response             500       900       990       999      1000"));
+        assert!(!text.contains("warning"));
+    }
+
+    #[test]
+    fn json_has_errors_by_kind_and_percentiles() {
+        let v = run_json(&args(Mode::Closed), &recorder());
+        assert_eq!(v["mode"], "closed");
+        assert_eq!(v["errors"]["timeout"], 1);
+        assert_eq!(v["errors"]["connect"], 0);
+        assert_eq!(v["response_us"]["p50"], 500);
+        assert_eq!(v["response_us"]["p99_9"], 999);
+        assert!(
+            v["response_us"]["percentiles"]
+                .as_array()
+                .is_some_and(|a| a.len() > 10)
+        );
+    }
+}

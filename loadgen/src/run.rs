@@ -1,0 +1,371 @@
+//! `run` for the request scenarios: one thread per keep-alive connection, open or closed
+//! loop, merged into one summary.
+//!
+//! Flow: probe the target once (a clear error if it is down or not MCP) → start the
+//! connection threads, which each connect and open a session → start the clock together
+//! → `schedule::drive_open` / `drive_closed` → merge every thread's `Recorder`.
+//!
+//! Threads (not an event loop) because each connection paces itself with the sleep-then-
+//! spin pacer in `schedule.rs`, which needs its own thread to be precise; `--connections`
+//! is bounded by `CONNECTIONS_MAX` accordingly.
+
+use std::fmt;
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Barrier, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+
+use crate::args::{Mode, RunArgs, Scenario, Target};
+use crate::client::{Conn, Response};
+use crate::limits::{DRAIN_GRACE, PROGRESS_AFTER, PROGRESS_INTERVAL};
+use crate::mcp::{self, ToolsCall};
+use crate::record::{ErrorKind, Failure, Recorder, Served};
+use crate::schedule::{
+    Exchange, MonotonicClock, Progress, Schedule, Window, drive_closed, drive_open, nanos,
+};
+
+/// Why a run could not produce a result.
+#[derive(Debug)]
+pub enum RunError {
+    /// The target failed the first exchange; `hint` says what that probably means.
+    Probe {
+        /// What the probe was doing.
+        doing: &'static str,
+        /// What went wrong.
+        failure: Failure,
+        /// A likely cause, for people.
+        hint: &'static str,
+    },
+    /// A connection thread could not be started or ended abnormally.
+    Thread(String),
+    /// A report file could not be written.
+    Write {
+        /// The file.
+        path: String,
+        /// Why.
+        err: std::io::Error,
+    },
+    /// The run finished without one successful request.
+    NoSamples,
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Probe {
+                doing,
+                failure,
+                hint,
+            } => write!(f, "{doing} failed: {failure}; {hint}"),
+            RunError::Thread(why) => write!(f, "connection thread: {why}"),
+            RunError::Write { path, err } => write!(f, "cannot write {path}: {err}"),
+            RunError::NoSamples => f.write_str("no successful request was recorded"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// What every connection needs to know, shared read-only.
+#[derive(Debug)]
+pub struct Plan {
+    /// The MCP endpoint.
+    pub target: Target,
+    /// The workload.
+    pub scenario: Scenario,
+    /// Connect and read timeout.
+    pub timeout: Duration,
+    /// The pre-rendered tools/call.
+    pub call: ToolsCall,
+}
+
+impl Plan {
+    /// Builds the plan of `args`.
+    pub fn new(args: &RunArgs) -> Plan {
+        Plan {
+            target: args.target.clone(),
+            scenario: args.scenario,
+            timeout: args.timeout,
+            call: ToolsCall::new(&args.tool, args.args_json.as_deref(), args.params_bytes),
+        }
+    }
+}
+
+/// One connection's MCP client: a keep-alive connection (reopened after a failure) and a
+/// session (reopened after a 404).
+#[derive(Debug)]
+pub struct Session {
+    plan: Arc<Plan>,
+    conn: Option<Conn>,
+    /// `Some` once initialized; the inner `None` is a server that issued no session id.
+    session: Option<Option<String>>,
+    next_id: u64,
+    body: BytesMut,
+}
+
+impl Session {
+    /// Creates a client that connects lazily.
+    pub fn new(plan: Arc<Plan>) -> Session {
+        Session {
+            plan,
+            conn: None,
+            session: None,
+            next_id: 1,
+            body: BytesMut::new(),
+        }
+    }
+
+    /// Sends `self.body` and returns the response; a broken or closing connection is
+    /// dropped so the next call reconnects.
+    fn send(&mut self, method: &str, session: Option<&str>) -> Result<Response, Failure> {
+        let conn = match &mut self.conn {
+            Some(conn) => conn,
+            slot @ None => slot.insert(Conn::open(&self.plan.target, self.plan.timeout)?),
+        };
+        match conn.send(method, &self.plan.target, session, &self.body) {
+            Ok(response) => {
+                if !response.keep_alive {
+                    self.conn = None;
+                }
+                Ok(response)
+            }
+            Err(failure) => {
+                self.conn = None;
+                Err(failure)
+            }
+        }
+    }
+
+    fn take_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// initialize + notifications/initialized; returns the session id (if the server gave
+    /// one).
+    pub fn open_session(&mut self) -> Result<Option<String>, Failure> {
+        let id = self.take_id();
+        self.body.clear();
+        mcp::initialize(id, &mut self.body);
+        let response = self.send("POST", None)?;
+        mcp::expect_result(&response, id, "initialize")?;
+        let session = response.session;
+        self.body.clear();
+        mcp::initialized(&mut self.body);
+        let response = self.send("POST", session.as_deref())?;
+        mcp::expect_status(&response, 202, "notifications/initialized")?;
+        Ok(session)
+    }
+
+    fn close_session(&mut self, session: &str) -> Result<(), Failure> {
+        self.body.clear();
+        let response = self.send("DELETE", Some(session))?;
+        // MCP 2025-11-25: a server that does not let clients end sessions answers 405.
+        if response.status == 405 {
+            return Ok(());
+        }
+        mcp::expect_status(&response, 0, "DELETE")
+    }
+
+    /// Opens the session if there is none yet (setup before the clock starts).
+    pub fn ensure_session(&mut self) -> Result<(), Failure> {
+        if self.session.is_none() && self.plan.scenario != Scenario::Initialize {
+            self.session = Some(self.open_session()?);
+        }
+        Ok(())
+    }
+
+    fn request(&mut self, method: &'static str) -> Result<Served, Failure> {
+        self.ensure_session()?;
+        let id = self.take_id();
+        self.body.clear();
+        match self.plan.scenario {
+            Scenario::ToolsList => mcp::bare_request(id, method, &mut self.body),
+            Scenario::ToolsCallProgress => self.plan.call.encode(id, true, &mut self.body),
+            _ => self.plan.call.encode(id, false, &mut self.body),
+        }
+        let session = self.session.clone().flatten();
+        let response = self.send("POST", session.as_deref())?;
+        if response.status == 404 {
+            // MCP: 404 means the session is gone; start a new one next time.
+            self.session = None;
+        }
+        mcp::expect_result(&response, id, method)
+    }
+}
+
+impl Exchange for Session {
+    fn exchange(&mut self) -> Result<Served, Failure> {
+        match self.plan.scenario {
+            Scenario::Initialize => {
+                if let Some(session) = self.open_session()? {
+                    self.close_session(&session)?;
+                }
+                Ok(Served::default())
+            }
+            Scenario::ToolsList => self.request("tools/list"),
+            _ => self.request("tools/call"),
+        }
+    }
+}
+
+/// Checks the target before any load: a session (initialize + initialized) and, for the
+/// request scenarios, one full iteration. Returns a clear error if the target is down, not
+/// MCP, or refuses the scenario.
+pub fn probe(plan: &Arc<Plan>) -> Result<(), RunError> {
+    let mut session = Session::new(Arc::clone(plan));
+    let probe_error = |doing, failure: Failure| {
+        let hint = match failure.kind {
+            ErrorKind::Connect => "is the target running and listening there?",
+            ErrorKind::HttpStatus | ErrorKind::Decode => {
+                "is the URL an MCP Streamable HTTP endpoint (POST /mcp with JSON-RPC)?"
+            }
+            ErrorKind::JsonRpc => "the target is MCP but refused this request",
+            ErrorKind::Timeout => "the target accepted the connection but did not answer",
+            ErrorKind::Io => "the target closed the connection",
+        };
+        RunError::Probe {
+            doing,
+            failure,
+            hint,
+        }
+    };
+    session
+        .ensure_session()
+        .map_err(|f| probe_error("initialize", f))?;
+    if matches!(plan.scenario, Scenario::IdleSessions | Scenario::Fanout) {
+        return Ok(());
+    }
+    session
+        .exchange()
+        .map_err(|f| probe_error("the first request", f))?;
+    Ok(())
+}
+
+/// Runs a request scenario and returns every connection's measurements merged.
+pub fn run(args: &RunArgs) -> Result<Recorder, RunError> {
+    let plan = Arc::new(Plan::new(args));
+    probe(&plan)?;
+    let window = Window {
+        warmup_end: nanos(args.warmup),
+        end: nanos(args.warmup + args.duration),
+        drain_end: nanos(args.warmup + args.duration + DRAIN_GRACE),
+    };
+    let connections = u32::try_from(args.connections)
+        .map_err(|_| RunError::Thread("too many connections".into()))?;
+    let progress = Arc::new(Progress::default());
+    let start = Arc::new(Barrier::new(args.connections + 1));
+    let origin: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
+    let mut threads = Vec::with_capacity(args.connections);
+    for index in 0..connections {
+        let job = Job {
+            plan: Arc::clone(&plan),
+            mode: args.mode,
+            window,
+            connections,
+            index,
+            progress: Arc::clone(&progress),
+            start: Arc::clone(&start),
+            origin: Arc::clone(&origin),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("conn-{index}"))
+            .spawn(move || job.run())
+            .map_err(|e| RunError::Thread(e.to_string()))?;
+        threads.push(thread);
+    }
+    start.wait(); // every connection has connected and opened its session
+    let _ = origin.set(Instant::now());
+    start.wait(); // go
+    show_progress(args, &progress, &threads);
+    let mut total = Recorder::new(window.warmup_end);
+    for thread in threads {
+        let rec = thread
+            .join()
+            .map_err(|_| RunError::Thread("a connection thread panicked".into()))?;
+        total
+            .merge(&rec)
+            .map_err(|e| RunError::Thread(format!("histogram merge: {e}")))?;
+    }
+    Ok(total)
+}
+
+/// What one connection thread runs.
+struct Job {
+    plan: Arc<Plan>,
+    mode: Mode,
+    window: Window,
+    connections: u32,
+    index: u32,
+    progress: Arc<Progress>,
+    start: Arc<Barrier>,
+    origin: Arc<OnceLock<Instant>>,
+}
+
+impl Job {
+    fn run(self) -> Recorder {
+        // Precise sleeps matter only to the pacer; if the kernel refuses, pacing is merely
+        // less precise (the spin window absorbs most of it).
+        let _ = crate::sys::set_precise_timer_slack();
+        let mut session = Session::new(Arc::clone(&self.plan));
+        let mut rec = Recorder::new(self.window.warmup_end);
+        // A failed setup is retried by the first request, whose latency then shows it.
+        let _ = session.ensure_session();
+        self.start.wait();
+        self.start.wait();
+        let clock = MonotonicClock::new(self.origin.get().copied().unwrap_or_else(Instant::now));
+        match self.mode {
+            Mode::Open { rate } => {
+                let schedule = Schedule::new(0, rate, self.connections, self.index);
+                drive_open(
+                    &clock,
+                    &mut session,
+                    &schedule,
+                    &self.window,
+                    &mut rec,
+                    &self.progress,
+                );
+            }
+            Mode::Closed => {
+                drive_closed(&clock, &mut session, &self.window, &mut rec, &self.progress);
+            }
+        }
+        rec
+    }
+}
+
+/// Rewrites a progress line on stderr every second while the threads run, for runs longer
+/// than `PROGRESS_AFTER`; otherwise just returns.
+fn show_progress<T>(args: &RunArgs, progress: &Progress, threads: &[std::thread::JoinHandle<T>]) {
+    if args.warmup + args.duration <= PROGRESS_AFTER {
+        return;
+    }
+    let started = Instant::now();
+    let mut last = (started, 0u64);
+    let mut printed = false;
+    while !threads.iter().all(|t| t.is_finished()) {
+        std::thread::sleep(PROGRESS_INTERVAL);
+        let now = Instant::now();
+        let done = progress.completed.load(Ordering::Relaxed);
+        let failed = progress.failed.load(Ordering::Relaxed);
+        let rate = (done - last.1) as f64 / now.duration_since(last.0).as_secs_f64().max(1e-9);
+        last = (now, done);
+        let phase = if now.duration_since(started) < args.warmup {
+            "warm-up"
+        } else {
+            "measure"
+        };
+        eprint!(
+            "\r{phase} {:>6.1} s  {done:>10} done  {rate:>9.0}/s  {failed} errors   ",
+            now.duration_since(started).as_secs_f64()
+        );
+        let _ = std::io::stderr().flush();
+        printed = true;
+    }
+    if printed {
+        eprintln!();
+    }
+}
