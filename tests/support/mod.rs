@@ -69,8 +69,15 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Writes a config for `mode`, spawns the binary and waits for its `listening` lines.
+    /// Writes a config for `mode` with the demo exit, spawns the binary and waits for its
+    /// `listening` lines.
     pub fn start(mode: Mode) -> Gateway {
+        Gateway::start_with(mode, "{kind: demo, progress_interval: 20ms}")
+    }
+
+    /// Like [`Gateway::start`], with `exit` (a YAML flow mapping) as the binding named
+    /// `exit` that the server forwards to.
+    pub fn start_with(mode: Mode, exit: &str) -> Gateway {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let stem = format!("mcpyard-rawtest-{}-{n}", std::process::id());
         let config = std::env::temp_dir().join(format!("{stem}.yaml"));
@@ -78,8 +85,8 @@ impl Gateway {
             "runtime: {{workers: {}, io: {}}}\n\
              telemetry: {{metrics: 127.0.0.1:0}}\n\
              bindings:\n  \
-               north: {{kind: server, listen: 127.0.0.1:0, path: /mcp, exit: demo}}\n  \
-               demo: {{kind: demo, progress_interval: 20ms}}\n",
+               north: {{kind: server, listen: 127.0.0.1:0, path: /mcp, exit: exit}}\n  \
+               exit: {exit}\n",
             mode.workers, mode.io
         );
         std::fs::write(&config, yaml).expect("write config");
@@ -589,4 +596,68 @@ pub fn scrape(gw: &Gateway) -> String {
     let r = c.read_response();
     assert_eq!(r.status, 200);
     r.text()
+}
+
+/// The fast Rust upstream MCP server (`mcpyard-loadgen upstream`), killed when dropped.
+pub struct Upstream {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+impl Upstream {
+    /// Starts the fixture with extra arguments (`--sse`, `--progress 3`, `--delay-ms 50`,
+    /// ...). It is built by `cargo build --workspace` next to the mcpyard binary.
+    pub fn start(args: &[&str]) -> Upstream {
+        let bin =
+            std::path::Path::new(env!("CARGO_BIN_EXE_mcpyard")).with_file_name("mcpyard-loadgen");
+        assert!(
+            bin.exists(),
+            "{} is missing: run `cargo build --release --workspace` first",
+            bin.display()
+        );
+        let mut child = Command::new(&bin)
+            .args(["upstream", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the upstream fixture");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the fixture prints `listening <addr>` within 10 s");
+        let addr = line
+            .strip_prefix("listening ")
+            .and_then(|a| a.trim().parse().ok())
+            .unwrap_or_else(|| panic!("unexpected fixture line {line:?}"));
+        Upstream { child, addr }
+    }
+
+    /// The client-binding YAML for this upstream, with extra `key: value` pairs.
+    pub fn client_exit(&self, extra: &str) -> String {
+        format!(
+            "{{kind: client, server: \"http://{}/mcp\"{extra}}}",
+            self.addr
+        )
+    }
+
+    /// Kills the fixture now (an upstream that dies).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

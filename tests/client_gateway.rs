@@ -1,0 +1,249 @@
+//! `server → client`: mcpyard as a gateway in front of the fast Rust upstream fixture
+//! (`mcpyard-loadgen upstream`), checked with raw HTTP in every runtime mode: results
+//! byte-identical to the upstream's, progress streamed as SSE, upstream `list_changed` on
+//! the agent's GET stream, keep-alive reuse, and the errors an agent sees when the upstream
+//! is down or dies mid-call.
+
+mod support;
+
+use serde_json::value::RawValue;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use support::{Conn, Gateway, MODES, Upstream, initialize_body, open_events, request, scrape};
+
+/// A session straight at the fixture: its id.
+fn direct_session(up: &Upstream) -> String {
+    let r = direct(up.addr, None, &initialize_body(1, "2025-11-25"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("mcp-session-id")
+        .expect("fixture session id")
+        .to_owned()
+}
+
+/// POSTs `body` straight at the fixture.
+fn direct(addr: SocketAddr, session: Option<&str>, body: &str) -> support::Response {
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    if let Some(s) = session {
+        headers.push(("mcp-session-id", s));
+    }
+    let mut c = Conn::open(addr);
+    c.send(&request(
+        &addr.to_string(),
+        "POST",
+        "/mcp",
+        &headers,
+        body.as_bytes(),
+    ));
+    c.read_response()
+}
+
+/// The raw bytes of the top-level `result` member of a JSON-RPC response.
+fn raw_result(text: &str) -> String {
+    let members: HashMap<String, Box<RawValue>> =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not a JSON object ({e}): {text}"));
+    members
+        .get("result")
+        .unwrap_or_else(|| panic!("no result: {text}"))
+        .get()
+        .to_owned()
+}
+
+#[test]
+fn results_are_byte_identical_to_the_upstreams() {
+    let up = Upstream::start(&["--result-bytes", "40000"]);
+    let upstream_session = direct_session(&up);
+    for mode in MODES {
+        let gw = Gateway::start_with(mode, &up.client_exit(""));
+        let session = gw.initialize();
+        for body in [
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":"s-6","method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"}}}"#,
+        ] {
+            let via = gw.post(Some(&session), body);
+            assert_eq!(via.status, 200, "{mode:?} {body}: {}", via.text());
+            let straight = direct(up.addr, Some(&upstream_session), body);
+            assert_eq!(straight.status, 200);
+            assert_eq!(
+                raw_result(&via.text()),
+                raw_result(&straight.text()),
+                "{mode:?} {body}"
+            );
+            // The agent's own id comes back exactly as written.
+            let id = &serde_json::from_str::<serde_json::Value>(body).expect("json")["id"];
+            assert_eq!(&via.json()["id"], id);
+        }
+    }
+}
+
+#[test]
+fn upstream_progress_streams_to_the_agent_as_sse() {
+    let up = Upstream::start(&["--progress", "3", "--progress-interval-ms", "5"]);
+    each_mode_with(&up, "", |gw| {
+        let session = gw.initialize();
+        let call = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"echo","arguments":{},"_meta":{"progressToken":"p-1"}}}"#;
+        let (_, mut events) = open_events(gw, &gw.post_bytes(Some(&session), &[], call));
+        let first = events.expect();
+        assert_eq!(first.data, "", "priming event first: {first:?}");
+        for step in 1..=3 {
+            let e = events.expect().json();
+            assert_eq!(e["method"], "notifications/progress", "{e}");
+            assert_eq!(e["params"]["progressToken"], "p-1");
+            assert_eq!(e["params"]["progress"], step);
+        }
+        let last = events.expect().json();
+        assert_eq!(last["id"], 8);
+        assert!(last["result"]["content"].is_array(), "{last}");
+        assert!(events.next().is_none(), "the stream ends after the result");
+    });
+}
+
+#[test]
+fn upstream_list_changed_reaches_the_agents_get_stream() {
+    let up = Upstream::start(&[]);
+    each_mode_with(&up, "", |gw| {
+        let session = gw.initialize();
+        let (_, mut events) = open_events(gw, &gw.get_bytes(&session, &[]));
+        let priming = events.expect();
+        assert_eq!(priming.data, "");
+        // The agent's GET is answered once the upstream's is open, so one trigger reaches
+        // it; the fixture says how many streams it told.
+        let mut c = Conn::open(up.addr);
+        c.send(&request(
+            &up.addr.to_string(),
+            "POST",
+            "/control/list_changed",
+            &[],
+            b"",
+        ));
+        let told = c.read_response().json();
+        assert!(told["streams"].as_u64().is_some_and(|n| n >= 1), "{told}");
+        let e = events.expect().json();
+        assert_eq!(e["method"], "notifications/tools/list_changed", "{e}");
+    });
+}
+
+#[test]
+fn pooled_upstream_connections_are_reused() {
+    let up = Upstream::start(&[]);
+    each_mode_with(&up, "", |gw| {
+        let session = gw.initialize();
+        for i in 0..30 {
+            let r = gw.post(
+                Some(&session),
+                &format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"echo","arguments":{{}}}}}}"#),
+            );
+            assert_eq!(r.status, 200);
+            assert!(r.json()["result"].is_object(), "{}", r.text());
+        }
+        let metrics = scrape(gw);
+        let value = |name: &str| -> u64 {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+        };
+        // initialize, initialized and 30 calls, one at a time: one connection carries them.
+        assert!(value("mcpyard_upstream_connects_total") <= 2, "{metrics}");
+        assert!(value("mcpyard_upstream_reused_total") >= 30, "{metrics}");
+        assert_eq!(value("mcpyard_upstream_failed_total"), 0);
+    });
+}
+
+#[test]
+fn an_upstream_that_dies_mid_call_gives_a_prompt_error() {
+    for mode in [MODES[0], MODES[3]] {
+        let mut up = Upstream::start(&["--delay-ms", "5000"]);
+        let gw = Gateway::start_with(mode, &up.client_exit(", response_timeout: 20s"));
+        let session = gw.initialize();
+        let mut c = gw.conn();
+        c.send(&gw.post_bytes(
+            Some(&session),
+            &[],
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#,
+        ));
+        std::thread::sleep(Duration::from_millis(200));
+        let killed = Instant::now();
+        up.kill();
+        let r = c.read_response();
+        assert!(
+            killed.elapsed() < Duration::from_secs(3),
+            "{mode:?}: took {:?}",
+            killed.elapsed()
+        );
+        assert_eq!(r.status, 200, "{mode:?}");
+        let v = r.json();
+        assert_eq!(v["id"], 3);
+        assert_eq!(v["error"]["code"], -32603, "{v}");
+    }
+}
+
+#[test]
+fn a_stalled_upstream_times_out_with_an_error() {
+    let up = Upstream::start(&["--delay-ms", "3000"]);
+    each_mode_with(&up, ", response_timeout: 300ms", |gw| {
+        let session = gw.initialize();
+        let started = Instant::now();
+        let r = gw.post(
+            Some(&session),
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#,
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+        let v = r.json();
+        assert_eq!(v["error"]["code"], -32603, "{v}");
+        assert_eq!(
+            v["error"]["message"],
+            "Upstream did not answer within 300 ms"
+        );
+        // The session still works for quick requests.
+        let r = gw.post(
+            Some(&session),
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/list"}"#,
+        );
+        assert!(r.json()["result"]["tools"].is_array(), "{}", r.text());
+    });
+}
+
+#[test]
+fn a_refused_upstream_fails_initialize_with_a_jsonrpc_error() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = closed.local_addr().expect("addr");
+    drop(closed);
+    let exit = format!("{{kind: client, server: \"http://{addr}/mcp\", connect_timeout: 1s}}");
+    each_mode_exit(&exit, |gw| {
+        let r = gw.post(None, &initialize_body(1, "2025-11-25"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["id"], 1);
+        assert_eq!(v["error"]["code"], -32603, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("Upstream unreachable")),
+            "{v}"
+        );
+        assert!(r.header("mcp-session-id").is_none());
+    });
+}
+
+/// Runs `body` against a gateway in front of `up` in every mode.
+fn each_mode_with(up: &Upstream, extra: &str, body: impl Fn(&Gateway)) {
+    each_mode_exit(&up.client_exit(extra), body);
+}
+
+/// Runs `body` against a gateway whose exit is `exit`, in every mode.
+fn each_mode_exit(exit: &str, body: impl Fn(&Gateway)) {
+    for mode in MODES {
+        eprintln!("--- mode {mode:?}");
+        let gw = Gateway::start_with(mode, exit);
+        body(&gw);
+    }
+}
