@@ -1,14 +1,16 @@
 //! Micro-benchmarks of the hot codecs: HTTP request decode and response encode, chunked
 //! framing, SSE encode/decode, the JSON-RPC envelope peek (serde_json borrowed, beside a
-//! simd-json DOM parse of a copy for comparison), credit-window arithmetic, session ids.
+//! simd-json DOM parse of a copy for comparison), the streaming result scanner, credit-window
+//! arithmetic, session ids.
 //!
 //! Run: `cargo bench --bench codecs` (add `-- --quick` for a short run).
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mcpyard::binding::server::session_id;
 use mcpyard::http::{self, BodyFraming, RequestDecoder, RequestEvent};
 use mcpyard::jsonrpc;
+use mcpyard::limits::SLOT_BYTES;
 use mcpyard::sse;
 use mcpyard::stream::Window;
 use std::hint::black_box;
@@ -145,6 +147,69 @@ fn envelope(c: &mut Criterion) {
     g.finish();
 }
 
+/// A response of about 1 MiB whose result is one `text` content item: prose with a `\n`
+/// escape every line, the shape of a large tool result.
+fn text_response_1mib() -> Bytes {
+    let line = "the quick brown fox jumps over the lazy dog, \\\"quoted\\\" and 0123456789\\n";
+    let mut doc =
+        String::from(r#"{"jsonrpc":"2.0","id":42,"result":{"content":[{"type":"text","text":""#);
+    while doc.len() < (1 << 20) - 64 {
+        doc.push_str(line);
+    }
+    doc.push_str(r#""}],"isError":false}}"#);
+    Bytes::from(doc)
+}
+
+/// A response of about 1 MiB whose result is dense structure: many small objects.
+fn dense_response_1mib() -> Bytes {
+    let mut doc = String::from(r#"{"jsonrpc":"2.0","id":42,"result":{"rows":["#);
+    let mut i = 0u32;
+    while doc.len() < (1 << 20) - 64 {
+        doc.push_str(&format!(r#"{{"n":{i},"ok":true,"v":-1.5e3,"s":"row"}},"#));
+        i += 1;
+    }
+    doc.push_str("null]}}");
+    Bytes::from(doc)
+}
+
+/// Feeds `doc` in slot-sized pieces (as socket reads arrive) and counts result bytes.
+fn scan_in_slots(doc: &Bytes, events: &mut Vec<jsonrpc::ScanEvent>) -> usize {
+    let mut scanner = jsonrpc::ResultScanner::new();
+    let mut result_bytes = 0;
+    for start in (0..doc.len()).step_by(SLOT_BYTES) {
+        let end = (start + SLOT_BYTES).min(doc.len());
+        events.clear();
+        if scanner.feed(doc.slice(start..end), events).is_err() {
+            return 0;
+        }
+        for event in events.iter() {
+            if let jsonrpc::ScanEvent::Result(bytes) = event {
+                result_bytes += bytes.len();
+            }
+        }
+    }
+    if scanner.finish(events).is_err() {
+        return 0;
+    }
+    result_bytes
+}
+
+fn scan_result(c: &mut Criterion) {
+    let mut g = c.benchmark_group("jsonrpc");
+    for (name, doc) in [
+        ("scan_result_1mib", text_response_1mib()),
+        ("scan_result_1mib_dense", dense_response_1mib()),
+    ] {
+        let mut events = Vec::with_capacity(8);
+        assert!(scan_in_slots(&doc, &mut events) > doc.len() - 128);
+        g.throughput(Throughput::Bytes(doc.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(scan_in_slots(black_box(&doc), &mut events)))
+        });
+    }
+    g.finish();
+}
+
 fn window_and_ids(c: &mut Criterion) {
     c.bench_function("window_send_ack_cycle", |b| {
         let mut w = Window::new(32 * 1024);
@@ -163,5 +228,12 @@ fn window_and_ids(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, http_codecs, sse_codecs, envelope, window_and_ids);
+criterion_group!(
+    benches,
+    http_codecs,
+    sse_codecs,
+    envelope,
+    scan_result,
+    window_and_ids
+);
 criterion_main!(benches);

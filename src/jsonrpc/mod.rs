@@ -15,11 +15,15 @@
 mod envelope;
 mod id;
 mod params;
+mod scan;
 mod write;
 
 pub use envelope::{Envelope, EnvelopeError, Kind, parse_envelope};
 pub use id::{IdKey, RequestId, id_key_of_raw};
 pub use params::{param_raw, param_str, progress_token, raw_is_object};
+pub use scan::{
+    ERROR_BYTES_MAX, ID_BYTES_MAX, ResultScanner, SCAN_DEPTH_MAX, ScanError, ScanEvent,
+};
 pub use write::{
     escape_str, write_error, write_notification, write_request, write_result, write_result_prefix,
     write_result_suffix,
