@@ -80,6 +80,27 @@ fn results_are_byte_identical_to_the_upstreams() {
 }
 
 #[test]
+fn results_larger_than_a_message_buffer_stream_through_unchanged() {
+    // 6 MiB: past MESSAGE_BYTES_MAX, so this only passes if the result is streamed.
+    let up = Upstream::start(&["--result-bytes", "6291456"]);
+    let upstream_session = direct_session(&up);
+    let body =
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#;
+    let straight = raw_result(&direct(up.addr, Some(&upstream_session), body).text());
+    assert!(straight.len() > 6_000_000);
+    for mode in [MODES[0], MODES[3]] {
+        let gw = Gateway::start_with(mode, &up.client_exit(""));
+        let session = gw.initialize();
+        let via = gw.post(Some(&session), body);
+        assert_eq!(via.status, 200, "{mode:?}");
+        assert!(
+            raw_result(&via.text()) == straight,
+            "{mode:?}: the result differs"
+        );
+    }
+}
+
+#[test]
 fn upstream_progress_streams_to_the_agent_as_sse() {
     let up = Upstream::start(&["--progress", "3", "--progress-interval-ms", "5"]);
     each_mode_with(&up, "", |gw| {

@@ -383,6 +383,18 @@ fn error_reset(error: Option<&RawValue>, data: &Bytes) -> Reset {
     }
 }
 
+/// The RESET for the raw `error` object of an upstream response (as the streaming scanner
+/// captured it).
+pub fn error_object_reset(error: &Bytes) -> Reset {
+    let raw = std::str::from_utf8(error)
+        .ok()
+        .and_then(|text| serde_json::from_str::<&RawValue>(text).ok());
+    match raw {
+        Some(raw) => error_reset(Some(raw), error),
+        None => upstream_error("Upstream sent a malformed error response"),
+    }
+}
+
 /// An internal-error RESET (-32603) with `message`.
 pub fn upstream_error(message: &str) -> Reset {
     Reset::Error {

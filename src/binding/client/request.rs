@@ -19,7 +19,8 @@ use super::pool::Lease;
 use super::session::{self, UpSession};
 use super::{Answered, Client, Outgoing, UpErr, check_status, write_bounded, write_known};
 use crate::config::ClientAuth;
-use crate::jsonrpc;
+use crate::http::ResponseEvent;
+use crate::jsonrpc::{self, ResultScanner, ScanError, ScanEvent};
 use crate::limits::{
     MESSAGE_BYTES_MAX, UPSTREAM_COALESCE_BYTES_MAX, UPSTREAM_RESUME_ATTEMPTS_MAX,
     UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
@@ -126,7 +127,8 @@ impl Exchange<'_> {
         let (mut response, head) = self.send().await?;
         let kind = BodyKind::of(&head);
         let outcome = match kind {
-            BodyKind::Json | BodyKind::Sse => self.answer(&mut response, kind).await,
+            BodyKind::Json => self.answer_json(&mut response).await.map(|()| None),
+            BodyKind::Sse => self.answer_sse(&mut response).await,
             BodyKind::Other => Err(UpErr::Exchange(exchange::Failure::Body(
                 exchange::BadBody::NotJsonRpc,
             ))),
@@ -357,36 +359,16 @@ impl Exchange<'_> {
             .map_err(|_| UpErr::Gone)
     }
 
-    /// Reads the answer and relays it. Returns the resumed stream's response if the result
-    /// came on one (the caller closes both).
-    async fn answer(
-        &mut self,
-        response: &mut Response,
-        kind: BodyKind,
-    ) -> Result<Option<Response>, UpErr> {
-        let mut messages = Messages::new(kind);
+    /// Relays an event-stream answer: events as FLUSH, the response as DATA. Returns the
+    /// resumed stream's response if the result came on one (the caller closes both).
+    async fn answer_sse(&mut self, response: &mut Response) -> Result<Option<Response>, UpErr> {
+        let mut messages = Messages::new(BodyKind::Sse);
         let mut last_event: Option<String> = None;
         let mut retry = UPSTREAM_RETRY_DEFAULT;
         let mut resumes = 0;
         let mut resumed: Option<Response> = None;
-        // A JSON body must arrive within the response timeout (a stalled upstream gets a
-        // clear error); an event stream may be silent while the tool works, up to the
-        // request's own deadline.
-        let body_deadline = match kind {
-            BodyKind::Json => Some(Instant::now() + self.client.response_timeout),
-            _ => None,
-        };
-        let deadline = body_deadline.map_or(self.callee.begin.deadline, |d| {
-            d.min(self.callee.begin.deadline)
-        });
-        let expired = || {
-            if Instant::now() >= self.callee.begin.deadline {
-                UpErr::Gone
-            } else {
-                metrics::with(|m| m.upstream.timeouts += 1);
-                UpErr::Timeout(self.client.response_timeout)
-            }
-        };
+        // An event stream may be silent while the tool works, up to the request's deadline.
+        let deadline = self.callee.begin.deadline;
         loop {
             let current = resumed.as_mut().unwrap_or(response);
             let next = {
@@ -396,7 +378,7 @@ impl Exchange<'_> {
                     match self.wake(&mut work, Some(deadline)).await {
                         Wake::Upstream(n) => break n,
                         Wake::Gone => return Err(UpErr::Gone),
-                        Wake::Deadline => return Err(expired()),
+                        Wake::Deadline => return Err(UpErr::Gone),
                         Wake::Answer(id, result, error) => self.relay_answer(id, result, error),
                     }
                 }
@@ -404,9 +386,7 @@ impl Exchange<'_> {
             let incoming = match next {
                 Ok(Some(incoming)) => incoming,
                 Ok(None) | Err(exchange::Failure::Broken(_))
-                    if kind == BodyKind::Sse
-                        && last_event.is_some()
-                        && resumes < UPSTREAM_RESUME_ATTEMPTS_MAX =>
+                    if last_event.is_some() && resumes < UPSTREAM_RESUME_ATTEMPTS_MAX =>
                 {
                     resumes += 1;
                     metrics::with(|m| m.upstream.resumed += 1);
@@ -452,10 +432,6 @@ impl Exchange<'_> {
                         .await
                         .map_err(|_| UpErr::Gone)?;
                     self.callee.reply.end();
-                    if kind == BodyKind::Json {
-                        // Read the body's end so the connection can be reused.
-                        let _ = exchange::next_message(response, &mut messages).await;
-                    }
                     return Ok(resumed);
                 }
                 Upward::Error(reset) => return Err(UpErr::Rpc(reset)),
@@ -470,6 +446,94 @@ impl Exchange<'_> {
                 }
                 Upward::Ignore => {}
             }
+        }
+    }
+
+    /// Relays a JSON answer: the `result` value's bytes go to the caller as they arrive
+    /// (zero-copy slices of what was read, window by window), never assembled; an `error`
+    /// becomes the RESET. The whole body must arrive within the response timeout.
+    async fn answer_json(&mut self, response: &mut Response) -> Result<(), UpErr> {
+        let timeout = self.client.response_timeout;
+        let deadline = (Instant::now() + timeout).min(self.callee.begin.deadline);
+        let mut scanner = ResultScanner::new();
+        let mut events = Vec::with_capacity(4);
+        let mut outcome: Option<Result<(), UpErr>> = None;
+        let malformed = |e: ScanError| {
+            UpErr::Rpc(exchange::upstream_error(&format!(
+                "Upstream sent malformed JSON: {e}"
+            )))
+        };
+        loop {
+            let next = {
+                let work = response.next();
+                tokio::pin!(work);
+                loop {
+                    match self.wake(&mut work, Some(deadline)).await {
+                        Wake::Upstream(n) => break n,
+                        Wake::Gone => return Err(UpErr::Gone),
+                        Wake::Deadline if Instant::now() >= self.callee.begin.deadline => {
+                            return Err(UpErr::Gone);
+                        }
+                        Wake::Deadline => {
+                            metrics::with(|m| m.upstream.timeouts += 1);
+                            return Err(UpErr::Timeout(timeout));
+                        }
+                        Wake::Answer(id, result, error) => self.relay_answer(id, result, error),
+                    }
+                }
+            };
+            let ended = match next.map_err(UpErr::Broken)? {
+                ResponseEvent::Data(piece) => {
+                    scanner.feed(piece, &mut events).map_err(malformed)?;
+                    false
+                }
+                ResponseEvent::End => {
+                    scanner.finish(&mut events).map_err(malformed)?;
+                    true
+                }
+                ResponseEvent::Head(_) => return Err(UpErr::Broken(Broken::Closed)),
+            };
+            for event in events.drain(..) {
+                match event {
+                    ScanEvent::Result(slice) => {
+                        self.open_reply().await?;
+                        self.callee
+                            .reply
+                            .data(slice)
+                            .await
+                            .map_err(|_| UpErr::Gone)?;
+                    }
+                    ScanEvent::Done {
+                        id,
+                        error,
+                        had_result,
+                    } => {
+                        let ours = id.as_deref().is_none_or(|id| id == self.id.as_bytes());
+                        outcome = Some(match (error, had_result) {
+                            (Some(error), _) => {
+                                Err(UpErr::Rpc(exchange::error_object_reset(&error)))
+                            }
+                            (None, true) if ours => Ok(()),
+                            _ => Err(UpErr::Exchange(exchange::Failure::Body(
+                                exchange::BadBody::NotJsonRpc,
+                            ))),
+                        });
+                    }
+                }
+            }
+            if ended {
+                break;
+            }
+        }
+        match outcome {
+            Some(Ok(())) => {
+                self.callee.reply.end();
+                Ok(())
+            }
+            Some(Err(e)) => Err(e),
+            None => Err(UpErr::Exchange(exchange::Failure::Body(
+                exchange::BadBody::NotJsonRpc,
+            ))),
         }
     }
 
