@@ -12,3 +12,5 @@ pub mod metrics;
 pub mod runtime;
 pub mod sse;
 pub mod stream;
+#[cfg(test)]
+pub mod testing;

@@ -7,39 +7,12 @@
 use bytes::{Bytes, BytesMut};
 
 use super::{DataWriter, Decoder, Event, Message, encode_comment, encode_event};
+use crate::testing::Rng;
 
 /// Round trips per run.
 const ROUNDS: usize = 200;
 /// Events per round trip.
 const EVENTS_PER_ROUND_MAX: u64 = 12;
-
-/// xorshift64*: tiny, deterministic, good enough to pick test inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
-fn seed() -> u64 {
-    let seed = std::env::var("MCPYARD_SEED")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok());
-    // xorshift must not start at zero.
-    seed.unwrap_or(0x5EED_F00D_CAFE).max(1)
-}
 
 /// Random bytes biased toward CR, LF, space and colon, the bytes the framing cares about.
 fn random_data(rng: &mut Rng) -> Vec<u8> {
@@ -106,7 +79,7 @@ fn write_random_event(rng: &mut Rng, wire: &mut BytesMut) -> Option<Message> {
         }
     } else {
         let event = rng.chance(30).then(|| random_text(rng));
-        let retry_ms = rng.chance(20).then(|| rng.next() >> rng.below(64));
+        let retry_ms = rng.chance(20).then(|| rng.next_u64() >> rng.below(64));
         let ev = Event {
             id: id.as_deref(),
             event: event.as_deref(),
@@ -126,8 +99,7 @@ fn write_random_event(rng: &mut Rng, wire: &mut BytesMut) -> Option<Message> {
 
 #[test]
 fn encoder_decoder_round_trip_seeded() {
-    let seed = seed();
-    let mut rng = Rng(seed);
+    let (mut rng, seed) = Rng::seeded(0x5EED_F00D_CAFE);
     for round in 0..ROUNDS {
         let mut wire = BytesMut::new();
         let mut want = Vec::new();

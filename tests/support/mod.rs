@@ -100,15 +100,7 @@ impl Gateway {
             .stderr(log_file)
             .spawn()
             .expect("spawn mcpyard");
-        // Lines are read on a thread so a gateway that never gets ready fails the test
-        // after a bound instead of hanging it; the thread keeps draining stdout after.
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let rx = stdout_lines(&mut child);
         let ready_by = Instant::now() + Duration::from_secs(10);
         let (mut addr, mut metrics) = (None, None);
         while addr.is_none() || metrics.is_none() {
@@ -624,13 +616,7 @@ impl Upstream {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn the upstream fixture");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let rx = stdout_lines(&mut child);
         let line = rx
             .recv_timeout(Duration::from_secs(10))
             .expect("the fixture prints `listening <addr>` within 10 s");
@@ -660,4 +646,17 @@ impl Drop for Upstream {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The child's stdout lines, read on a thread so a process that never gets ready fails
+/// the test after a bound instead of hanging it; the thread keeps draining stdout after.
+fn stdout_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
 }

@@ -232,18 +232,10 @@ impl Session {
         let mut st = self.st.borrow_mut();
         let seq = st.next_seq;
         st.next_seq += 1;
-        let id = format!("0.{seq}");
-        let mut out = BytesMut::with_capacity(json.len() + 32);
-        let event = sse::Event {
-            id: Some(&id),
-            event: None,
-            data: Some(json),
-            retry_ms: None,
-        };
-        if sse::encode_event(&event, &mut out).is_err() {
+        let Some(out) = data_event(&format!("0.{seq}"), json) else {
             return;
-        }
-        st.ring.push_back((seq, out.freeze()));
+        };
+        st.ring.push_back((seq, out));
         while st.ring.len() > SESSION_REPLAY_EVENTS_MAX {
             st.ring.pop_front();
         }
@@ -578,6 +570,19 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
     }
 }
 
+/// An SSE event carrying `json` under event id `id`; `None` if the id cannot be encoded.
+fn data_event(id: &str, json: &[u8]) -> Option<Bytes> {
+    let mut out = BytesMut::with_capacity(json.len() + 32);
+    let event = sse::Event {
+        id: Some(id),
+        event: None,
+        data: Some(json),
+        retry_ms: None,
+    };
+    sse::encode_event(&event, &mut out).ok()?;
+    Some(out.freeze())
+}
+
 /// Response headers opening an SSE stream for `session`.
 fn sse_head(session: &str) -> [(&'static str, &[u8]); 3] {
     [
@@ -706,18 +711,9 @@ impl Render<'_> {
     async fn emit(&mut self, json: &[u8]) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let id = self.event_id(seq);
-        let mut out = BytesMut::with_capacity(json.len() + 32);
-        let event = sse::Event {
-            id: Some(&id),
-            event: None,
-            data: Some(json),
-            retry_ms: None,
-        };
-        if sse::encode_event(&event, &mut out).is_err() {
+        let Some(out) = data_event(&self.event_id(seq), json) else {
             return;
-        }
-        let out = out.freeze();
+        };
         self.ring.push_back((seq, out.clone()));
         while self.ring.len() > REQUEST_REPLAY_EVENTS_MAX {
             self.ring.pop_front();
