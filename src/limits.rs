@@ -113,6 +113,10 @@ pub const UPSTREAM_ADDRS_MAX: usize = 4;
 /// longer params are written piece by piece, as they arrive, without copying.
 pub const UPSTREAM_COALESCE_BYTES_MAX: usize = 16 * 1024;
 
+/// Result bytes of a JSON answer held back until the answer is complete (so a broken
+/// upstream still yields a clean JSON-RPC error); larger results stream as they arrive.
+pub const UPSTREAM_RESULT_HOLD_BYTES: usize = STREAM_WINDOW_BYTES as usize;
+
 /// Times a request's upstream SSE stream is resumed (`Last-Event-ID`) after it broke.
 pub const UPSTREAM_RESUME_ATTEMPTS_MAX: u32 = 3;
 

@@ -362,8 +362,14 @@ struct ErrorObject<'a> {
     code: i64,
     #[serde(borrow)]
     message: Cow<'a, str>,
-    #[serde(borrow, default)]
+    /// Kept whenever the member is there, `null` included: the agent gets the same error.
+    #[serde(borrow, default, deserialize_with = "present")]
     data: Option<&'a RawValue>,
+}
+
+/// A member that is present, whatever its value (serde reads `null` as `None` otherwise).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 /// The RESET for an upstream error response: the same code, message and data when the
@@ -437,6 +443,13 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+        let r = sorted(
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":1,"message":"m","data":null}}"#,
+            Some("7"),
+        );
+        assert!(
+            matches!(r, Upward::Error(Reset::Error { data: Some(d), .. }) if &d[..] == b"null")
+        );
         let r = sorted(
             r#"{"jsonrpc":"2.0","id":7,"error":{"code":"x"}}"#,
             Some("7"),

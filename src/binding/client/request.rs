@@ -22,8 +22,8 @@ use crate::config::ClientAuth;
 use crate::http::ResponseEvent;
 use crate::jsonrpc::{self, ResultScanner, ScanError, ScanEvent};
 use crate::limits::{
-    MESSAGE_BYTES_MAX, UPSTREAM_COALESCE_BYTES_MAX, UPSTREAM_RESUME_ATTEMPTS_MAX,
-    UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
+    MESSAGE_BYTES_MAX, UPSTREAM_COALESCE_BYTES_MAX, UPSTREAM_RESULT_HOLD_BYTES,
+    UPSTREAM_RESUME_ATTEMPTS_MAX, UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
 };
 use crate::metrics;
 use crate::stream::{Callee, Challenge, Flush, Frame, ReplyBegin, Throttle};
@@ -449,15 +449,22 @@ impl Exchange<'_> {
         }
     }
 
-    /// Relays a JSON answer: the `result` value's bytes go to the caller as they arrive
-    /// (zero-copy slices of what was read, window by window), never assembled; an `error`
-    /// becomes the RESET. The whole body must arrive within the response timeout.
+    /// Relays a JSON answer: the `result` value's bytes go to the caller as zero-copy
+    /// slices of what was read, never assembled (held back only while they fit in
+    /// [`UPSTREAM_RESULT_HOLD_BYTES`]); an `error` becomes the RESET. The whole body must
+    /// arrive within the response timeout.
     async fn answer_json(&mut self, response: &mut Response) -> Result<(), UpErr> {
         let timeout = self.client.response_timeout;
         let deadline = (Instant::now() + timeout).min(self.callee.begin.deadline);
         let mut scanner = ResultScanner::new();
         let mut events = Vec::with_capacity(4);
         let mut outcome: Option<Result<(), UpErr>> = None;
+        // A small result is held until the document is complete, so an upstream that
+        // breaks mid-answer still gets the agent a clean error; past the bound the result
+        // streams (committed: a later failure can only cut the answer short).
+        let mut held: Vec<Bytes> = Vec::new();
+        let mut held_len = 0usize;
+        let mut committed = false;
         let malformed = |e: ScanError| {
             UpErr::Rpc(exchange::upstream_error(&format!(
                 "Upstream sent malformed JSON: {e}"
@@ -496,12 +503,12 @@ impl Exchange<'_> {
             for event in events.drain(..) {
                 match event {
                     ScanEvent::Result(slice) => {
-                        self.open_reply().await?;
-                        self.callee
-                            .reply
-                            .data(slice)
-                            .await
-                            .map_err(|_| UpErr::Gone)?;
+                        held_len += slice.len();
+                        held.push(slice);
+                        if committed || held_len > UPSTREAM_RESULT_HOLD_BYTES {
+                            committed = true;
+                            self.relay_held(&mut held).await?;
+                        }
                     }
                     ScanEvent::Done {
                         id,
@@ -527,6 +534,7 @@ impl Exchange<'_> {
         }
         match outcome {
             Some(Ok(())) => {
+                self.relay_held(&mut held).await?;
                 self.callee.reply.end();
                 Ok(())
             }
@@ -535,6 +543,19 @@ impl Exchange<'_> {
                 exchange::BadBody::NotJsonRpc,
             ))),
         }
+    }
+
+    /// Sends the held result pieces (opening the reply first).
+    async fn relay_held(&self, held: &mut Vec<Bytes>) -> Result<(), UpErr> {
+        self.open_reply().await?;
+        for piece in held.drain(..) {
+            self.callee
+                .reply
+                .data(piece)
+                .await
+                .map_err(|_| UpErr::Gone)?;
+        }
+        Ok(())
     }
 
     /// Reopens a broken request stream with `GET` and `Last-Event-ID`.
