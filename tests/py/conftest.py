@@ -109,3 +109,74 @@ def gateway(request, tmp_path: Path):
     stderr.close()
     assert still_running, f"gateway died during the test: exit {proc.returncode}\n{log}"
     assert code == 0, f"gateway exit after SIGTERM: {code}\n{log[-4000:]}"
+
+
+# --- Gateway tests: real upstreams, mcpyard as `server -> client` in front of them ---------
+#
+# Test ids say where the client under test talks: `direct` (to the upstream itself) or
+# `mcpyard-w<workers>-<io>` (through mcpyard in front of that same upstream). Until the
+# client binding lands, run only the first kind with `-k direct` (or `-m "not mcpyard"`).
+
+import harness  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "mcpyard: the test runs through mcpyard's client binding")
+
+
+class UpstreamPool:
+    """One SDK upstream per mode, started on first use and shared by the whole run (each
+    start costs most of a second); tests keep their state apart with unique names."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.children: dict[str, harness.Child] = {}
+
+    def get(self, mode: str) -> harness.Child:
+        child = self.children.get(mode)
+        if child is not None and not child.alive():
+            raise AssertionError(f"upstream {mode} died (exit {child.proc.returncode}):\n{child.stderr()[-4000:]}")
+        if child is None:
+            child = self.children[mode] = harness.start_upstream(mode, self.workdir / mode)
+        return child
+
+    def close(self) -> None:
+        for child in self.children.values():
+            harness.stop_upstream(child)
+
+
+@pytest.fixture(scope="session")
+def upstream_pool(tmp_path_factory):
+    pool = UpstreamPool(tmp_path_factory.mktemp("upstreams"))
+    yield pool
+    pool.close()
+
+
+@dataclass
+class Route:
+    """Where the client under test connects (`url`), and the upstream behind it."""
+
+    url: str
+    upstream_url: str
+    mode: str
+    via: str
+
+    @property
+    def through_gateway(self) -> bool:
+        return self.via != "direct"
+
+
+@pytest.fixture
+def route(request, upstream_pool, tmp_path):
+    mode, runtime = request.param
+    upstream = upstream_pool.get(mode)
+    if runtime is None:
+        yield Route(url=upstream.address, upstream_url=upstream.address, mode=mode, via="direct")
+    else:
+        workers, io = runtime
+        gateway = harness.start_mcpyard(harness.gateway_config(upstream.address, workers, io), tmp_path)
+        try:
+            yield Route(url=gateway.address, upstream_url=upstream.address, mode=mode, via=harness.runtime_id(runtime))
+        finally:
+            harness.stop_mcpyard(gateway)
+    assert upstream.alive(), f"the upstream died during the test:\n{upstream.stderr()[-4000:]}"
