@@ -1,24 +1,21 @@
-"""Starts the release gateway with the demo exit, once per test, for every
-combination of worker count and I/O backend."""
+"""Fixtures for the Python tests against the release binary.
+
+- `gateway`: mcpyard with the embedded demo exit, once per test, for every combination of
+  worker count and I/O backend.
+- `route`: where a gateway test's client connects: `direct` to a real SDK upstream, or
+  through mcpyard (`server -> client`) in front of that same upstream.
+
+Process handling (port 0, the `listening` line, SIGTERM and exit 0) is in harness.py."""
 
 from __future__ import annotations
 
-import os
-import queue
-import signal
 import subprocess
-import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BINARY = Path(os.environ.get("MCPYARD_BIN", ROOT / "target" / "release" / "mcpyard"))
-STARTUP_TIMEOUT_S = 15.0
-SHUTDOWN_TIMEOUT_S = 15.0
+import harness
 
 CONFIG = """\
 runtime: {{ workers: {workers}, io: {io} }}
@@ -37,78 +34,12 @@ class Gateway:
     proc: subprocess.Popen[str]
 
 
-def _read_lines(stream, lines: queue.Queue[str | None]) -> None:
-    """Forwards the gateway's stdout lines (keeps draining it so the pipe never fills)."""
-    for line in stream:
-        lines.put(line.rstrip("\n"))
-    lines.put(None)
-
-
-@pytest.fixture(
-    params=[(w, io) for w in (1, 2) for io in ("uring", "epoll")],
-    ids=lambda p: f"w{p[0]}-{p[1]}",
-)
-def gateway(request, tmp_path: Path):
+@pytest.fixture(params=harness.ALL_RUNTIMES, ids=lambda p: f"w{p[0]}-{p[1]}")
+def gateway(tmp_path: Path, request):
     workers, io = request.param
-    if not BINARY.exists():
-        pytest.fail(f"{BINARY} is missing: run `cargo build --release` (tests/py/run.sh does)")
-    config = tmp_path / "mcpyard.yaml"
-    config.write_text(CONFIG.format(workers=workers, io=io))
-    stderr = open(tmp_path / "stderr.log", "w+")
-    proc = subprocess.Popen(
-        [str(BINARY), "--config", str(config)],
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-        cwd=tmp_path,
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-    reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
-    reader.start()
-
-    url = None
-    seen: list[str] = []
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    try:
-        while url is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"no `listening north` line within {STARTUP_TIMEOUT_S}s: {seen}")
-            try:
-                line = lines.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if line is None:
-                stderr.seek(0)
-                raise AssertionError(
-                    f"gateway exited ({proc.wait()}) before listening: stdout={seen} stderr={stderr.read()}"
-                )
-            seen.append(line)
-            if line.startswith("listening north "):
-                addr = line.split()[-1]
-                url = f"http://{addr}/mcp"
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        stderr.close()
-        raise
-
-    yield Gateway(url=url, workers=workers, io=io, proc=proc)
-
-    still_running = proc.poll() is None
-    if still_running:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        code = proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        code = "hung after SIGTERM"
-    stderr.seek(0)
-    log = stderr.read()
-    stderr.close()
-    assert still_running, f"gateway died during the test: exit {proc.returncode}\n{log}"
-    assert code == 0, f"gateway exit after SIGTERM: {code}\n{log[-4000:]}"
+    child = harness.start_mcpyard(CONFIG.format(workers=workers, io=io), tmp_path)
+    yield Gateway(url=child.address, workers=workers, io=io, proc=child.proc)
+    harness.stop_mcpyard(child)
 
 
 # --- Gateway tests: real upstreams, mcpyard as `server -> client` in front of them ---------
@@ -116,8 +47,6 @@ def gateway(request, tmp_path: Path):
 # Test ids say where the client under test talks: `direct` (to the upstream itself) or
 # `mcpyard-w<workers>-<io>` (through mcpyard in front of that same upstream). Until the
 # client binding lands, run only the first kind with `-k direct` (or `-m "not mcpyard"`).
-
-import harness  # noqa: E402
 
 
 def pytest_configure(config):

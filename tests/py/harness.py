@@ -19,7 +19,7 @@ from typing import IO
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BINARY = Path(os.environ.get("MCPYARD_BIN", ROOT / "target" / "release" / "mcpyard"))
+BINARY = Path(os.environ.get("MCPYARD_BIN", ROOT / "target" / "release" / "mcpyard")).resolve()
 UPSTREAM_SCRIPT = Path(__file__).resolve().parent / "upstreams" / "sdk_upstream.py"
 PR_SET_PDEATHSIG = 1
 STARTUP_TIMEOUT_S = 15.0
