@@ -139,8 +139,15 @@ def assert_internal_error(reply: Reply, elapsed: float, what: str) -> None:
     ended without an answer; within the deadline either way."""
     assert elapsed < DEADLINE_S, f"{what}: answered after {elapsed:.1f}s (deadline {DEADLINE_S}s)"
     assert reply.status == 200, f"{what}: HTTP {reply.status} {reply.body[:300]!r}"
-    if reply.content_type == "text/event-stream" and reply.message_text is None:
-        return  # the stream had started and ended: allowed, it did not hang
+    if reply.content_type == "text/event-stream":
+        for event in reply.events:
+            if event.data:
+                try:
+                    json.loads(event.data)
+                except ValueError:
+                    raise AssertionError(f"{what}: malformed data passed on to the agent: {event.data[:200]!r}") from None
+        if reply.message_text is None:
+            return  # the stream had started, and ended: allowed, it did not hang
     assert reply.content_type in ("application/json", "text/event-stream"), reply.headers
     message = reply.message
     assert message is not None, f"{what}: no JSON-RPC answer in {reply.body[:300]!r}"
