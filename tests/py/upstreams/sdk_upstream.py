@@ -264,8 +264,8 @@ STATIC_TOOLS: list[types.Tool] = [
     ),
     types.Tool(
         name="upstream_stats",
-        description="Sessions opened and deleted so far; waits up to `wait_s` until at least `deleted_at_least` were deleted.",
-        input_schema=obj_schema({"deleted_at_least": INT, "wait_s": NUM}, []),
+        description="The session ids opened and deleted so far, in order; waits up to `wait_s` until every id in `await_deleted` was deleted.",
+        input_schema=obj_schema({"await_deleted": {"type": "array", "items": STR}, "wait_s": NUM}, []),
     ),
 ]
 
@@ -658,13 +658,13 @@ async def tool_whoami(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
 
 
 async def tool_upstream_stats(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
-    at_least = arg(args, "deleted_at_least", int, 0)
+    awaited = set(arg(args, "await_deleted", list, []))
     wait_s = arg(args, "wait_s", (int, float), 0)
     stats = STATE.stats
     with anyio.move_on_after(wait_s):
-        while len(stats.deleted) < at_least:
+        while not awaited <= set(stats.deleted):
             await stats.changed.wait()
-    body = {"opened": len(stats.opened), "deleted": len(stats.deleted)}
+    body = {"opened": list(stats.opened), "deleted": list(stats.deleted)}
     return text_result(json.dumps(body), structured=body)
 
 
