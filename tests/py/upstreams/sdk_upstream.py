@@ -258,11 +258,6 @@ STATIC_TOOLS: list[types.Tool] = [
         input_schema=obj_schema({"code": INT, "message": STR, "data": {}}, ["code", "message"]),
     ),
     types.Tool(
-        name="whoami",
-        description="The Authorization header this upstream received with the call, or (none).",
-        input_schema=obj_schema({}, []),
-    ),
-    types.Tool(
         name="upstream_stats",
         description="The session ids opened and deleted so far, in order; waits up to `wait_s` until every id in `await_deleted` was deleted.",
         input_schema=obj_schema({"await_deleted": {"type": "array", "items": STR}, "wait_s": NUM}, []),
@@ -652,11 +647,6 @@ async def tool_fail(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
     raise MCPError(code=arg(args, "code", int), message=arg(args, "message", str), data=args.get("data"))
 
 
-async def tool_whoami(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
-    auth = ctx.request.headers.get("authorization") if ctx.request is not None else None
-    return text_result(auth or "(none)")
-
-
 async def tool_upstream_stats(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
     awaited = set(arg(args, "await_deleted", list, []))
     wait_s = arg(args, "wait_s", (int, float), 0)
@@ -679,7 +669,6 @@ TOOLS: dict[str, Callable[[Any, dict[str, Any]], Awaitable[types.CallToolResult]
     "touch": tool_touch,
     "log": tool_log,
     "fail": tool_fail,
-    "whoami": tool_whoami,
     "upstream_stats": tool_upstream_stats,
 }
 
