@@ -72,12 +72,17 @@ def gateway_config(
     )
 
 
+try:
+    # Looked up here, in the parent: between fork and exec only this plain C call runs.
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+
+
 def _die_with_parent() -> None:
     """In the child: get SIGKILL if the test run dies without its teardown (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 
 def _forward_lines(stream: IO[str], lines: queue.Queue[str | None]) -> None:
