@@ -108,10 +108,19 @@ def run(fn, *args):
 
 
 async def timed(coro) -> tuple[Reply, float]:
-    """Awaits a request under the deadline; returns the reply and how long it took."""
+    """Awaits a request under the deadline; returns the reply and how long it took. A reply
+    that breaks off (connection closed mid-body) fails the test: the agent must get a
+    complete answer, or an SSE stream that ends properly."""
     started = time.monotonic()
-    with anyio.fail_after(DEADLINE_S + 5):
-        reply = await coro
+    try:
+        with anyio.fail_after(DEADLINE_S + 5):
+            reply = await coro
+    except httpx2.HTTPError as e:
+        elapsed = time.monotonic() - started
+        pytest.fail(
+            f"the agent's response broke off after {elapsed:.1f}s ({type(e).__name__}: {e}); expected a complete "
+            "HTTP answer (200 with a JSON-RPC error, or the relayed status) or an SSE stream that ends"
+        )
     return reply, time.monotonic() - started
 
 
