@@ -1,0 +1,196 @@
+"""Processes the gateway tests run: the SDK upstream (tests/py/upstreams/sdk_upstream.py)
+and mcpyard configured as a gateway in front of an upstream. Both bind port 0 and announce
+their address on stdout; both are stopped with SIGTERM, and mcpyard must then exit 0."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BINARY = Path(os.environ.get("MCPYARD_BIN", ROOT / "target" / "release" / "mcpyard")).resolve()
+UPSTREAM_SCRIPT = Path(__file__).resolve().parent / "upstreams" / "sdk_upstream.py"
+PR_SET_PDEATHSIG = 1
+STARTUP_TIMEOUT_S = 15.0
+SHUTDOWN_TIMEOUT_S = 15.0
+
+# The gateway matrix: every worker count and I/O backend, as the demo-exit tests use.
+ALL_RUNTIMES = [(w, io) for w in (1, 2) for io in ("uring", "epoll")]
+# A trimmed matrix where the runtime matters less than the behaviour under test.
+SOME_RUNTIMES = [(2, "uring"), (1, "epoll")]
+
+UPSTREAM_MODES = ["json", "sse", "sse-resumable"]
+
+
+def runtime_id(runtime: tuple[int, str]) -> str:
+    return f"mcpyard-w{runtime[0]}-{runtime[1]}"
+
+
+def route_params(modes: list[str], runtimes_for) -> list:
+    """pytest params for the `route` fixture: (mode, runtime or None), ids `direct-<mode>`
+    and `mcpyard-w<N>-<io>-<mode>`; the mcpyard ones carry the `mcpyard` mark."""
+    params = []
+    for mode in modes:
+        params.append(pytest.param((mode, None), id=f"direct-{mode}"))
+        for runtime in runtimes_for(mode):
+            params.append(
+                pytest.param((mode, runtime), id=f"{runtime_id(runtime)}-{mode}", marks=pytest.mark.mcpyard)
+            )
+    return params
+
+
+def gateway_config(
+    upstream_url: str,
+    workers: int,
+    io: str,
+    *,
+    authorization: str | None = None,
+    response_timeout: str = "3s",
+    connect_timeout: str = "2s",
+) -> str:
+    """mcpyard as a single-upstream gateway: `north` (server) exits straight to `up` (client).
+    `authorization` is the YAML value of the client's `authorization` key, or None."""
+    auth = f", authorization: {authorization}" if authorization is not None else ""
+    return (
+        f"runtime: {{ workers: {workers}, io: {io} }}\n"
+        "telemetry: { metrics: 127.0.0.1:0 }\n"
+        "bindings:\n"
+        "  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up }\n"
+        f'  up: {{ kind: client, server: "{upstream_url}", response_timeout: {response_timeout}, '
+        f"connect_timeout: {connect_timeout}{auth} }}\n"
+    )
+
+
+try:
+    # Looked up here, in the parent: between fork and exec only this plain C call runs.
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL if the test run dies without its teardown (Linux)."""
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
+def _forward_lines(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    """Keeps draining a child's stdout (so the pipe never fills), one line at a time."""
+    for line in stream:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+def _await_line(proc: subprocess.Popen[str], lines: queue.Queue[str | None], prefix: str, what: str, log: Path) -> str:
+    seen: list[str] = []
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"{what}: no `{prefix}` line within {STARTUP_TIMEOUT_S}s: {seen}")
+        try:
+            line = lines.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if line is None:
+            code = proc.wait()
+            raise AssertionError(f"{what} exited ({code}) before listening: stdout={seen} stderr={log.read_text()[-4000:]}")
+        seen.append(line)
+        if line.startswith(prefix):
+            return line[len(prefix) :].strip()
+
+
+@dataclass
+class Child:
+    """A started child process, its announced address, and where its stderr goes."""
+
+    proc: subprocess.Popen[str]
+    address: str
+    log: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stderr(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+
+def _spawn(argv: list[str], prefix: str, what: str, workdir: Path, env: dict[str, str] | None) -> Child:
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / f"{what}.stderr.log"
+    stderr = open(log, "w")
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        cwd=workdir,
+        env={**os.environ, **(env or {})},
+        preexec_fn=_die_with_parent,
+    )
+    stderr.close()
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_forward_lines, args=(proc.stdout, lines), daemon=True).start()
+    try:
+        address = _await_line(proc, lines, prefix, what, log)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return Child(proc=proc, address=address, log=log)
+
+
+def start_upstream(mode: str, workdir: Path) -> Child:
+    """Starts the SDK upstream in `mode`; `address` is its MCP endpoint URL."""
+    return _spawn(
+        [sys.executable, str(UPSTREAM_SCRIPT), "--mode", mode], "listening ", f"upstream-{mode}", workdir, None
+    )
+
+
+def stop_upstream(child: Child) -> None:
+    if child.alive():
+        child.proc.terminate()
+        try:
+            child.proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            child.proc.wait()
+
+
+def start_mcpyard(config_text: str, workdir: Path, env: dict[str, str] | None = None) -> Child:
+    """Starts mcpyard with `config_text`; `address` is the north endpoint URL."""
+    if not BINARY.exists():
+        raise AssertionError(f"{BINARY} is missing: run `cargo build --release` (tests/py/run.sh does) or set MCPYARD_BIN")
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "mcpyard.yaml"
+    config.write_text(config_text)
+    child = _spawn([str(BINARY), "--config", str(config)], "listening north ", "mcpyard", workdir, env)
+    child.address = f"http://{child.address}/mcp"
+    return child
+
+
+def stop_mcpyard(child: Child) -> None:
+    """SIGTERM; asserts mcpyard was still running and exits 0 within the shutdown timeout."""
+    still_running = child.alive()
+    if still_running:
+        child.proc.send_signal(signal.SIGTERM)
+    try:
+        code: int | str = child.proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        child.proc.kill()
+        child.proc.wait()
+        code = "hung after SIGTERM"
+    log = child.stderr()
+    assert still_running, f"mcpyard died during the test: exit {child.proc.returncode}\n{log[-4000:]}"
+    assert code == 0, f"mcpyard exit after SIGTERM: {code}\n{log[-4000:]}"
