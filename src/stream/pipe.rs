@@ -148,6 +148,18 @@ impl Sender {
         self.push(Frame::Flush(flush)).await
     }
 
+    /// Queues a typed event without waiting, for senders that must not wait (several
+    /// tasks may share this sender); false if the queue is full or the direction is over.
+    pub fn try_flush(&self, flush: Flush) -> bool {
+        let mut d = self.dir.borrow_mut();
+        if d.refused || d.half != Half::Open || d.frames.len() >= STREAM_FRAMES_MAX {
+            return false;
+        }
+        d.frames.push_back(Frame::Flush(flush));
+        wake(&mut d.recv_waker);
+        true
+    }
+
     /// Ends the direction gracefully; idempotent (a second close is ignored).
     pub fn end(&self) {
         self.close(Frame::End);

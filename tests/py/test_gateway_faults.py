@@ -534,6 +534,29 @@ def test_upstream_requests_follow_the_transport_rules(start_gateway, fault):
     run(scenario)
 
 
+def test_agent_notifications_reach_the_upstream(start_gateway, fault):
+    """roots/list_changed (and any other agent notification but cancelled) goes upstream."""
+    url = start_gateway(fault.url)
+
+    async def scenario():
+        async with client() as c:
+            raw = RawSession(c, url)
+            await raw.initialize()
+            sent = await raw.notify("notifications/roots/list_changed")
+            assert sent.status == 202
+        relayed = await anyio.to_thread.run_sync(
+            lambda: fault.wait_until(
+                lambda seen: any(s.rpc_method == "notifications/roots/list_changed" for s in seen),
+                DEADLINE_S,
+            )
+        )
+        assert relayed, [s.rpc_method for s in fault.requests()]
+        note = [s for s in fault.requests() if s.rpc_method == "notifications/roots/list_changed"]
+        assert len(note) == 1 and note[0].session, note
+
+    run(scenario)
+
+
 # 8. shutdown while the upstream hangs
 
 

@@ -271,6 +271,21 @@ async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) {
             },
             frame = callee.initial.next() => match frame {
                 Some(Frame::Data(piece)) => callee.initial.ack(piece.len() as u32),
+                Some(Frame::Flush(Flush { event: Event::Notification { method, params }, .. })) => {
+                    // The agent's own notifications (roots/list_changed, ...) go upstream.
+                    let mut body = BytesMut::with_capacity(64);
+                    jsonrpc::write_notification(&method, params.as_deref(), &mut body);
+                    let (client, session) = (client.clone(), session.clone());
+                    tokio::task::spawn_local(async move {
+                        if let Err(e) = client.call(&session, body.freeze(), None).await {
+                            log::warn(format_args!(
+                                "client {}: relaying a notification upstream failed: {}",
+                                client.name,
+                                describe(e)
+                            ));
+                        }
+                    });
+                }
                 Some(Frame::Begin(_) | Frame::Flush(_)) => {}
                 Some(Frame::End | Frame::Abort) | None => return,
             },

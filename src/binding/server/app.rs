@@ -132,6 +132,14 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
                     .and_then(|raw| jsonrpc::id_key_of_raw(raw.get()))
             {
                 session.cancel(&key);
+            } else if let Some(method) = env.method.as_deref()
+                && method != "notifications/cancelled"
+                && method != "notifications/initialized"
+            {
+                // Anything else the agent tells the server (roots/list_changed, ...) goes
+                // to the exit on the session's lifecycle stream.
+                let params = env.params.map(|p| req.body.slice_ref(p.get().as_bytes()));
+                session.notify_exit(method, params);
             }
             let _ = sink.respond(202, &[], b"").await;
         }

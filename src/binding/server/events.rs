@@ -207,6 +207,21 @@ impl Session {
         }
     }
 
+    /// Passes an agent notification to the exit (FLUSH on the lifecycle's initial
+    /// direction). Never waits: a lifecycle whose queue is full drops it, counted.
+    pub fn notify_exit(&self, method: &str, params: Option<Bytes>) {
+        let flush = Flush {
+            id: None,
+            event: Event::Notification {
+                method: Rc::from(method),
+                params,
+            },
+        };
+        if !self.lifecycle.initial.try_flush(flush) {
+            metrics::with(|m| m.overload_rejections += 1);
+        }
+    }
+
     /// Routes the agent's answer to a server-to-client request back to its stream.
     pub fn answer(&self, id: Bytes, result: Option<Bytes>, error: Option<Bytes>) {
         let Some(key) = std::str::from_utf8(&id)
