@@ -161,13 +161,7 @@ fn pooled_upstream_connections_are_reused() {
             assert!(r.json()["result"].is_object(), "{}", r.text());
         }
         let metrics = scrape(gw);
-        let value = |name: &str| -> u64 {
-            metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{name} ")))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
-        };
+        let value = |name: &str| metric(&metrics, name);
         // initialize, initialized and 30 calls, one at a time: one connection carries them.
         assert!(value("mcpyard_upstream_connects_total") <= 2, "{metrics}");
         assert!(value("mcpyard_upstream_reused_total") >= 30, "{metrics}");
@@ -255,6 +249,15 @@ fn a_refused_upstream_fails_initialize_with_a_jsonrpc_error() {
     });
 }
 
+/// The value of the unlabelled series `name` in a metrics scrape.
+fn metric(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+}
+
 /// Runs `body` against a gateway in front of `up` in every mode.
 fn each_mode_with(up: &Upstream, extra: &str, body: impl Fn(&Gateway)) {
     each_mode_exit(&up.client_exit(extra), body);
@@ -267,4 +270,84 @@ fn each_mode_exit(exit: &str, body: impl Fn(&Gateway)) {
         let gw = Gateway::start_with(mode, exit);
         body(&gw);
     }
+}
+
+/// A minimal upstream that answers each request and then closes the connection without
+/// saying so (no `Connection: close`), like a server whose keep-alive timer fired.
+fn closing_upstream() -> SocketAddr {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(Result::ok) {
+            let mut reader = BufReader::new(stream);
+            let mut length = 0usize;
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                if line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                line.clear();
+            }
+            let mut body = vec![0u8; length];
+            if reader.read_exact(&mut body).is_err() {
+                continue;
+            }
+            let text = String::from_utf8_lossy(&body);
+            let reply = if text.contains("\"initialize\"") {
+                let json = r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"closing","version":"1"}}}"#;
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: s1\r\ncontent-length: {}\r\n\r\n{json}",
+                    json.len()
+                )
+            } else if !text.contains("\"id\"") {
+                "HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n".to_owned()
+            } else {
+                let id =
+                    serde_json::from_str::<serde_json::Value>(&text).expect("json")["id"].clone();
+                let json = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[]}}}}"#);
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{json}",
+                    json.len()
+                )
+            };
+            let mut stream = reader.into_inner();
+            let _ = stream.write_all(reply.as_bytes());
+            // Dropping the stream closes it: the connection the gateway pooled is dead.
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_pooled_connection_the_upstream_closed_is_never_used() {
+    let addr = closing_upstream();
+    let exit = format!("{{kind: client, server: \"http://{addr}/mcp\"}}");
+    each_mode_exit(&exit, |gw| {
+        let session = gw.initialize();
+        for i in 0..3 {
+            // Let the upstream's close reach us before the next request takes the pool.
+            std::thread::sleep(Duration::from_millis(50));
+            let r = gw.post(
+                Some(&session),
+                &format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"x","arguments":{{}}}}}}"#),
+            );
+            assert!(r.json()["result"].is_object(), "call {i}: {}", r.text());
+        }
+        let metrics = scrape(gw);
+        let value = |name: &str| metric(&metrics, name);
+        assert!(
+            value("mcpyard_upstream_stale_dropped_total") >= 3,
+            "{metrics}"
+        );
+        assert_eq!(
+            value("mcpyard_upstream_stale_retries_total"),
+            0,
+            "{metrics}"
+        );
+        assert_eq!(value("mcpyard_upstream_failed_total"), 0, "{metrics}");
+    });
 }
