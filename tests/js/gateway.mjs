@@ -1,6 +1,9 @@
-// Starts an mcpyard gateway in front of the embedded demo toolkit, for the SDK tests.
+// Starts an mcpyard gateway for the SDK tests: in front of the embedded demo toolkit by
+// default, or in front of any exit binding given as YAML (for example a `client` binding
+// to an upstream MCP server, see `clientExit`).
 //
 //   const gw = await startGateway({ workers: 2 });
+//   const gw = await startGateway({ workers: 2, exitYaml: clientExit('http://127.0.0.1:3001/mcp') });
 //   ... gw.url is http://127.0.0.1:PORT/mcp ...
 //   assert.equal(await gw.stop(), 0);
 import { spawn } from 'node:child_process';
@@ -20,14 +23,31 @@ export const BINARY = process.env.MCPYARD_BIN ?? join(ROOT, 'target', 'release',
 const START_TIMEOUT_MS = 10_000;
 const STOP_TIMEOUT_MS = 10_000;
 
-/** The test configuration: a server binding whose exit is the demo toolkit. */
-export function configYaml({ workers = 2, progressInterval = '20ms' } = {}) {
+/** The exit binding's YAML for a `client` binding to the upstream MCP endpoint `url`. */
+export function clientExit(url) {
+  return `{ kind: client, server: ${JSON.stringify(url)} }`;
+}
+
+/**
+ * The test configuration: a server binding `north` whose exit is the demo toolkit, or, with
+ * `exitYaml` (the exit binding's value: a flow mapping such as `clientExit(url)`, or a block
+ * of `key: value` lines), that binding under the name `up`.
+ */
+export function configYaml({ workers = 2, progressInterval = '20ms', exitYaml } = {}) {
+  const exit = exitYaml === undefined ? null : String(exitYaml).trim();
+  if (exit === '') throw new Error('configYaml: exitYaml is empty');
+  const exitLines =
+    exit === null
+      ? [`  demo: { kind: demo, progress_interval: ${progressInterval} }`]
+      : exit.includes('\n')
+        ? ['  up:', ...exit.split('\n').map((line) => `    ${line}`)]
+        : [`  up: ${exit}`];
   return [
     `runtime: { workers: ${workers}, io: auto }`,
     'telemetry: { metrics: 127.0.0.1:0 }',
     'bindings:',
-    '  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: demo }',
-    `  demo: { kind: demo, progress_interval: ${progressInterval} }`,
+    `  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: ${exit === null ? 'demo' : 'up'} }`,
+    ...exitLines,
     '',
   ].join('\n');
 }
