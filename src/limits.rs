@@ -98,7 +98,15 @@ pub const LOG_FIELD_BYTES_MAX: usize = 128;
 
 /// Upstream connections one client binding may hold open per worker (pooled, busy and
 /// event streams together); past it a request gets a JSON-RPC error and a counter moves.
-pub const UPSTREAM_CONNECTIONS_MAX: usize = 1024;
+/// Every agent GET stream holds one upstream GET stream (HTTP/1.1), so this matches the
+/// agent-side connection bound.
+pub const UPSTREAM_CONNECTIONS_MAX: usize = CONNECTIONS_PER_WORKER_MAX;
+
+/// Bytes of the heap buffer an idle upstream event stream reads into: such a stream waits
+/// most of its life, and a slot (or even a 4 KiB buffer) per waiting stream would cost
+/// more than the session itself. A read that fills it moves the stream to slots until the
+/// burst is over.
+pub const UPSTREAM_EVENT_READ_BYTES: usize = 512;
 
 /// Idle keep-alive connections a client binding keeps per worker; more are closed.
 pub const UPSTREAM_POOL_IDLE_MAX: usize = 64;
@@ -136,5 +144,6 @@ const _: () = assert!(SSE_EVENT_BYTES_MAX <= MESSAGE_BYTES_MAX);
 const _: () = assert!(REQUESTS_PER_SESSION_MAX <= STREAMS_PER_WORKER_MAX);
 const _: () = assert!(STREAM_WINDOW_BYTES as usize <= SLOT_BYTES);
 const _: () = assert!(UPSTREAM_POOL_IDLE_MAX <= UPSTREAM_CONNECTIONS_MAX);
+const _: () = assert!(UPSTREAM_EVENT_READ_BYTES < SLOT_BYTES);
 const _: () = assert!(UPSTREAM_COALESCE_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(UPSTREAM_OUTBOX_EVENTS_MAX <= STREAM_FRAMES_MAX);

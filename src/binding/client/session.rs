@@ -609,6 +609,7 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
             Ok(super::Answered { mut response, head }) => {
                 match (head.status, BodyKind::of(&head)) {
                     (200, BodyKind::Sse) => {
+                        response.lease.link.wire().set_event_stream();
                         session.events.set(Events::Live);
                         announced = true;
                         let live = Flush {

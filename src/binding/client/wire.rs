@@ -10,8 +10,9 @@
 //! no slot (DESIGN §5). Whether such a connection is still usable is checked when it is
 //! taken from the pool ([`crate::runtime::Conn::unusable`]).
 
+use crate::limits::UPSTREAM_EVENT_READ_BYTES;
 use crate::metrics;
-use crate::runtime::{Conn, Slots};
+use crate::runtime::{Conn, ReadBuf, Slots};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -41,6 +42,11 @@ pub struct Wire {
     demand: Notify,
     /// Wakes the exchange (bytes arrived, or the read side is over).
     arrived: Notify,
+    /// This connection carries a long-lived event stream: while it is quiet, its reads use
+    /// a small heap buffer instead of a slot.
+    event_stream: Cell<bool>,
+    /// The last read filled its buffer: more is likely waiting, read into a slot.
+    burst: Cell<bool>,
 }
 
 /// The owner's handle of a connection: closing it on drop is what ends the read loop.
@@ -60,6 +66,8 @@ impl Link {
             closed: Cell::new(false),
             demand: Notify::new(),
             arrived: Notify::new(),
+            event_stream: Cell::new(false),
+            burst: Cell::new(false),
         });
         metrics::with(|m| m.upstream.connections += 1);
         tokio::task::spawn_local(read_loop(wire.clone(), slots));
@@ -94,6 +102,11 @@ impl Wire {
     /// The bytes read so far and not yet consumed.
     pub fn inbox(&self) -> std::cell::RefMut<'_, BytesMut> {
         self.inbox.borrow_mut()
+    }
+
+    /// Marks the connection as a long-lived event stream (see `event_stream`).
+    pub fn set_event_stream(&self) {
+        self.event_stream.set(true);
     }
 
     /// Asks the read loop for more bytes and waits until some arrived (true) or the read
@@ -152,11 +165,17 @@ async fn read_loop(wire: Rc<Wire>, slots: Rc<Slots>) {
             }
             wire.demand.notified().await;
         }
-        let buf = slots.lend();
+        let buf = if wire.event_stream.get() && !wire.burst.get() {
+            ReadBuf::Heap(Vec::with_capacity(UPSTREAM_EVENT_READ_BYTES))
+        } else {
+            slots.lend()
+        };
+        let room = buf_capacity(&buf);
         let (result, buf) = wire.conn.read(buf).await;
         // A failed read ends the read side like a close: the exchange sees the
         // response cut short either way.
         let n = result.unwrap_or(0);
+        wire.burst.set(n >= room);
         if let Some(bytes) = buf.get(..n) {
             wire.inbox.borrow_mut().extend_from_slice(bytes);
         }
@@ -172,5 +191,13 @@ async fn read_loop(wire: Rc<Wire>, slots: Rc<Slots>) {
         }
         wire.read.set(ReadState::Idle);
         wire.arrived.notify_one();
+    }
+}
+
+/// How many bytes one read into `buf` can take.
+fn buf_capacity(buf: &ReadBuf) -> usize {
+    match buf {
+        ReadBuf::Fixed(_) => crate::limits::SLOT_BYTES,
+        ReadBuf::Heap(v) => v.capacity(),
     }
 }
