@@ -142,6 +142,35 @@ def categories(path):
     return [(v[0], v[1], k) for k, v in out.items()]
 
 
+def callers(path, fn_rx, top=8):
+    """Who calls the functions matching fn_rx (inclusive cost of the calls, call counts)."""
+    r = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--tree=caller", "--auto=no",
+                        "--threshold=100", path], capture_output=True, text=True)
+    agg = {}
+    block = []
+    for line in r.stdout.splitlines() + [""]:
+        if not line.strip():
+            block = []
+            continue
+        m = re.match(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+\*\s+(.*)$", line)
+        if m:
+            if re.search(fn_rx, m.group(2)):
+                for ir, fn, n in block:
+                    a = agg.setdefault(fn, [0, 0])
+                    a[0] += ir
+                    a[1] += n
+            block = []
+            continue
+        m = re.match(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+<\s+(.*?)(?:\s+\(([\d,]+)x\))?(?:\s+\[[^\]]*\])?$",
+                     line)
+        if m:
+            rest = m.group(2)
+            fn = rest.split(":", 1)[1] if ":" in rest.split(" ")[0] else rest
+            block.append((int(m.group(1).replace(",", "")), fn.strip(),
+                          int((m.group(3) or "0").replace(",", ""))))
+    return sorted(((v[0], v[1], k) for k, v in agg.items()), reverse=True)[:top]
+
+
 def short_file(f):
     f = f.replace(REPO + "/", "")
     f = re.sub(r"^.*/registry/src/[^/]+/", "", f)  # crate-x.y.z/src/...
@@ -216,6 +245,8 @@ def run(procs):
     exclusive = annotate(os.path.join(RAW, B["path"]), False, a.top)
     grouped = by_function(os.path.join(RAW, B["path"]), a.top)
     cats = categories(os.path.join(RAW, B["path"]))
+    utf8_callers = callers(os.path.join(RAW, B["path"]), r"core::str::converts::from_utf8")
+    malloc_callers = callers(os.path.join(RAW, B["path"]), r"__rustc::__rust_alloc( |$)", 10)
     exit_code = procs.stop(g.p, grace=30)
     procs.stop(fx.p)
     data = {
@@ -224,7 +255,8 @@ def run(procs):
         "idle": {"ir": idle_ir, "seconds": idle_s, "ir_per_s": idle_rate},
         "phases": phases, "ir_per_call": {
             "B_over_calls": per_b, "B_minus_A": per_diff, "B_minus_A_minus_idle": per_diff_idle},
-        "inclusive_top": inclusive, "exclusive_top": exclusive, "self_by_function": grouped, "categories": cats, "exit_code": exit_code,
+        "inclusive_top": inclusive, "exclusive_top": exclusive, "self_by_function": grouped, "categories": cats,
+        "utf8_callers": utf8_callers, "malloc_callers": malloc_callers, "exit_code": exit_code,
     }
     write_report(NAME, report(data, a), data)
 
@@ -270,6 +302,16 @@ def report(d, a):
                    [[k, fmt(ir / B["calls"]), f"{pct:.1f}"] for ir, pct, k in d["categories"]],
                    ["l", "r", "r"]))
     L.append("")
+    for title, key in (("`core::str::from_utf8` (UTF-8 validation)", "utf8_callers"),
+                       ("`__rust_alloc` (every Rust heap allocation)", "malloc_callers")):
+        rows = d.get(key) or []
+        if rows:
+            L.append(f"Callers of {title}, phase B (inclusive Ir of the calls; calls per "
+                     "tools/call):\n")
+            L.append(table(["Ir / call", "calls / tools/call", "caller"],
+                           [[fmt(ir / B["calls"]), f"{n / B['calls']:.1f}", "`" + short(fn) + "`"]
+                            for ir, n, fn in rows], ["r", "r", "l"]))
+            L.append("")
     L.append(f"## Top {a.top} functions by inclusive cost (phase B)\n")
     L.append("Frames holding ≥ 90 % (thread start, `block_on`, the LocalSet tick, tokio's task "
              "poll) are left out. A name can appear twice: callgrind keys costs by "

@@ -24,7 +24,7 @@ import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PERF = os.path.join(REPO, "perf")
-RESULTS = os.path.join(PERF, "results")
+RESULTS = os.environ.get("PERF_RESULTS") or os.path.join(PERF, "results")  # override: tests
 RAW = os.path.join(RESULTS, "raw")  # gitignored: logs, callgrind/perf data, temp configs
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -243,7 +243,7 @@ class Fixture:
 
 
 class Gateway:
-    """mcpyard with a generated config in front of `upstream_url`."""
+    """mcpyard with a generated config in front of `upstream_url` (None: the embedded demo)."""
 
     def __init__(self, procs, gw, name, upstream_url, workers=1, io="uring", wrapper=None):
         self.name = name
@@ -256,7 +256,8 @@ class Gateway:
                 "telemetry: { metrics: 127.0.0.1:0 }\n"
                 "bindings:\n"
                 "  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up }\n"
-                f'  up: {{ kind: client, server: "{upstream_url}" }}\n'
+                + (f'  up: {{ kind: client, server: "{upstream_url}" }}\n' if upstream_url
+                   else "  up: { kind: demo }\n")
             )
         self.config = cfg
         out = os.path.join(RAW, f"{name}.log")
@@ -511,7 +512,8 @@ def loadgen(lg, tag, url, scenario="tools-call", rate=None, connections=8, durat
     t0 = pgroup_ticks(list(watch.values()))
     s0 = system_ticks()
     w0 = time.time()
-    logpath = os.path.join(RAW, f"{subdir + '-' if subdir else ''}{tag}.loadgen.log")
+    base = os.path.basename(subdir) if subdir else ""
+    logpath = os.path.join(RAW, f"{base + '-' if base else ''}{tag}.loadgen.log")
     p = Procs.current.start(f"loadgen {tag}", argv, logpath)
     try:
         p.wait(timeout=900)
@@ -578,26 +580,37 @@ def machine_info():
         load = " ".join(f.read().split()[:3])
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": cmd(["git", "-C", REPO, "rev-parse", "--short", "HEAD"]),
+        # the last commit that changed what is measured (perf/ commits change nothing there)
+        "commit": cmd(["git", "-C", REPO, "log", "-1", "--format=%h", "--", "src", "loadgen",
+                       "Cargo.toml", "Cargo.lock"]),
         "dirty": bool(cmd(["git", "-C", REPO, "status", "--porcelain", "--", "src", "loadgen"])),
         "kernel": platform.release(),
         "cpu": cpu,
         "cores": os.cpu_count(),
         "loadavg_start": load,
         "t0": time.time(),
+        "quiet": QUIET,
     }
 
 
-def machine_line(info):
+def machine_line(info, waited_s=None):
+    """One line on where and how a report was made; `info` from machine_info()."""
     dirty = " (src/loadgen modified)" if info.get("dirty") else ""
+    if waited_s is None:
+        waited_s = QUIET["waited_total_s"]
+    elapsed = info.get("elapsed_s")
+    if elapsed is None and "t0" in info and not info.get("rerendered"):
+        elapsed = time.time() - info["t0"]
+        info["elapsed_s"] = elapsed
+    quiet = info.get("quiet", QUIET)
     return (
-        f"{info['date_utc']}, commit {info['commit']}{dirty}, Linux {info['kernel']}, "
+        f"{info['date_utc']}, mcpyard at commit {info['commit']}{dirty}, Linux {info['kernel']}, "
         f"{info['cores']} cores ({info['cpu']}), load average at start {info['loadavg_start']}; "
         "every process (generator, fixture, proxies) shares the same cores, nothing pinned. "
-        f"Before each run the harness waited (up to {QUIET['max_wait_s']:.0f} s) for the machine "
-        f"to be under {QUIET['busy_pct']:.0f} % busy, since other builds share it. "
-        + (f"The script took {time.time() - info['t0']:.0f} s, {QUIET['waited_total_s']:.0f} s of "
-           "it waiting for the machine to be quiet." if "t0" in info else "")
+        f"Before each run the harness waited (up to {quiet['max_wait_s']:.0f} s) for the machine "
+        f"to be under {quiet['busy_pct']:.0f} % busy, since other builds share it. "
+        + (f"The script took {elapsed:.0f} s, {waited_s:.0f} s of it waiting for the machine "
+           "to be quiet." if elapsed is not None else "")
     )
 
 
@@ -629,7 +642,8 @@ def write_report(name, md, data):
     with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
         json.dump(data, f, indent=1, sort_keys=True, default=str)
         f.write("\n")
-    log(f"wrote perf/results/{name}.md and perf/results/{name}.json")
+    where = os.path.relpath(RESULTS, REPO) if RESULTS.startswith(REPO) else RESULTS
+    log(f"wrote {where}/{name}.md and {where}/{name}.json")
 
 
 def main_guard(script, fn):
