@@ -78,11 +78,18 @@ impl Headers {
         self.slice(field.value_start, field.value_end)
     }
 
+    /// True if `field` is called `name` (ASCII case-insensitive, compared as bytes: this
+    /// runs for every header on every lookup, so no UTF-8 check).
+    fn is_named(&self, field: &Field, name: &str) -> bool {
+        self.slice(field.name_start, field.name_end)
+            .eq_ignore_ascii_case(name.as_bytes())
+    }
+
     /// Returns the value of the first field called `name` (case-insensitive), or `None`.
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.fields
             .iter()
-            .find(|field| self.name_of(field).eq_ignore_ascii_case(name))
+            .find(|field| self.is_named(field, name))
             .map(|field| self.value_of(field))
     }
 
@@ -90,7 +97,7 @@ impl Headers {
     pub fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> {
         self.fields
             .iter()
-            .filter(move |field| self.name_of(field).eq_ignore_ascii_case(name))
+            .filter(move |field| self.is_named(field, name))
             .map(|field| self.value_of(field))
     }
 
