@@ -585,10 +585,16 @@ async fn terminate(client: &Client, session: &UpSession) {
     }
 }
 
+/// Doublings of the reconnect wait after failed attempts (2^5 × 1 s passes the cap anyway).
+const RETRY_DOUBLINGS_MAX: u32 = 5;
+
 /// Keeps the upstream GET event stream open for the session's life, relaying its events
 /// and reconnecting (with `Last-Event-ID`, after the upstream's `retry:`) when it breaks.
 async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
-    let mut wait = UPSTREAM_RETRY_DEFAULT;
+    // The upstream's `retry:` (or the default) after a stream that ran; doubled per failed
+    // attempt in a row, up to UPSTREAM_RETRY_MAX, so a broken upstream is not hammered.
+    let mut retry = UPSTREAM_RETRY_DEFAULT;
+    let mut failures: u32 = 0;
     let mut announced = false;
     while !session.closed.get() {
         let generation = session.ids.borrow().generation;
@@ -619,10 +625,11 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
                         if !session.post(live).await {
                             return;
                         }
-                        if let Some(retry) = follow(&session, &mut response).await {
-                            wait = retry;
+                        failures = 0;
+                        if let Some(asked) = follow(&session, &mut response).await {
+                            retry = asked;
                         }
-                        // The stream ended (or broke): reconnect after `wait`.
+                        // The stream ended (or broke): reconnect after `retry`.
                     }
                     (405, _) => {
                         session.events.set(Events::Unsupported);
@@ -638,18 +645,27 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
                         }
                         continue;
                     }
-                    (status, _) => log::warn(format_args!(
-                        "client {}: upstream GET stream answered {status}",
-                        client.name
-                    )),
+                    (status, _) => {
+                        failures += 1;
+                        log::warn(format_args!(
+                            "client {}: upstream GET stream answered {status}",
+                            client.name
+                        ));
+                    }
                 }
             }
-            Err(e) => log::warn(format_args!(
-                "client {}: upstream GET stream failed: {}",
-                client.name,
-                describe(e)
-            )),
+            Err(e) => {
+                failures += 1;
+                log::warn(format_args!(
+                    "client {}: upstream GET stream failed: {}",
+                    client.name,
+                    describe(e)
+                ));
+            }
         }
+        let wait = retry
+            .saturating_mul(1 << failures.min(RETRY_DOUBLINGS_MAX))
+            .min(UPSTREAM_RETRY_MAX);
         if !announced {
             // Let the agent's GET be served meanwhile; events follow once connected.
             announced = true;
