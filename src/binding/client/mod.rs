@@ -197,9 +197,22 @@ impl Client {
         expect: Option<&str>,
     ) -> Result<Option<Bytes>, UpErr> {
         let req = Outgoing::post(Some(session), body.len());
-        let Answered { mut response, head } = self.send(&req, &[body]).await?;
+        let Answered { response, head } = self.send(&req, &[body]).await?;
         check_status(&head)?;
-        let kind = BodyKind::of(&head);
+        self.read_answer(response, &head, expect).await
+    }
+
+    /// Reads the answer to one of a session's own messages (a 2xx head has arrived):
+    /// the result of the request with id `expect`, or nothing for an accepted notification
+    /// or response. Events meanwhile are ignored. The whole answer must arrive within the
+    /// response timeout; a connection whose answer ended cleanly goes back to the pool.
+    async fn read_answer(
+        &self,
+        mut response: Response,
+        head: &ResponseHead,
+        expect: Option<&str>,
+    ) -> Result<Option<Bytes>, UpErr> {
+        let kind = BodyKind::of(head);
         let mut messages = Messages::new(kind);
         let mut result = None;
         let deadline = Instant::now() + self.response_timeout;
@@ -238,7 +251,7 @@ impl Client {
                 BadBody::NotJsonRpc,
             )));
         }
-        self.finish(response, &head);
+        self.finish(response, head);
         Ok(result)
     }
 

@@ -410,7 +410,7 @@ async fn initialize(client: &Client, session: &UpSession) -> Result<Initialized,
     };
     *session.ids.borrow_mut() = fresh;
     let req = Outgoing::post(Some(session), body.len());
-    let super::Answered { mut response, head } = client.send(&req, &[body]).await?;
+    let super::Answered { response, head } = client.send(&req, &[body]).await?;
     match super::check_status(&head) {
         Ok(()) => {}
         Err(UpErr::SessionGone) => return Err(UpErr::Status(404)),
@@ -425,36 +425,11 @@ async fn initialize(client: &Client, session: &UpSession) -> Result<Initialized,
             )));
         }
     };
-    let kind = BodyKind::of(&head);
-    let mut messages = Messages::new(kind);
-    let deadline = tokio::time::Instant::now() + client.response_timeout;
-    let result = loop {
-        let next = tokio::select! {
-            m = exchange::next_message(&mut response, &mut messages) => m,
-            () = tokio::time::sleep_until(deadline) => {
-                response.lease.link.wire().close();
-                return Err(UpErr::Timeout(client.response_timeout));
-            }
-        };
-        let Some(incoming) = next.map_err(UpErr::Exchange)? else {
-            return Err(UpErr::Exchange(exchange::Failure::Body(
-                exchange::BadBody::NotJsonRpc,
-            )));
-        };
-        let Some(data) = incoming.data else { continue };
-        match exchange::classify(&data, Some(&id))
-            .map_err(|e| UpErr::Exchange(exchange::Failure::Body(e)))?
-        {
-            Upward::Result(result) => break result,
-            Upward::Error(reset) => return Err(UpErr::Rpc(reset)),
-            Upward::Event(_) | Upward::Ignore => {}
-        }
-    };
-    if kind == BodyKind::Json {
-        // The body ended with the one message: the connection can be reused.
-        let _ = exchange::next_message(&mut response, &mut messages).await;
-    }
-    client.finish(response, &head);
+    // With an id to expect, `read_answer` fails rather than answer without a result.
+    let result = client
+        .read_answer(response, &head, Some(&id))
+        .await?
+        .unwrap_or_default();
     let parsed: InitializeResult<'_> = std::str::from_utf8(&result)
         .ok()
         .and_then(|text| serde_json::from_str(text).ok())
