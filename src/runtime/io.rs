@@ -11,6 +11,7 @@ use bytes::Bytes;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
+use tokio::io::unix::AsyncFd;
 
 /// Which event loop a worker runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +35,10 @@ impl Backend {
 /// A connected TCP socket on the current worker.
 pub enum Conn {
     Uring(tokio_uring::net::TcpStream),
-    Epoll(tokio::net::TcpStream),
+    /// A non-blocking socket on tokio's reactor. `AsyncFd` rather than tokio's `TcpStream`
+    /// so a short read or write can clear the readiness it consumed: the next read then
+    /// waits for epoll instead of paying a `recv` that returns `EAGAIN`.
+    Epoll(AsyncFd<std::net::TcpStream>),
 }
 
 impl Conn {
@@ -93,7 +97,7 @@ impl Conn {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         match backend {
-            Backend::Epoll => Ok(Conn::Epoll(stream)),
+            Backend::Epoll => Conn::epoll(stream),
             Backend::Uring => {
                 let std = stream.into_std()?;
                 // The ring's reads and writes expect a blocking socket (as accept gives).
@@ -101,6 +105,15 @@ impl Conn {
                 Ok(Conn::Uring(tokio_uring::net::TcpStream::from_std(std)))
             }
         }
+    }
+
+    /// Moves a tokio stream (non-blocking, registered) to an `AsyncFd` of its own.
+    fn epoll(stream: tokio::net::TcpStream) -> io::Result<Conn> {
+        let std = stream.into_std()?;
+        // SAFETY: `std` owns its socket's descriptor, and a `std::net::TcpStream` returns
+        // that same descriptor from `as_raw_fd` until it is dropped with the `AsyncFd`.
+        let fd = unsafe { AsyncFd::register(std) }.map_err(io::Error::from)?;
+        Ok(Conn::Epoll(fd))
     }
 
     /// True if the peer has closed (or reset) this idle connection, or sent bytes nobody
@@ -133,25 +146,57 @@ impl Conn {
     }
 }
 
-async fn epoll_read(s: &tokio::net::TcpStream, v: &mut Vec<u8>) -> io::Result<usize> {
+/// Reads once into the spare capacity of `v`. A read shorter than the room it had
+/// emptied the socket's receive queue, so the readiness it used is cleared: the next read
+/// waits for epoll's next edge instead of trying `recv` for an `EAGAIN` first. (Clearing
+/// is tick-checked by tokio: an edge that arrived meanwhile is not lost.)
+async fn epoll_read(s: &AsyncFd<std::net::TcpStream>, v: &mut Vec<u8>) -> io::Result<usize> {
+    let room = v.capacity() - v.len();
+    assert!(room > 0, "a read buffer has room");
     loop {
-        s.readable().await?;
-        match s.try_read_buf(v) {
-            Ok(n) => return Ok(n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
+        let mut guard = s.readable().await?;
+        match guard.try_io(|fd| recv_spare(fd.as_raw_fd(), v)) {
+            Ok(Ok(n)) => {
+                if n > 0 && n < room {
+                    guard.clear_ready();
+                }
+                return Ok(n);
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
         }
     }
 }
 
-async fn epoll_write_all(s: &tokio::net::TcpStream, mut data: &[u8]) -> io::Result<()> {
+/// `recv(2)` into the spare capacity of `v`, extending its length by what arrived.
+fn recv_spare(fd: RawFd, v: &mut Vec<u8>) -> io::Result<usize> {
+    let spare = v.spare_capacity_mut();
+    // SAFETY: `fd` is a socket owned by the caller for the duration of the call; the
+    // pointer and length describe `spare`, writable memory owned by `v`, and recv writes
+    // at most that many bytes.
+    let n = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), spare.len(), 0) };
+    let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+    assert!(n <= spare.len());
+    // SAFETY: recv initialized the first `n` bytes of the spare capacity.
+    unsafe { v.set_len(v.len() + n) };
+    Ok(n)
+}
+
+/// Writes all of `data`; a short write (the send buffer filled) clears the write
+/// readiness so the next attempt waits for epoll rather than failing with `EAGAIN`.
+async fn epoll_write_all(s: &AsyncFd<std::net::TcpStream>, mut data: &[u8]) -> io::Result<()> {
     while !data.is_empty() {
-        s.writable().await?;
-        match s.try_write(data) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => data = data.get(n..).unwrap_or_default(),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
+        let mut guard = s.writable().await?;
+        match guard.try_io(|fd| io::Write::write(&mut fd.get_ref(), data)) {
+            Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => {
+                if n < data.len() {
+                    guard.clear_ready();
+                }
+                data = data.get(n..).unwrap_or_default();
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
         }
     }
     Ok(())
@@ -198,7 +243,7 @@ impl Listener {
             Listener::Epoll(l) => {
                 let (s, peer) = l.accept().await?;
                 s.set_nodelay(true)?;
-                Ok((Conn::Epoll(s), peer))
+                Ok((Conn::epoll(s)?, peer))
             }
         }
     }

@@ -172,7 +172,10 @@ impl Client {
     /// Waits for the response head, closing the connection past `response_timeout`.
     async fn await_head(&self, response: &mut Response) -> Result<ResponseHead, UpErr> {
         let deadline = tokio::time::sleep(self.response_timeout);
+        // `biased`: the head is often already read; then the timer is never polled, so it
+        // is never registered with the timer wheel (a registration per request otherwise).
         tokio::select! {
+            biased;
             event = response.next() => match event {
                 Ok(ResponseEvent::Head(head)) => Ok(head),
                 Ok(_) => Err(UpErr::Broken(Broken::Closed)),
@@ -219,6 +222,7 @@ impl Client {
         if kind != BodyKind::Other || expect.is_some() {
             loop {
                 let next = tokio::select! {
+                    biased;
                     m = exchange::next_message(&mut response, &mut messages) => m,
                     () = tokio::time::sleep_until(deadline.into()) => {
                         response.lease.link.wire().close();
@@ -405,6 +409,7 @@ async fn write_bounded(lease: &Lease, data: Bytes, deadline: Instant) -> Result<
     let write = wire.write(data);
     tokio::pin!(write);
     let result = tokio::select! {
+        biased;
         r = &mut write => r,
         () = tokio::time::sleep_until(deadline.into()) => {
             wire.close();

@@ -128,7 +128,9 @@ impl Exchange<'_> {
         let kind = BodyKind::of(&head);
         let outcome = match kind {
             BodyKind::Json => self.answer_json(&mut response).await.map(|()| None),
-            BodyKind::Sse => self.answer_sse(&mut response).await,
+            // Boxed: an event-stream answer's state (resume, nested waits) is three times
+            // a JSON answer's, and a spawned task is as large as its largest state.
+            BodyKind::Sse => Box::pin(self.answer_sse(&mut response)).await,
             BodyKind::Other => Err(UpErr::Exchange(exchange::Failure::Body(
                 exchange::BadBody::NotJsonRpc,
             ))),
@@ -192,7 +194,10 @@ impl Exchange<'_> {
                 }
                 UpErr::SessionGone if renew && self.session.ids().session.is_some() => {
                     renew = false;
-                    if !session::reinitialize(self.client, self.session, generation).await {
+                    // Boxed: rare, and its state would otherwise widen every request's task.
+                    let renewed =
+                        Box::pin(session::reinitialize(self.client, self.session, generation));
+                    if !renewed.await {
                         return Err(UpErr::SessionGone);
                     }
                 }
@@ -316,7 +321,12 @@ impl Exchange<'_> {
                     }
                 }
             };
+            // `biased`: the work is polled first and is often ready at once; the other
+            // branches (and the timer's registration) are then skipped. The caller going
+            // away is still seen: relaying to a gone caller fails, and the next wait polls
+            // it; deadlines of work that never waits are checked by the callers.
             let woke = tokio::select! {
+                biased;
                 t = work.as_mut() => Wake::Upstream(t),
                 throttle = self.callee.reply.throttle() => match throttle {
                     Some(Throttle::Challenge(Challenge::Answer { id, result, error })) => {
@@ -491,6 +501,15 @@ impl Exchange<'_> {
             };
             let ended = match next.map_err(UpErr::Broken)? {
                 ResponseEvent::Data(piece) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        // A body that keeps arriving never lets the wait's timer fire.
+                        if now >= self.callee.begin.deadline {
+                            return Err(UpErr::Gone);
+                        }
+                        metrics::with(|m| m.upstream.timeouts += 1);
+                        return Err(UpErr::Timeout(timeout));
+                    }
                     scanner.feed(piece, &mut events).map_err(malformed)?;
                     false
                 }

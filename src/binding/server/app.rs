@@ -117,7 +117,8 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
         Err(e) => return http_error_code(sink, 400, e.code, e.message, e.id.as_deref()).await,
     };
     if env.kind == MsgKind::Request && env.method.as_deref() == Some("initialize") {
-        return initialize(&server, &req, &env, sink).await;
+        // Boxed: once per session, and larger than a request's state.
+        return Box::pin(initialize(&server, &req, &env, sink)).await;
     }
     let session = match events::session_for(&server, &req) {
         Ok(s) => s,
@@ -244,6 +245,7 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
     server.exit.open(callee);
     let deadline = tokio::time::sleep(server.cfg.request_timeout);
     let first = tokio::select! {
+        biased;
         f = caller.reply.next() => f,
         () = deadline => None,
     };
