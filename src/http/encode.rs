@@ -13,6 +13,17 @@ use super::error::HttpError;
 /// Digits in the longest `u64`, decimal (20) or hexadecimal (16).
 const U64_DIGITS_MAX: usize = 20;
 
+/// Largest piece `put_bulk` copies with one `memcpy` call.
+///
+/// glibc's x86-64 `memcpy` switches to `rep movsb` at 4 KiB (2 KiB x VEC_SIZE/16 with AVX2),
+/// and on the AMD EPYC machines we measure on, `rep movsb` runs about 17 times slower
+/// (32 KiB: 11 µs instead of 0.65 µs) when the destination sits 1 to ~32 bytes above the
+/// source modulo 4096 (4K aliasing). A 32 KiB chunk written after its 6-byte size line hits
+/// that whenever the two buffers are laid out back to back, as in `bench/codecs.rs`. Pieces
+/// below the threshold take glibc's vector loop, which is as fast in every layout; each
+/// extra call costs a few dozen instructions per 2 KiB.
+const COPY_PIECE_BYTES: usize = 2 * 1024;
+
 /// Returns the standard reason phrase for `status` (RFC 9110 §15), or `""` if it has none;
 /// an empty reason phrase is valid (RFC 9112 §4).
 pub fn reason_phrase(status: u16) -> &'static str {
@@ -105,10 +116,20 @@ pub fn encode_chunk(data: &[u8], out: &mut BytesMut) {
     if data.is_empty() {
         return;
     }
+    // One reservation for the whole chunk: the size line, the data and the CRLF after it.
+    out.reserve(U64_DIGITS_MAX + data.len() + 4);
     put_hex(data.len() as u64, out);
     out.put_slice(b"\r\n");
-    out.put_slice(data);
+    put_bulk(data, out);
     out.put_slice(b"\r\n");
+}
+
+/// Appends `data`, which may be large, in pieces of at most `COPY_PIECE_BYTES` so that no
+/// single copy takes glibc's `rep movsb` path (see `COPY_PIECE_BYTES`). The caller reserves.
+fn put_bulk(data: &[u8], out: &mut BytesMut) {
+    for piece in data.chunks(COPY_PIECE_BYTES) {
+        out.put_slice(piece);
+    }
 }
 
 /// Writes the last chunk and an empty trailer section, `0\r\n\r\n`, ending a chunked body.
@@ -296,6 +317,24 @@ mod tests {
         let expected = format!("12c\r\n{}\r\n", "x".repeat(300));
         assert_eq!(encoded(|out| encode_chunk(&big, out)), expected);
         assert_eq!(encoded(encode_last_chunk), "0\r\n\r\n");
+    }
+
+    #[test]
+    fn chunks_copied_in_pieces_keep_every_byte_in_order() {
+        for len in [
+            COPY_PIECE_BYTES - 1,
+            COPY_PIECE_BYTES,
+            COPY_PIECE_BYTES + 1,
+            3 * COPY_PIECE_BYTES + 7,
+        ] {
+            // A period prime to the piece size, so a misplaced piece changes the bytes.
+            let data: Vec<u8> = (0..len).map(|at| (at % 251) as u8).collect();
+            let mut out = BytesMut::from(&b"prefix"[..]);
+            encode_chunk(&data, &mut out);
+            let size_line = format!("{len:x}\r\n");
+            let expected = [b"prefix", size_line.as_bytes(), &data, b"\r\n"].concat();
+            assert_eq!(&out[..], &expected[..], "chunk of {len} bytes");
+        }
     }
 
     #[test]
