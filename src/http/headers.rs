@@ -156,11 +156,16 @@ impl Headers {
 /// Bytes compared at once by `names_match`.
 const WORD_BYTES: usize = 8;
 
+/// Names this short are compared a byte at a time; from here to `WORD_BYTES` as one word
+/// made of their first and last four bytes.
+const HALF_WORD_BYTES: usize = WORD_BYTES / 2;
+
 /// True if `a` and `b` are equal ignoring ASCII case, like `<[u8]>::eq_ignore_ascii_case`.
 ///
 /// Lookups compare a header name against every field name of the same length, so this runs
-/// several times per message: names of eight bytes or more are compared a word at a time,
-/// the last word overlapping the one before it (`content-length` is two words, not 14 bytes).
+/// several times per message: names are compared a word at a time, the last word
+/// overlapping the one before it (`content-length` is two words, not 14 bytes), and a word
+/// is lowercased only when its bytes differ as received.
 ///
 /// Kept out of line so that `Headers::is_named`, whose length check rules out most fields,
 /// stays small enough to inline into every lookup loop.
@@ -169,8 +174,14 @@ fn names_match(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
-    if a.len() < WORD_BYTES {
+    if a.len() < HALF_WORD_BYTES {
         return a.eq_ignore_ascii_case(b);
+    }
+    if a.len() < WORD_BYTES {
+        return match (halves(a), halves(b)) {
+            (Some(a_word), Some(b_word)) => words_match(&a_word, &b_word),
+            _ => a.eq_ignore_ascii_case(b),
+        };
     }
     let (Some(a_last), Some(b_last)) = (a.last_chunk::<WORD_BYTES>(), b.last_chunk::<WORD_BYTES>())
     else {
@@ -178,11 +189,29 @@ fn names_match(a: &[u8], b: &[u8]) -> bool {
     };
     let (a_words, _) = a.as_chunks::<WORD_BYTES>();
     let (b_words, _) = b.as_chunks::<WORD_BYTES>();
-    let words_match = a_words
+    a_words
         .iter()
         .zip(b_words)
-        .all(|(a_word, b_word)| word_lowercase(a_word) == word_lowercase(b_word));
-    words_match && word_lowercase(a_last) == word_lowercase(b_last)
+        .all(|(a_word, b_word)| words_match(a_word, b_word))
+        && words_match(a_last, b_last)
+}
+
+/// The first four and the last four bytes of `bytes` (which overlap below eight bytes) as
+/// one word; `None` if `bytes` is shorter than four.
+fn halves(bytes: &[u8]) -> Option<[u8; WORD_BYTES]> {
+    let head = bytes.first_chunk::<HALF_WORD_BYTES>()?;
+    let tail = bytes.last_chunk::<HALF_WORD_BYTES>()?;
+    let mut word = [0; WORD_BYTES];
+    let (word_head, word_tail) = word.split_at_mut(HALF_WORD_BYTES);
+    word_head.copy_from_slice(head);
+    word_tail.copy_from_slice(tail);
+    Some(word)
+}
+
+/// True if two words are equal ignoring ASCII case; exact equality, the usual case for
+/// names sent in lowercase, skips the lowercasing.
+fn words_match(a: &[u8; WORD_BYTES], b: &[u8; WORD_BYTES]) -> bool {
+    a == b || word_lowercase(a) == word_lowercase(b)
 }
 
 /// Reads eight bytes as a word with each ASCII uppercase letter turned into lowercase; other
@@ -291,7 +320,7 @@ mod tests {
         // Every byte value against every other, inside names on both sides of each word edge, at
         // every position: the word-at-a-time compare must agree with the standard one.
         let bytes: Vec<u8> = (0..=255u8).collect();
-        for len in [1, 2, 7, 8, 9, 14, 15, 16, 17] {
+        for len in [1, 2, 3, 4, 5, 6, 7, 8, 9, 14, 15, 16, 17] {
             for at in 0..len {
                 for &x in &bytes {
                     let mut a = b"content-length-xy".get(..len).unwrap_or_default().to_vec();
