@@ -6,9 +6,11 @@
 //! Run: `cargo bench --bench codecs` (add `-- --quick` for a short run).
 
 use bytes::{Bytes, BytesMut};
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use mcpyard::binding::server::session_id;
-use mcpyard::http::{self, BodyFraming, RequestDecoder, RequestEvent};
+use mcpyard::http::{
+    self, BodyFraming, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
+};
 use mcpyard::jsonrpc;
 use mcpyard::limits::SLOT_BYTES;
 use mcpyard::sse;
@@ -25,6 +27,68 @@ fn request_bytes() -> Vec<u8> {
     .into_bytes();
     r.extend_from_slice(CALL);
     r
+}
+
+/// A 1 KiB `tools/call` result as the upstream fixture answers it: one read holding the head
+/// and the whole Content-Length body (which has no newline).
+fn response_bytes_1k() -> Vec<u8> {
+    let mut body =
+        String::from(r#"{"jsonrpc":"2.0","id":42,"result":{"content":[{"type":"text","text":""#);
+    while body.len() < 1024 + 64 {
+        body.push_str("0123456789abcdef");
+    }
+    body.push_str(r#""}],"isError":false}}"#);
+    let mut r = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: 0001lg7geCVz7B-TdmYjLEbYSQ\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body.as_bytes());
+    r
+}
+
+/// Decodes one whole request and asks for the fields the server binding reads per request.
+fn decode_request_and_look_up(raw: &[u8]) -> usize {
+    let mut buf = BytesMut::from(raw);
+    let mut d = RequestDecoder::new(1 << 20);
+    let mut found = 0;
+    while let Ok(Some(ev)) = d.decode(&mut buf) {
+        match ev {
+            RequestEvent::Head(head) => {
+                for name in [
+                    "host",
+                    "origin",
+                    "accept",
+                    "mcp-protocol-version",
+                    "mcp-session-id",
+                ] {
+                    found += usize::from(head.headers.get(black_box(name)).is_some());
+                }
+                found += usize::from(head.keep_alive());
+            }
+            RequestEvent::Data(data) => found += data.len(),
+            RequestEvent::End => break,
+        }
+    }
+    found
+}
+
+/// Decodes one whole response: head, body, end.
+fn decode_response(raw: &[u8]) -> usize {
+    let mut buf = BytesMut::from(raw);
+    let mut d = ResponseDecoder::new(usize::MAX);
+    let mut found = 0;
+    while let Ok(Some(ev)) = d.decode(&mut buf, false) {
+        match ev {
+            ResponseEvent::Head(head) => {
+                found += usize::from(head.headers.get(black_box("content-type")).is_some());
+                found += usize::from(head.keep_alive());
+            }
+            ResponseEvent::Data(data) => found += data.len(),
+            ResponseEvent::End => break,
+        }
+    }
+    found
 }
 
 fn http_codecs(c: &mut Criterion) {
@@ -44,6 +108,14 @@ fn http_codecs(c: &mut Criterion) {
             }
             black_box(events)
         })
+    });
+    g.bench_function("decode_request_and_look_up", |b| {
+        b.iter(|| black_box(decode_request_and_look_up(black_box(&raw))))
+    });
+    let response = response_bytes_1k();
+    g.throughput(Throughput::Bytes(response.len() as u64));
+    g.bench_function("decode_response_1k", |b| {
+        b.iter(|| black_box(decode_response(black_box(&response))))
     });
     g.bench_function("encode_response_head", |b| {
         let mut out = BytesMut::with_capacity(256);
@@ -236,4 +308,60 @@ criterion_group!(
     scan_result,
     window_and_ids
 );
-criterion_main!(benches);
+
+/// Env var that switches the binary from criterion to a fixed-count loop, for callgrind:
+/// `CODECS_LOOP=decode_response_1k:10000 valgrind --tool=callgrind target/release/deps/codecs-*`.
+/// Run it with two counts and divide the difference in Ir by the difference in counts.
+const LOOP_ENV: &str = "CODECS_LOOP";
+
+/// Runs one HTTP codec operation `count` times, without criterion's own work around it.
+fn run_loop(name: &str, count: u64) -> Result<usize, String> {
+    let request = request_bytes();
+    let response = response_bytes_1k();
+    let chunk = vec![b'x'; 32 * 1024];
+    let mut out = BytesMut::with_capacity(40 * 1024);
+    let mut total = 0usize;
+    for _ in 0..count {
+        total += match name {
+            "decode_request_and_look_up" => decode_request_and_look_up(black_box(&request)),
+            "decode_response_1k" => decode_response(black_box(&response)),
+            "encode_chunk_32k" => {
+                out.clear();
+                http::encode_chunk(black_box(&chunk), &mut out);
+                out.len()
+            }
+            "encode_response_head" => {
+                out.clear();
+                http::encode_response_head(
+                    200,
+                    &[
+                        ("content-type", b"application/json"),
+                        ("mcp-session-id", b"0001lg7geCVz7B-TdmYjLEbYSQ"),
+                    ],
+                    BodyFraming::Length(black_box(123)),
+                    &mut out,
+                );
+                out.len()
+            }
+            _ => return Err(format!("{LOOP_ENV}: unknown operation {name}")),
+        };
+    }
+    Ok(black_box(total))
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var(LOOP_ENV) {
+        let (name, count) = spec.split_once(':').unwrap_or((spec.as_str(), "1"));
+        let count: u64 = count.parse().unwrap_or(1);
+        match run_loop(name, count) {
+            Ok(total) => println!("{name} x{count}: {total}"),
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

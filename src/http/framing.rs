@@ -22,27 +22,25 @@ pub(super) fn declared_framing(
     minor_version: u8,
     body_bytes_max: u64,
 ) -> Result<Option<BodyFraming>, HttpError> {
-    let te_present = headers.get("transfer-encoding").is_some();
-    let cl_present = headers.get("content-length").is_some();
-    if te_present && cl_present {
-        // RFC 9112 §6.3 (3): TE would override CL, but a message carrying both is the classic
-        // request-smuggling vector (two hops disagreeing on where the body ends). A gateway
-        // must not guess, so we refuse it outright instead of dropping Content-Length.
-        return Err(HttpError::BadRequest(
-            "both transfer-encoding and content-length",
-        ));
-    }
-    if te_present {
+    // Each lookup walks the fields, so look Content-Length up only where its answer is used.
+    if headers.get("transfer-encoding").is_some() {
+        if headers.get("content-length").is_some() {
+            // RFC 9112 §6.3 (3): TE would override CL, but a message carrying both is the
+            // classic request-smuggling vector (two hops disagreeing on where the body ends).
+            // A gateway must not guess, so we refuse it outright instead of dropping CL.
+            return Err(HttpError::BadRequest(
+                "both transfer-encoding and content-length",
+            ));
+        }
         // RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message means the framing is faulty.
         if minor_version == 0 {
             return Err(HttpError::BadRequest("transfer-encoding in http/1.0"));
         }
         return chunked_only(headers).map(Some);
     }
-    if !cl_present {
+    let Some(length) = content_length(headers)? else {
         return Ok(None);
-    }
-    let length = content_length(headers)?;
+    };
     if length > body_bytes_max {
         // Refused before any body byte arrives, so the peer learns early.
         return Err(HttpError::PayloadTooLarge);
@@ -75,10 +73,11 @@ fn chunked_only(headers: &Headers) -> Result<BodyFraming, HttpError> {
 }
 
 /// Parses every Content-Length field and list element; all must be the same decimal number.
+/// Returns `Ok(None)` if the head has no Content-Length field.
 ///
 /// RFC 9112 §6.3 (5): several fields, or a comma list, with identical values may be treated
 /// as one value; differing or non-numeric values are unrecoverable framing errors (400).
-fn content_length(headers: &Headers) -> Result<u64, HttpError> {
+fn content_length(headers: &Headers) -> Result<Option<u64>, HttpError> {
     let mut length: Option<u64> = None;
     for element in headers.get_all("content-length").flat_map(list_elements) {
         let value =
@@ -90,7 +89,9 @@ fn content_length(headers: &Headers) -> Result<u64, HttpError> {
             _ => length = Some(value),
         }
     }
-    length.ok_or(HttpError::BadRequest("invalid content-length"))
+    // Splitting a field value on commas yields at least one element, even for an empty
+    // value, so `None` here means there was no Content-Length field at all.
+    Ok(length)
 }
 
 /// Parses `1*DIGIT` (RFC 9110 §8.6) into a `u64`; `None` for empty, non-digit or too long.

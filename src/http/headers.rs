@@ -8,6 +8,8 @@ use std::fmt;
 
 use bytes::Bytes;
 
+use super::error::HttpError;
+
 /// Byte ranges of one field line inside the head. Invariant: `start <= end <= head.len()`
 /// for both ranges; `Headers::new` checks this and `slice` never panics regardless.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +35,23 @@ impl Field {
             value_end,
         })
     }
+}
+
+/// Locates every parsed header of a head as ranges into `base`, the bytes it was parsed
+/// from, in one allocation of exactly the right size.
+///
+/// Errors if a header does not lie inside `base` (a parser bug, never a property of input).
+pub(super) fn locate_fields(
+    base: &[u8],
+    headers: &[httparse::Header<'_>],
+) -> Result<Vec<Field>, HttpError> {
+    let mut fields = Vec::with_capacity(headers.len());
+    for header in headers {
+        let field = Field::locate(base, header.name.as_bytes(), header.value)
+            .ok_or(HttpError::BadRequest("header outside head"))?;
+        fields.push(field);
+    }
+    Ok(fields)
 }
 
 /// Returns the `(start, end)` offsets of `part` inside `base`, if `part` is a sub-slice of it.
@@ -79,10 +98,17 @@ impl Headers {
     }
 
     /// True if `field` is called `name` (ASCII case-insensitive, compared as bytes: this
-    /// runs for every header on every lookup, so no UTF-8 check).
+    /// runs for every header on every lookup, so no UTF-8 check). The lengths are compared
+    /// first, from the field's own ranges, so most fields are ruled out without reading the
+    /// head.
+    #[inline]
     fn is_named(&self, field: &Field, name: &str) -> bool {
-        self.slice(field.name_start, field.name_end)
-            .eq_ignore_ascii_case(name.as_bytes())
+        let name_bytes = field.name_end.wrapping_sub(field.name_start) as usize;
+        name_bytes == name.len()
+            && names_match(
+                self.slice(field.name_start, field.name_end),
+                name.as_bytes(),
+            )
     }
 
     /// Returns the value of the first field called `name` (case-insensitive), or `None`.
@@ -125,6 +151,84 @@ impl Headers {
             .flat_map(list_elements)
             .any(|element| element.eq_ignore_ascii_case(token.as_bytes()))
     }
+}
+
+/// Bytes compared at once by `names_match`.
+const WORD_BYTES: usize = 8;
+
+/// Names this short are compared a byte at a time; from here to `WORD_BYTES` as one word
+/// made of their first and last four bytes.
+const HALF_WORD_BYTES: usize = WORD_BYTES / 2;
+
+/// True if `a` and `b` are equal ignoring ASCII case, like `<[u8]>::eq_ignore_ascii_case`.
+///
+/// Lookups compare a header name against every field name of the same length, so this runs
+/// several times per message: names are compared a word at a time, the last word
+/// overlapping the one before it (`content-length` is two words, not 14 bytes), and a word
+/// is lowercased only when its bytes differ as received.
+///
+/// Kept out of line so that `Headers::is_named`, whose length check rules out most fields,
+/// stays small enough to inline into every lookup loop.
+#[inline(never)]
+fn names_match(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    if a.len() < HALF_WORD_BYTES {
+        return a.eq_ignore_ascii_case(b);
+    }
+    if a.len() < WORD_BYTES {
+        return match (halves(a), halves(b)) {
+            (Some(a_word), Some(b_word)) => words_match(&a_word, &b_word),
+            _ => a.eq_ignore_ascii_case(b),
+        };
+    }
+    let (Some(a_last), Some(b_last)) = (a.last_chunk::<WORD_BYTES>(), b.last_chunk::<WORD_BYTES>())
+    else {
+        return false;
+    };
+    let (a_words, _) = a.as_chunks::<WORD_BYTES>();
+    let (b_words, _) = b.as_chunks::<WORD_BYTES>();
+    a_words
+        .iter()
+        .zip(b_words)
+        .all(|(a_word, b_word)| words_match(a_word, b_word))
+        && words_match(a_last, b_last)
+}
+
+/// The first four and the last four bytes of `bytes` (which overlap below eight bytes) as
+/// one word; `None` if `bytes` is shorter than four.
+fn halves(bytes: &[u8]) -> Option<[u8; WORD_BYTES]> {
+    let head = bytes.first_chunk::<HALF_WORD_BYTES>()?;
+    let tail = bytes.last_chunk::<HALF_WORD_BYTES>()?;
+    let mut word = [0; WORD_BYTES];
+    let (word_head, word_tail) = word.split_at_mut(HALF_WORD_BYTES);
+    word_head.copy_from_slice(head);
+    word_tail.copy_from_slice(tail);
+    Some(word)
+}
+
+/// True if two words are equal ignoring ASCII case; exact equality, the usual case for
+/// names sent in lowercase, skips the lowercasing.
+fn words_match(a: &[u8; WORD_BYTES], b: &[u8; WORD_BYTES]) -> bool {
+    a == b || word_lowercase(a) == word_lowercase(b)
+}
+
+/// Reads eight bytes as a word with each ASCII uppercase letter turned into lowercase; other
+/// bytes, non-ASCII ones included, are unchanged (the same mapping as
+/// `u8::to_ascii_lowercase`, applied to eight bytes at once).
+fn word_lowercase(bytes: &[u8; WORD_BYTES]) -> u64 {
+    const ONES: u64 = u64::from_ne_bytes([0x01; WORD_BYTES]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; WORD_BYTES]);
+    let word = u64::from_ne_bytes(*bytes);
+    // Per byte, on its low seven bits (at most 0x7f, so no sum below carries into the next
+    // byte): the high bit of `from_a` is set for values >= b'A', of `past_z` for > b'Z'.
+    let low_bits = word & !HIGH;
+    let from_a = low_bits + ONES * u64::from(0x80 - b'A');
+    let past_z = low_bits + ONES * u64::from(0x80 - b'Z' - 1);
+    // Uppercase: in A..=Z and an ASCII byte (high bit clear); 0x80 >> 2 is the case bit 0x20.
+    let upper = from_a & !past_z & !word & HIGH;
+    word | (upper >> 2)
 }
 
 /// Splits a list-valued field on commas and trims optional whitespace (RFC 9110 §5.6.1).
@@ -209,6 +313,38 @@ mod tests {
         assert!(h.is_empty());
         assert_eq!(h.get("host"), None);
         assert!(!h.has_token("connection", "close"));
+    }
+
+    #[test]
+    fn names_match_like_eq_ignore_ascii_case() {
+        // Every byte value against every other, inside names on both sides of each word edge, at
+        // every position: the word-at-a-time compare must agree with the standard one.
+        let bytes: Vec<u8> = (0..=255u8).collect();
+        for len in [1, 2, 3, 4, 5, 6, 7, 8, 9, 14, 15, 16, 17] {
+            for at in 0..len {
+                for &x in &bytes {
+                    let mut a = b"content-length-xy".get(..len).unwrap_or_default().to_vec();
+                    a[at] = x;
+                    for &y in &bytes {
+                        let mut b = a.clone();
+                        b[at] = y;
+                        assert_eq!(
+                            names_match(&a, &b),
+                            a.eq_ignore_ascii_case(&b),
+                            "{x:#x} vs {y:#x} at {at} of {len}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(names_match(b"", b""));
+        assert!(names_match(b"Content-Length", b"content-length"));
+        assert!(!names_match(b"content-length", b"content-lengtx"));
+        assert!(!names_match(b"content-length", b"content-lengt"));
+        assert!(!names_match(b"Xontent-Length", b"content-length"));
+        // The XOR of these two is exactly the case bit, yet they are not letters.
+        assert!(!names_match(b"mcp-session^id", b"mcp-session~id"));
+        assert!(!names_match(b"@", b"`"));
     }
 
     #[test]

@@ -5,13 +5,15 @@
 //! pipelined request. The head is parsed by httparse within `HEADER_BYTES_MAX`; the body is
 //! delimited per RFC 9112 §6.3 and handed out zero-copy.
 
+use std::mem::MaybeUninit;
+
 use bytes::BytesMut;
 
 use super::BodyFraming;
 use super::body::{BodyDecoder, BodyStep};
 use super::error::HttpError;
 use super::framing::declared_framing;
-use super::headers::{Field, Headers};
+use super::headers::{Field, Headers, locate_fields};
 use super::scan::{HeadScan, strip_empty_lines};
 use crate::limits::{HEADER_BYTES_MAX, HEADERS_PER_MESSAGE_MAX, REQUEST_TARGET_BYTES_MAX};
 
@@ -242,9 +244,12 @@ struct ParsedHead {
 
 /// Parses a complete head at the front of `scan`; `Ok(None)` if it is not complete yet.
 fn parse_head(scan: &[u8]) -> Result<Option<ParsedHead>, HttpError> {
-    let mut slots = [httparse::EMPTY_HEADER; HEADERS_PER_MESSAGE_MAX];
-    let mut request = httparse::Request::new(&mut slots);
-    let head_len = match request.parse(scan) {
+    // Left uninitialized: httparse writes the slots it fills, and filling all 64 first would
+    // cost more than parsing a typical head.
+    let mut slots =
+        [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; HEADERS_PER_MESSAGE_MAX];
+    let mut request = httparse::Request::new(&mut []);
+    let head_len = match request.parse_with_uninit_headers(scan, &mut slots) {
         Ok(httparse::Status::Complete(head_len)) => head_len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(err) => return Err(parse_error(err, scan)),
@@ -261,12 +266,7 @@ fn parse_head(scan: &[u8]) -> Result<Option<ParsedHead>, HttpError> {
     if target.len() > REQUEST_TARGET_BYTES_MAX {
         return Err(HttpError::UriTooLong);
     }
-    let fields = request
-        .headers
-        .iter()
-        .map(|header| Field::locate(scan, header.name.as_bytes(), header.value))
-        .collect::<Option<Vec<Field>>>()
-        .ok_or(HttpError::BadRequest("header outside head"))?;
+    let fields = locate_fields(scan, request.headers)?;
     Ok(Some(ParsedHead {
         head_len,
         method: Method::from_token(method),
@@ -319,10 +319,7 @@ pub(super) fn first_line(scan: &[u8]) -> &[u8] {
         .position(|b| *b != b'\r' && *b != b'\n')
         .unwrap_or(scan.len());
     let line = scan.get(start..).unwrap_or_default();
-    let end = line
-        .iter()
-        .position(|b| *b == b'\r' || *b == b'\n')
-        .unwrap_or(line.len());
+    let end = memchr::memchr2(b'\r', b'\n', line).unwrap_or(line.len());
     line.get(..end).unwrap_or_default()
 }
 
@@ -333,11 +330,13 @@ fn check_target_length(buf: &[u8]) -> Result<(), HttpError> {
         .get(..buf.len().min(HEADER_BYTES_MAX))
         .unwrap_or_default();
     let line = first_line(scan);
-    // request-line = method SP request-target SP HTTP-version (RFC 9112 §3).
-    let mut words = line.splitn(3, |b| *b == b' ');
-    let _method = words.next();
-    let target = words.next().unwrap_or_default();
-    if target.len() > REQUEST_TARGET_BYTES_MAX {
+    // request-line = method SP request-target SP HTTP-version (RFC 9112 §3): the target is
+    // what lies between the first space and the next one (or the end, while it arrives).
+    let after_method = memchr::memchr(b' ', line)
+        .and_then(|space_at| line.get(space_at + 1..))
+        .unwrap_or_default();
+    let target_len = memchr::memchr(b' ', after_method).unwrap_or(after_method.len());
+    if target_len > REQUEST_TARGET_BYTES_MAX {
         return Err(HttpError::UriTooLong);
     }
     Ok(())

@@ -11,7 +11,7 @@ use super::BodyFraming;
 use super::body::{BodyDecoder, BodyStep};
 use super::error::HttpError;
 use super::framing::declared_framing;
-use super::headers::{Field, Headers};
+use super::headers::{Field, Headers, locate_fields};
 use super::request::{DECODE_STEPS_MAX, first_line, version_error};
 use super::scan::{HeadScan, strip_empty_lines};
 use crate::limits::{HEADER_BYTES_MAX, HEADERS_PER_MESSAGE_MAX};
@@ -279,12 +279,7 @@ fn parse_head(scan: &[u8]) -> Result<Option<ParsedHead>, HttpError> {
     let (Some(status), Some(minor_version)) = (response.code, response.version) else {
         return Err(HttpError::BadRequest("invalid status line"));
     };
-    let fields = response
-        .headers
-        .iter()
-        .map(|header| Field::locate(scan, header.name.as_bytes(), header.value))
-        .collect::<Option<Vec<Field>>>()
-        .ok_or(HttpError::BadRequest("header outside head"))?;
+    let fields = locate_fields(scan, response.headers)?;
     Ok(Some(ParsedHead {
         head_len,
         status,

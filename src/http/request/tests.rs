@@ -502,3 +502,152 @@ fn random_chunked_bodies_round_trip() {
         );
     }
 }
+
+/// A request head of exactly `head_bytes` bytes (padded with one `X-Pad` field) announcing
+/// a 5-byte body, followed by that body.
+fn padded_post(head_bytes: usize) -> Vec<u8> {
+    let start = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nX-Pad: ";
+    let end = b"\r\n\r\n";
+    let pad = head_bytes - start.len() - end.len();
+    [&start[..], &vec![b'p'; pad], end, b"hello"].concat()
+}
+
+#[test]
+fn head_ends_where_httparse_says_whatever_follows() {
+    let table: &[(&str, &[u8], &[&str])] = &[
+        (
+            "lf-only line ends",
+            b"POST / HTTP/1.1\nHost: a\nContent-Length: 4\n\nab\r\n",
+            &["head Post / 1.1 Length(4) keep_alive=true continue=false", "data ab\r\n", "end"],
+        ),
+        (
+            "lf-only header line, then crlf empty line",
+            b"GET / HTTP/1.1\r\nHost: a\n\r\n",
+            &["head Get / 1.1 None keep_alive=true continue=false", "end"],
+        ),
+        (
+            "body holding empty lines and a request-like text",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 28\r\n\r\n\r\n\r\nGET /x HTTP/1.1\n\nab\r\n\r\n\n",
+            &[
+                "head Post / 1.1 Length(28) keep_alive=true continue=false",
+                "data \r\n\r\nGET /x HTTP/1.1\n\nab\r\n\r\n\n",
+                "end",
+            ],
+        ),
+        (
+            "pipelined request after a body of empty lines",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\n\r\n\r\nGET /2 HTTP/1.1\r\nHost: b\r\n\r\n",
+            &[
+                "head Post / 1.1 Length(4) keep_alive=true continue=false",
+                "data \r\n\r\n",
+                "end",
+                "head Get /2 1.1 None keep_alive=true continue=false",
+                "end",
+            ],
+        ),
+        (
+            "cr then a non-lf byte is not an empty line",
+            b"GET / HTTP/1.1\r\nHost: a\r\n\rX: b\r\n\r\n",
+            &["error 400 invalid line ending"],
+        ),
+        (
+            "empty lines before the request line",
+            b"\r\n\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+            &["head Get / 1.1 None keep_alive=true continue=false", "end"],
+        ),
+    ];
+    for (name, input, want) in table {
+        let outcome = check(name, input, want);
+        if !want.iter().any(|line| line.starts_with("error")) {
+            assert_eq!(outcome.rest.as_deref(), Some(&b""[..]), "case {name}");
+        }
+    }
+}
+
+#[test]
+fn head_of_exactly_header_bytes_max_is_accepted_and_one_more_is_not() {
+    check(
+        "head at the limit",
+        &padded_post(HEADER_BYTES_MAX),
+        &[
+            "head Post / 1.1 Length(5) keep_alive=true continue=false",
+            "data hello",
+            "end",
+        ],
+    );
+    check(
+        "head one byte over the limit",
+        &padded_post(HEADER_BYTES_MAX + 1),
+        &["error 431 header fields too large"],
+    );
+}
+
+#[test]
+fn random_line_ends_and_newline_bodies_round_trip() {
+    const CASES: usize = 300;
+    const REQUESTS_MAX: usize = 3;
+    const FIELDS_MAX: usize = 5;
+    const BODY_BYTES_MAX: usize = 300;
+    // Bodies drawn mostly from line-end bytes, so they look like empty lines and heads.
+    const BODY_ALPHABET: &[u8] = b"\r\n\r\n\r\n:GET a";
+    let (mut rng, seed) = XorShift::from_env(0x6865_6164_2d65_6e64);
+    for case in 0..CASES {
+        let mut wire = Vec::new();
+        let mut want = Vec::new();
+        for request in 0..1 + rng.below(REQUESTS_MAX) {
+            let body: Vec<u8> = (0..rng.below(BODY_BYTES_MAX + 1))
+                .map(|_| BODY_ALPHABET[rng.below(BODY_ALPHABET.len())])
+                .collect();
+            let fields = rng.below(FIELDS_MAX + 1);
+            let mut lines = vec![
+                format!("POST /r{request} HTTP/1.1"),
+                "Host: a".to_owned(),
+                format!("Content-Length: {}", body.len()),
+            ];
+            lines.extend((0..fields).map(|at| format!("X-F{at}: v{at}")));
+            lines.push(String::new());
+            for line in lines {
+                wire.extend_from_slice(line.as_bytes());
+                wire.extend_from_slice(if rng.below(2) == 0 { b"\r\n" } else { b"\n" });
+            }
+            wire.extend_from_slice(&body);
+            want.push(format!(
+                "head Post /r{request} 1.1 Length({}) keep_alive=true continue=false fields={}",
+                body.len(),
+                fields + 2
+            ));
+            if !body.is_empty() {
+                want.push(format!("data {body:?}"));
+            }
+            want.push("end".to_owned());
+        }
+        // Cut the wire at a few random points into consecutive reads.
+        let mut cuts: Vec<usize> = (0..rng.below(8))
+            .map(|_| rng.below(wire.len() + 1))
+            .collect();
+        cuts.push(wire.len());
+        cuts.sort_unstable();
+        let mut parts: Vec<&[u8]> = Vec::new();
+        let mut from = 0;
+        for cut in cuts {
+            parts.push(&wire[from..cut]);
+            from = cut;
+        }
+        let outcome = run(&mut RequestDecoder::new(MESSAGE_BYTES_MAX), &parts, false);
+        let seen: Vec<String> = outcome
+            .events
+            .iter()
+            .map(|out| match out {
+                Out::Head(head) => format!("{} fields={}", show(out), head.headers.len()),
+                Out::Data(data) => format!("data {data:?}"),
+                other => show(other),
+            })
+            .collect();
+        assert_eq!(seen, want, "seed {seed} case {case}");
+        assert_eq!(
+            outcome.rest.as_deref(),
+            Some(&b""[..]),
+            "seed {seed} case {case}"
+        );
+    }
+}

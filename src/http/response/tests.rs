@@ -298,3 +298,94 @@ fn response_headers_are_kept() {
     assert_eq!(head.body, BodyFraming::Chunked);
     assert!(buf.is_empty());
 }
+
+/// A response head of exactly `head_bytes` bytes (padded with one `X-Pad` field) announcing
+/// a 5-byte body, followed by that body.
+fn padded_response(head_bytes: usize) -> Vec<u8> {
+    let start = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Pad: ";
+    let end = b"\r\n\r\n";
+    let pad = head_bytes - start.len() - end.len();
+    [&start[..], &vec![b'p'; pad], end, b"hello"].concat()
+}
+
+#[test]
+fn head_ends_where_httparse_says_whatever_follows() {
+    let body_1k: Vec<u8> = (0..1024).map(|at| b"0123456789abcdef"[at % 16]).collect();
+    let one_read = [
+        &b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1024\r\n\r\n"[..],
+        &body_1k,
+    ]
+    .concat();
+    let table: &[(&str, &[u8], Feeding, &[&str])] = &[
+        (
+            "head and a 1 KiB body without newlines in one read",
+            &one_read,
+            OPEN,
+            &[
+                "head 200 1.1 Length(1024) keep_alive=true",
+                "data 1024 bytes",
+                "end",
+            ],
+        ),
+        (
+            "lf-only line ends",
+            b"HTTP/1.1 200 OK\nContent-Length: 3\n\na\r\n",
+            OPEN,
+            &[
+                "head 200 1.1 Length(3) keep_alive=true",
+                "data a\r\n",
+                "end",
+            ],
+        ),
+        (
+            "body holding empty lines and a status-line-like text",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 25\r\n\r\n\r\n\r\nHTTP/1.1 500 No\r\n\r\n\n\n",
+            OPEN,
+            &[
+                "head 200 1.1 Length(25) keep_alive=true",
+                "data \r\n\r\nHTTP/1.1 500 No\r\n\r\n\n\n",
+                "end",
+            ],
+        ),
+        (
+            "close-delimited body of empty lines",
+            b"HTTP/1.1 200 OK\r\n\r\n\r\n\r\n\n",
+            CLOSED,
+            &[
+                "head 200 1.1 CloseDelimited keep_alive=false",
+                "data \r\n\r\n\n",
+                "end",
+            ],
+        ),
+        (
+            "interim response, then a final one in the same read",
+            b"HTTP/1.1 100 Continue\n\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n\r\n",
+            OPEN,
+            &["head 200 1.1 Length(2) keep_alive=true", "data \r\n", "end"],
+        ),
+    ];
+    for (name, input, feeding, want) in table {
+        let outcome = check(name, input, *feeding, want);
+        assert_eq!(outcome.rest.as_deref(), Some(&b""[..]), "case {name}");
+    }
+}
+
+#[test]
+fn head_of_exactly_header_bytes_max_is_accepted_and_one_more_is_not() {
+    check(
+        "head at the limit",
+        &padded_response(HEADER_BYTES_MAX),
+        OPEN,
+        &[
+            "head 200 1.1 Length(5) keep_alive=true",
+            "data hello",
+            "end",
+        ],
+    );
+    check(
+        "head one byte over the limit",
+        &padded_response(HEADER_BYTES_MAX + 1),
+        OPEN,
+        &["error 431 header fields too large"],
+    );
+}
