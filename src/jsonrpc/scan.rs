@@ -796,6 +796,10 @@ const PLAIN_LANES: usize = 32;
 /// Bytes per word when [`first_stop`] locates a stop inside a window.
 const WORD_BYTES: usize = 8;
 
+/// Words [`plain_run`] checks one at a time before it goes window by window: short strings
+/// end within them.
+const SHORT_WORDS: usize = 2;
+
 const _: () = assert!(PLAIN_LANES.is_multiple_of(WORD_BYTES));
 
 /// True for a byte that ends a run of plain string bytes: `"`, `\\` or a control byte.
@@ -866,15 +870,18 @@ fn word_stop(word: &[u8; WORD_BYTES]) -> Option<usize> {
 /// first stop is at or after the tail's start; only a slice shorter than one window goes
 /// byte by byte.
 pub(super) fn plain_run(bytes: &[u8]) -> usize {
-    // Most strings in a JSON-RPC envelope are short names and values, so the first word is
-    // looked at on its own before a whole window is.
-    let mut at = match bytes.first_chunk::<WORD_BYTES>() {
-        Some(word) => match word_stop(word) {
-            Some(stop) => return stop,
-            None => WORD_BYTES,
-        },
-        None => 0,
-    };
+    // Most strings in a JSON-RPC envelope are short names and values, so the first words
+    // are looked at on their own before a whole window is.
+    let mut at = 0;
+    for _ in 0..SHORT_WORDS {
+        let Some(word) = bytes.get(at..).and_then(<[u8]>::first_chunk::<WORD_BYTES>) else {
+            break;
+        };
+        if let Some(stop) = word_stop(word) {
+            return at + stop;
+        }
+        at += WORD_BYTES;
+    }
     while let Some(lanes) = bytes
         .get(at..)
         .and_then(|rest| rest.first_chunk::<PLAIN_LANES>())
