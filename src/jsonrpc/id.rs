@@ -77,7 +77,12 @@ pub fn id_key_of_raw(raw: &str) -> Option<IdKey> {
 /// Decodes a raw JSON string, borrowing when it has no escapes; `None` when `raw` is not a
 /// string.
 pub(crate) fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    let text = raw.get();
+    str_lexeme(raw.get())
+}
+
+/// Decodes a JSON string lexeme, borrowing when it has no escapes; `None` when `text` is not
+/// a string. `text` must be valid JSON (a `RawValue` or a value slice of one).
+pub(crate) fn str_lexeme(text: &str) -> Option<Cow<'_, str>> {
     let inner = text.strip_prefix('"')?.strip_suffix('"')?;
     if !inner.contains('\\') {
         // A RawValue is valid JSON, so an escape-free string body is its own value.

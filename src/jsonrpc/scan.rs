@@ -357,42 +357,50 @@ impl ResultScanner {
 
     /// One non-whitespace byte between tokens, or the first byte of a value.
     fn on_punctuation(&mut self, cx: &mut Cx<'_>, at: usize, b: u8) -> Result<(), ScanError> {
-        match (self.state, b) {
-            (State::Doc, b'{') => {
+        // Outer match on the state alone: it compiles to one jump table, where a match on
+        // `(state, byte)` with guards became a chain of compares on this hot path.
+        match self.state {
+            State::Value | State::ValueOrClose => {
+                if b == b']' && self.state == State::ValueOrClose {
+                    self.close(cx, at)?;
+                } else {
+                    self.begin_value(cx, at, b)?;
+                }
+            }
+            State::Colon => {
+                if b != b':' {
+                    return Err(ScanError::NotJson("expected ':'"));
+                }
+                self.state = State::Value;
+            }
+            State::CommaOrClose => {
+                let array = self.top_is_array();
+                match b {
+                    b',' if array => self.state = State::Value,
+                    b',' => self.state = State::Name,
+                    b']' if array => self.close(cx, at)?,
+                    b'}' if !array => self.close(cx, at)?,
+                    _ => return Err(ScanError::NotJson("expected ',' or a closing bracket")),
+                }
+            }
+            State::Name | State::NameOrClose => match b {
+                b'"' => self.begin_name(),
+                b'}' if self.state == State::NameOrClose => self.close(cx, at)?,
+                _ => return Err(ScanError::NotJson("expected a member name")),
+            },
+            State::Doc => {
+                if b != b'{' {
+                    return Err(ScanError::NotJson("the document must be an object"));
+                }
                 self.push(false)?;
                 self.state = State::NameOrClose;
             }
-            (State::Doc, _) => return Err(ScanError::NotJson("the document must be an object")),
-            (State::NameOrClose | State::Name, b'"') => self.begin_name(),
-            (State::NameOrClose, b'}') => self.close(cx, at)?,
-            (State::NameOrClose | State::Name, _) => {
-                return Err(ScanError::NotJson("expected a member name"));
-            }
-            (State::Colon, b':') => self.state = State::Value,
-            (State::Colon, _) => return Err(ScanError::NotJson("expected ':'")),
-            (State::ValueOrClose, b']') => self.close(cx, at)?,
-            (State::ValueOrClose | State::Value, _) => self.begin_value(cx, at, b)?,
-            (State::CommaOrClose, b',') => {
-                self.state = if self.top_is_array() {
-                    State::Value
-                } else {
-                    State::Name
-                };
-            }
-            (State::CommaOrClose, b']') if self.top_is_array() => self.close(cx, at)?,
-            (State::CommaOrClose, b'}') if !self.top_is_array() => self.close(cx, at)?,
-            (State::CommaOrClose, _) => {
-                return Err(ScanError::NotJson("expected ',' or a closing bracket"));
-            }
-            (State::End, _) => return Err(ScanError::Trailing),
-            (
-                State::Str(_)
-                | State::Escape(_)
-                | State::Unicode { .. }
-                | State::Number(_)
-                | State::Literal(_),
-                _,
-            ) => unreachable!("on_structure stops at the first byte of a token"),
+            State::End => return Err(ScanError::Trailing),
+            State::Str(_)
+            | State::Escape(_)
+            | State::Unicode { .. }
+            | State::Number(_)
+            | State::Literal(_) => unreachable!("on_structure stops at the first byte of a token"),
         }
         Ok(())
     }
@@ -536,10 +544,25 @@ impl ResultScanner {
                     return self.on_structure(cx, at + 1);
                 }
                 Some(b'\\') => match bytes.get(at + 1) {
-                    Some(&escaped) if escaped != b'u' => {
-                        at = self.on_escape(at + 1, escaped, text)?
-                    }
-                    _ => {
+                    Some(b'u') => match bytes.get(at + 2..).and_then(<[u8]>::first_chunk::<4>) {
+                        // The whole `\uXXXX` is in this piece: decoded here, not digit by digit.
+                        Some(hex) => {
+                            let code = hex
+                                .iter()
+                                .try_fold(0u16, |code, &b| {
+                                    Some(code << 4 | u16::from(hex_digit(b)?))
+                                })
+                                .ok_or(ScanError::NotJson("invalid \\u escape in a string"))?;
+                            self.unicode_decoded(text, code);
+                            at += 6;
+                        }
+                        None => {
+                            self.state = State::Escape(text);
+                            return Ok(at + 1);
+                        }
+                    },
+                    Some(&escaped) => at = self.on_escape(at + 1, escaped, text)?,
+                    None => {
                         self.state = State::Escape(text);
                         return Ok(at + 1);
                     }
@@ -585,11 +608,8 @@ impl ResultScanner {
         code: u16,
     ) -> Result<usize, ScanError> {
         assert!((1..=4).contains(&left));
-        let digit = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
-            b'A'..=b'F' => b - b'A' + 10,
-            _ => return Err(ScanError::NotJson("invalid \\u escape in a string")),
+        let Some(digit) = hex_digit(b) else {
+            return Err(ScanError::NotJson("invalid \\u escape in a string"));
         };
         let code = (code << 4) | u16::from(digit);
         if left > 1 {
@@ -600,6 +620,12 @@ impl ResultScanner {
             };
             return Ok(at + 1);
         }
+        self.unicode_decoded(text, code);
+        Ok(at + 1)
+    }
+
+    /// A `\uXXXX` escape decoded to `code`: the string goes on.
+    fn unicode_decoded(&mut self, text: Text, code: u16) {
         if text == Text::Member {
             // The names acted on are ASCII; anything else (surrogates included) is none of them.
             match u8::try_from(code) {
@@ -608,7 +634,6 @@ impl ResultScanner {
             }
         }
         self.state = State::Str(text);
-        Ok(at + 1)
     }
 
     /// The bytes of a number from `at`; the first byte that cannot continue it ends the number
@@ -753,37 +778,133 @@ impl ResultScanner {
     }
 }
 
-/// Returns the length of the leading run of `bytes` with no `"`, no `\` and no control byte
-/// (below 0x20): the bytes a string scan can skip without looking at them one by one.
-///
-/// Eight bytes at a time (SWAR): for each class, `(w - 0x01..01 * n) & !w & 0x80..80` flags
-/// the lowest matching byte exactly (higher flags may be false positives from the borrow, but
-/// never lower ones), so the lowest flag over the three classes is the first stop byte.
-fn plain_run(bytes: &[u8]) -> usize {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
-    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
-    const WORD_BYTES: usize = 8;
+/// The value of one hex digit of a `\uXXXX` escape; `None` for any other byte.
+#[inline(always)]
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Bytes a string scan checks per step of [`plain_run`]: two 16-byte SSE2 registers on
+/// x86-64, so one step is a handful of vector instructions.
+const PLAIN_LANES: usize = 32;
+
+/// Bytes per word when [`first_stop`] locates a stop inside a window.
+const WORD_BYTES: usize = 8;
+
+/// Words [`plain_run`] checks one at a time before it goes window by window: short strings
+/// end within them.
+const SHORT_WORDS: usize = 2;
+
+const _: () = assert!(PLAIN_LANES.is_multiple_of(WORD_BYTES));
+
+/// True for a byte that ends a run of plain string bytes: `"`, `\\` or a control byte.
+#[inline(always)]
+fn is_stop(b: u8) -> bool {
+    // Non-short-circuit `|` keeps this branch-free, so the lane loops below vectorize.
+    (b == b'"') | (b == b'\\') | (b < 0x20)
+}
+
+/// True when a window holds a stop byte. A fixed-size, branch-free fold: the compiler turns
+/// it into vector compares, ORs and one mask test (no `unsafe`, no intrinsics).
+#[inline(always)]
+fn any_stop(lanes: &[u8; PLAIN_LANES]) -> bool {
+    let mut flags = [0u8; PLAIN_LANES];
+    for (flag, &b) in flags.iter_mut().zip(lanes) {
+        *flag = u8::from(is_stop(b));
+    }
+    flags.iter().fold(0, |any, &flag| any | flag) != 0
+}
+
+/// The offset of the first stop byte in a window, [`PLAIN_LANES`] when there is none. The
+/// flags are computed as vector compares, then read back a word at a time.
+#[inline(always)]
+fn first_stop(lanes: &[u8; PLAIN_LANES]) -> usize {
+    let mut flags = [0u8; PLAIN_LANES];
+    for (flag, &b) in flags.iter_mut().zip(lanes) {
+        *flag = u8::from(is_stop(b)).wrapping_neg();
+    }
     let mut at = 0;
-    while let Some(word) = bytes
-        .get(at..)
-        .and_then(|rest| rest.first_chunk::<WORD_BYTES>())
-    {
-        let w = u64::from_le_bytes(*word);
-        let quote = w ^ QUOTES;
-        let backslash = w ^ BACKSLASHES;
-        let stops = (quote.wrapping_sub(ONES) & !quote)
-            | (backslash.wrapping_sub(ONES) & !backslash)
-            | (w.wrapping_sub(ONES * 0x20) & !w);
-        let stops = stops & HIGHS;
-        if stops != 0 {
-            return at + (stops.trailing_zeros() / 8) as usize;
+    for word in flags.chunks_exact(WORD_BYTES) {
+        let mut w = [0u8; WORD_BYTES];
+        w.copy_from_slice(word);
+        let w = u64::from_le_bytes(w);
+        if w != 0 {
+            return at + (w.trailing_zeros() / 8) as usize;
         }
         at += WORD_BYTES;
     }
+    PLAIN_LANES
+}
+
+/// The offset of the first stop byte in one word, if any.
+///
+/// SWAR: for each class, `(w - 0x01..01 * n) & !w & 0x80..80` flags the lowest matching byte
+/// exactly (higher flags may be false positives from the borrow, but never lower ones), so
+/// the lowest flag over the three classes is the first stop byte.
+#[inline(always)]
+fn word_stop(word: &[u8; WORD_BYTES]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; WORD_BYTES]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; WORD_BYTES]);
+    const QUOTES: u64 = u64::from_ne_bytes([b'"'; WORD_BYTES]);
+    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; WORD_BYTES]);
+    let w = u64::from_le_bytes(*word);
+    let quote = w ^ QUOTES;
+    let backslash = w ^ BACKSLASHES;
+    let stops = (quote.wrapping_sub(ONES) & !quote)
+        | (backslash.wrapping_sub(ONES) & !backslash)
+        | (w.wrapping_sub(ONES * 0x20) & !w);
+    let stops = stops & HIGHS;
+    (stops != 0).then(|| (stops.trailing_zeros() / 8) as usize)
+}
+
+/// Returns the length of the leading run of `bytes` with no `"`, no `\\` and no control byte
+/// (below 0x20): the bytes a string scan can skip without looking at them one by one.
+///
+/// [`PLAIN_LANES`] bytes at a time while that many remain. A shorter tail is checked with
+/// the last full window of `bytes`, which overlaps bytes already known to be plain, so its
+/// first stop is at or after the tail's start; only a slice shorter than one window goes
+/// byte by byte.
+pub(super) fn plain_run(bytes: &[u8]) -> usize {
+    // Most strings in a JSON-RPC envelope are short names and values, so the first words
+    // are looked at on their own before a whole window is.
+    let mut at = 0;
+    for _ in 0..SHORT_WORDS {
+        let Some(word) = bytes.get(at..).and_then(<[u8]>::first_chunk::<WORD_BYTES>) else {
+            break;
+        };
+        if let Some(stop) = word_stop(word) {
+            return at + stop;
+        }
+        at += WORD_BYTES;
+    }
+    while let Some(lanes) = bytes
+        .get(at..)
+        .and_then(|rest| rest.first_chunk::<PLAIN_LANES>())
+    {
+        if any_stop(lanes) {
+            return at + first_stop(lanes);
+        }
+        at += PLAIN_LANES;
+    }
+    if at == bytes.len() {
+        return at;
+    }
+    if let Some(last) = bytes.last_chunk::<PLAIN_LANES>() {
+        // Fewer than PLAIN_LANES bytes are left after `at`, so the window starts before it,
+        // and the bytes before `at` were all plain.
+        let start = bytes.len() - PLAIN_LANES;
+        assert!(start < at);
+        let stop = start + first_stop(last);
+        debug_assert!(stop >= at);
+        return stop;
+    }
     while let Some(&b) = bytes.get(at) {
-        if b == b'"' || b == b'\\' || b < 0x20 {
+        if is_stop(b) {
             break;
         }
         at += 1;

@@ -556,6 +556,54 @@ fn plain_run_stops_at_the_first_special_byte() {
     assert_eq!(plain_run(high.as_bytes()), high.len());
 }
 
+/// The first stop byte by the definition, one byte at a time.
+fn plain_run_reference(bytes: &[u8]) -> usize {
+    bytes
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+        .unwrap_or(bytes.len())
+}
+
+#[test]
+fn plain_run_finds_every_stop_in_windows_and_tails() {
+    // Lengths around one, two and three lane windows, so stops land in a full window, in
+    // the overlapping last window and in the byte-by-byte path of a short slice.
+    for len in 0..3 * 32 + 5 {
+        let plain: Vec<u8> = (0..len).map(|i| b"ab~\x7f\xc3\xa9 Z"[i % 8]).collect();
+        assert_eq!(plain_run(&plain), len, "plain of {len}");
+        for at in 0..len {
+            for stop in [b'"', b'\\', 0x00, 0x09, 0x1f] {
+                let mut bytes = plain.clone();
+                if let Some(b) = bytes.get_mut(at) {
+                    *b = stop;
+                }
+                assert_eq!(plain_run(&bytes), at, "stop {stop:#x} at {at} of {len}");
+                // A second stop after the first must not move the answer.
+                if let Some(b) = bytes.get_mut(len - 1) {
+                    *b = b'"';
+                }
+                assert_eq!(plain_run(&bytes), at, "two stops, first at {at} of {len}");
+            }
+        }
+    }
+    // Every byte value, at every lane of a window and of a tail.
+    for value in 0..=255u8 {
+        for len in [1, 31, 32, 33, 64, 70] {
+            for at in 0..len {
+                let mut bytes = vec![b'x'; len];
+                if let Some(b) = bytes.get_mut(at) {
+                    *b = value;
+                }
+                assert_eq!(
+                    plain_run(&bytes),
+                    plain_run_reference(&bytes),
+                    "byte {value:#x} at {at} of {len}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn display_names_the_problem() {
     let text = ScanError::Duplicate("result").to_string();
@@ -840,4 +888,109 @@ fn mutated_documents_agree_with_serde_json() {
     }
     // The mutations must actually reach the refusal paths.
     assert!(refused > ROUNDS, "seed {seed}: only {refused} refused");
+}
+
+/// Every escape the string fast paths decode in place, and malformed ones they must refuse.
+const ESCAPES: &[&str] = &[
+    "\\\"",
+    "\\\\",
+    "\\/",
+    "\\b",
+    "\\f",
+    "\\n",
+    "\\r",
+    "\\t",
+    "\\u0041",
+    "\\u00e9",
+    "\\uD83D\\uDE00",
+    "\\u005C",
+    "\\u0022",
+    // An escaped backslash, then an escaped quote.
+    "\\\\\\\"",
+];
+const BAD_ESCAPES: &[&str] = &["\\x", "\\u12G4", "\\u00\"", "\\U0041", "\u{1}"];
+
+/// A string value of 70 plain bytes (two lane windows and a tail) with `escape` at `at`.
+fn text_with(escape: &str, at: usize) -> String {
+    let plain = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ-_.é!?";
+    let (head, tail) = plain.split_at(plain.floor_char_boundary(at));
+    format!("\"{head}{escape}{tail}\"")
+}
+
+#[test]
+fn escapes_at_every_position_and_split() {
+    for escape in ESCAPES {
+        for at in 0..=70 {
+            let text = text_with(escape, at);
+            // As the result value, and as the name of a top-level member the scanner decodes.
+            for doc in [
+                format!(r#"{{"id":1,"result":{{"t":{text}}}}}"#),
+                format!(r#"{{"id":1,{text}:[{text}],"result":{text}}}"#),
+            ] {
+                assert!(
+                    serde_json::from_str::<serde_json::Value>(&doc).is_ok(),
+                    "{doc}"
+                );
+                let result = doc
+                    .rsplit_once("\"result\":")
+                    .map(|(_, r)| r.strip_suffix('}').unwrap_or(r))
+                    .unwrap_or_default();
+                let want = Ok(expect(Some(result), Some("1"), None));
+                for pieces in all_splits(doc.as_bytes()) {
+                    assert_eq!(
+                        scan_pieces(&pieces),
+                        want,
+                        "{doc} in {} pieces",
+                        pieces.len()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_escapes_fail_at_every_position_and_split() {
+    for escape in BAD_ESCAPES {
+        for at in [0, 1, 7, 8, 31, 32, 33, 63, 64, 69] {
+            let doc = format!(r#"{{"id":1,"result":{}}}"#, text_with(escape, at));
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&doc).is_err(),
+                "{doc}"
+            );
+            let first = scan_pieces(&whole(doc.as_bytes()));
+            assert!(
+                matches!(first, Err(ScanError::NotJson(_))),
+                "{doc}: {first:?}"
+            );
+            for pieces in all_splits(doc.as_bytes()) {
+                assert_eq!(
+                    scan_pieces(&pieces),
+                    first,
+                    "{doc} in {} pieces",
+                    pieces.len()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn member_names_with_escapes_are_decoded_before_matching() {
+    for name in ["\"res\\u0075lt\"", "\"\\u0072esult\"", "\"resul\\u0074\""] {
+        let doc = format!(r#"{{"id":1,{name}:[1]}}"#);
+        for pieces in all_splits(doc.as_bytes()) {
+            assert_eq!(
+                scan_pieces(&pieces),
+                Ok(expect(Some("[1]"), Some("1"), None)),
+                "{doc}"
+            );
+        }
+    }
+    // An escape that decodes to something else is not the member.
+    let doc = r#"{"id":1,"res\u0076lt":[1]}"#;
+    assert_eq!(
+        scan_pieces(&whole(doc.as_bytes())),
+        Ok(expect(None, Some("1"), None))
+    );
 }
