@@ -86,7 +86,11 @@ def memory(procs, gw, lg, a, n, demo):
     log(f"{n} idle sessions{' (demo exit)' if demo else ''}: opening")
     t0 = time.time()
     lp = procs.start(f"{tag}-loadgen", argv, logpath)
-    m = wait_for_line(logpath, r"^opened (\d+) in ([\d.]+) s", lp, timeout=300)
+    # The loadgen prints this line (stderr) once every session settled, before its hold;
+    # its `opened N in S s` summary comes only after the hold, when the connections are
+    # already closed, so RSS must be read after this line and within the hold.
+    m = wait_for_line(logpath, r"^(\d+) of \d+ sessions open with GET streams after ([\d.]+) s",
+                      lp, timeout=300)
     time.sleep(1.0)  # let the last GETs settle upstream too
     rss1 = rss_kib(g.pid)
     hwm1 = int(status_field(g.pid, "VmHWM").split()[0])
