@@ -244,6 +244,10 @@ def report(d, a):
     per = r["kib_per_session"]
     ok = per is not None and per <= TARGET_KIB and r["opened"] == n
     why = "" if r["opened"] == n else f"; only {r['opened']:,} of {n:,} sessions could be opened"
+    if r["opened"] != n and r["fds_open"] >= d["nofile"]:
+        # Each session holds two descriptors (agent and upstream connection): the limit,
+        # not memory, is what stopped the rest.
+        why += f" (mcpyard reached RLIMIT_NOFILE, {d['nofile']:,} descriptors)"
     rows = [[f"{n:,} idle sessions with GET streams ≤ {TARGET_KIB} KiB of mcpyard RSS each",
              f"{fmt(per, 1)} KiB per opened session ({r['opened']:,} opened){why}",
              fmt(per / TARGET_KIB, 2) if per else "–", "reached" if ok else "**missed**"]]
