@@ -108,6 +108,12 @@ pub const UPSTREAM_CONNECTIONS_MAX: usize = CONNECTIONS_PER_WORKER_MAX;
 /// burst is over.
 pub const UPSTREAM_EVENT_READ_BYTES: usize = 512;
 
+/// Bytes of the heap buffer an agent connection reads into after a GET (an event stream):
+/// such a connection stays quiet for as long as the agent keeps the stream, and a slot (or
+/// the pool's fallback buffer) per waiting stream would cost more than the session itself.
+/// A read that fills it moves the connection back to slots.
+pub const CONNECTION_STREAM_READ_BYTES: usize = 256;
+
 /// Idle keep-alive connections a client binding keeps per worker; more are closed.
 pub const UPSTREAM_POOL_IDLE_MAX: usize = 64;
 
@@ -145,5 +151,7 @@ const _: () = assert!(REQUESTS_PER_SESSION_MAX <= STREAMS_PER_WORKER_MAX);
 const _: () = assert!(STREAM_WINDOW_BYTES as usize <= SLOT_BYTES);
 const _: () = assert!(UPSTREAM_POOL_IDLE_MAX <= UPSTREAM_CONNECTIONS_MAX);
 const _: () = assert!(UPSTREAM_EVENT_READ_BYTES < SLOT_BYTES);
+const _: () = assert!(CONNECTION_STREAM_READ_BYTES > 0);
+const _: () = assert!(CONNECTION_STREAM_READ_BYTES < SLOT_BYTES);
 const _: () = assert!(UPSTREAM_COALESCE_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(UPSTREAM_OUTBOX_EVENTS_MAX <= STREAM_FRAMES_MAX);

@@ -86,7 +86,11 @@ def memory(procs, gw, lg, a, n, demo):
     log(f"{n} idle sessions{' (demo exit)' if demo else ''}: opening")
     t0 = time.time()
     lp = procs.start(f"{tag}-loadgen", argv, logpath)
-    m = wait_for_line(logpath, r"^opened (\d+) in ([\d.]+) s", lp, timeout=300)
+    # The loadgen prints this line (stderr) once every session settled, before its hold;
+    # its `opened N in S s` summary comes only after the hold, when the connections are
+    # already closed, so RSS must be read after this line and within the hold.
+    m = wait_for_line(logpath, r"^(\d+) of \d+ sessions open with GET streams after ([\d.]+) s",
+                      lp, timeout=300)
     time.sleep(1.0)  # let the last GETs settle upstream too
     rss1 = rss_kib(g.pid)
     hwm1 = int(status_field(g.pid, "VmHWM").split()[0])
@@ -240,6 +244,10 @@ def report(d, a):
     per = r["kib_per_session"]
     ok = per is not None and per <= TARGET_KIB and r["opened"] == n
     why = "" if r["opened"] == n else f"; only {r['opened']:,} of {n:,} sessions could be opened"
+    if r["opened"] != n and r["fds_open"] >= d["nofile"]:
+        # Each session holds two descriptors (agent and upstream connection): the limit,
+        # not memory, is what stopped the rest.
+        why += f" (mcpyard reached RLIMIT_NOFILE, {d['nofile']:,} descriptors)"
     rows = [[f"{n:,} idle sessions with GET streams ≤ {TARGET_KIB} KiB of mcpyard RSS each",
              f"{fmt(per, 1)} KiB per opened session ({r['opened']:,} opened){why}",
              fmt(per / TARGET_KIB, 2) if per else "–", "reached" if ok else "**missed**"]]

@@ -150,7 +150,13 @@ impl UpSession {
     }
 
     fn take(&self) -> Option<Flush> {
-        let flush = self.outbox.borrow_mut().pop_front();
+        let mut outbox = self.outbox.borrow_mut();
+        let flush = outbox.pop_front();
+        if outbox.is_empty() && outbox.capacity() > 0 {
+            // Events come rarely on most sessions: an empty outbox keeps no allocation.
+            *outbox = VecDeque::new();
+        }
+        drop(outbox);
         if flush.is_some() {
             self.outbox_room.notify_waiters();
         }
@@ -177,7 +183,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         callee.initial.reset(err.into_reset());
         callee.reply.abort();
     };
-    let Some(hello) = callee.begin.client.clone() else {
+    let Some(hello) = callee.begin.client.as_ref() else {
         return fail(UpErr::Rpc(exchange::upstream_error(
             "Lifecycle stream without the agent's hello",
         )));
@@ -213,8 +219,11 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         outbox_room: Notify::new(),
         last_event: RefCell::new(None),
     });
+    // This task lives as long as the session, in `relay`: the larger futures of its
+    // beginning and end (initialize, the reply's BEGIN, DELETE) are boxed so that its
+    // task cell is sized for the relay alone.
     let started = std::time::Instant::now();
-    let init = match initialize(&client, &session).await {
+    let init = match Box::pin(initialize(&client, &session)).await {
         Ok(init) => init,
         Err(e) => {
             metrics::with(|m| m.upstream.initialize_failures += 1);
@@ -236,19 +245,20 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         caps: init.caps,
         instructions: init.instructions,
     };
-    if callee.reply.begin(begin).await.is_ok() {
+    if Box::pin(callee.reply.begin(begin)).await.is_ok() {
         relay(&client, &session, &callee).await;
     }
     session.close();
     callee.reply.end();
-    terminate(&client, &session).await;
+    Box::pin(terminate(&client, &session)).await;
 }
 
 /// Relays events and challenges until the caller ends the lifecycle.
 async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) {
     loop {
         while let Some(flush) = session.take() {
-            if callee.reply.flush(flush).await.is_err() {
+            // Boxed: larger than the wait below, where the relay spends its life.
+            if Box::pin(callee.reply.flush(flush)).await.is_err() {
                 return;
             }
         }
@@ -573,71 +583,58 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
     let mut announced = false;
     while !session.closed.get() {
         let generation = session.ids.borrow().generation;
-        let last = session.last_event.borrow().clone();
-        let req = Outgoing {
-            method: "GET",
-            session: Some(&session),
-            body_len: None,
-            accept: b"text/event-stream",
-            last_event_id: last.as_deref().map(str::as_bytes),
-        };
-        let opened = tokio::select! {
-            r = client.send(&req, &[]) => Some(r),
-            () = session.closed() => None,
-        };
-        let Some(opened) = opened else { return };
-        match opened {
-            Ok(super::Answered { mut response, head }) => {
-                match (head.status, BodyKind::of(&head)) {
-                    (200, BodyKind::Sse) => {
-                        response.lease.link.wire().set_event_stream();
-                        session.events.set(Events::Live);
-                        announced = true;
-                        let live = Flush {
-                            id: None,
-                            event: Event::Resumable,
-                        };
-                        if !session.post(live).await {
-                            return;
-                        }
-                        failures = 0;
-                        if let Some(asked) = follow(&session, &mut response).await {
-                            retry = asked;
-                        }
-                        // The stream ended (or broke): reconnect after `retry`.
-                    }
-                    (405, _) => {
-                        session.events.set(Events::Unsupported);
-                        session.post_now(Flush {
-                            id: None,
-                            event: Event::Suspend { retry_ms: -1 },
-                        });
-                        return;
-                    }
-                    (404, _) => {
-                        if !reinitialize(&client, &session, generation).await {
-                            return;
-                        }
-                        continue;
-                    }
-                    (status, _) => {
-                        failures += 1;
-                        log::warn(format_args!(
-                            "client {}: upstream GET stream answered {status}",
-                            client.name
-                        ));
-                    }
+        // Boxed, as is re-initializing: both are far larger than following the stream,
+        // where this task spends its life (once per session with a GET stream).
+        let mut opened = Box::pin(open_events(&client, &session)).await;
+        // Matched by reference: moving the response out would keep a second copy of it
+        // in this task's state for as long as the stream is followed.
+        match &mut opened {
+            Opened::Closed => return,
+            Opened::Failed => failures += 1,
+            Opened::Stream {
+                status: 200,
+                kind: BodyKind::Sse,
+                response,
+            } => {
+                response.lease.link.wire().set_event_stream();
+                session.events.set(Events::Live);
+                announced = true;
+                let live = Flush {
+                    id: None,
+                    event: Event::Resumable,
+                };
+                if !Box::pin(session.post(live)).await {
+                    return;
                 }
+                failures = 0;
+                if let Some(asked) = follow(&session, response).await {
+                    retry = asked;
+                }
+                // The stream ended (or broke): reconnect after `retry`.
             }
-            Err(e) => {
+            Opened::Stream { status: 405, .. } => {
+                session.events.set(Events::Unsupported);
+                session.post_now(Flush {
+                    id: None,
+                    event: Event::Suspend { retry_ms: -1 },
+                });
+                return;
+            }
+            Opened::Stream { status: 404, .. } => {
+                if !Box::pin(reinitialize(&client, &session, generation)).await {
+                    return;
+                }
+                continue;
+            }
+            Opened::Stream { status, .. } => {
                 failures += 1;
                 log::warn(format_args!(
-                    "client {}: upstream GET stream failed: {}",
-                    client.name,
-                    describe(e)
+                    "client {}: upstream GET stream answered {status}",
+                    client.name
                 ));
             }
         }
+        drop(opened);
         let wait = retry
             .saturating_mul(1 << failures.min(RETRY_DOUBLINGS_MAX))
             .min(UPSTREAM_RETRY_MAX);
@@ -655,6 +652,52 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
             () = session.closed() => return,
+        }
+    }
+}
+
+/// What asking the upstream for its event stream gave.
+enum Opened {
+    /// The session closed first.
+    Closed,
+    /// The request failed (logged).
+    Failed,
+    /// A response head arrived (any status); only what the task needs of the head is kept.
+    Stream {
+        status: u16,
+        kind: BodyKind,
+        response: exchange::Response,
+    },
+}
+
+/// Sends the GET that opens the upstream event stream (resuming after the last event
+/// seen) and waits for its head.
+async fn open_events(client: &Client, session: &UpSession) -> Opened {
+    let last = session.last_event.borrow().clone();
+    let req = Outgoing {
+        method: "GET",
+        session: Some(session),
+        body_len: None,
+        accept: b"text/event-stream",
+        last_event_id: last.as_deref().map(str::as_bytes),
+    };
+    let sent = tokio::select! {
+        r = client.send(&req, &[]) => r,
+        () = session.closed() => return Opened::Closed,
+    };
+    match sent {
+        Ok(super::Answered { response, head }) => Opened::Stream {
+            status: head.status,
+            kind: BodyKind::of(&head),
+            response,
+        },
+        Err(e) => {
+            log::warn(format_args!(
+                "client {}: upstream GET stream failed: {}",
+                client.name,
+                describe(e)
+            ));
+            Opened::Failed
         }
     }
 }
@@ -691,7 +734,8 @@ async fn follow(session: &UpSession, response: &mut exchange::Response) -> Optio
                 continue;
             }
         };
-        if !session.post(Flush { id, event }).await {
+        // Boxed: rare next to the wait above, and as large.
+        if !Box::pin(session.post(Flush { id, event })).await {
             response.lease.link.wire().close();
             return retry;
         }

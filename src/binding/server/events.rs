@@ -24,7 +24,7 @@ use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::{Rc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 /// JSON-RPC code of the answer to a request the agent cancelled (the code MCP SDKs use).
@@ -122,7 +122,6 @@ impl Session {
             m.sessions_created += 1;
         });
         tokio::task::spawn_local(lifecycle_task(server.clone(), session.clone()));
-        tokio::task::spawn_local(expiry_task(server.clone(), Rc::downgrade(&session)));
         session
     }
 
@@ -339,13 +338,23 @@ fn render_event(event: &Event) -> Option<BytesMut> {
     })
 }
 
-/// Reads the exit's lifecycle reply: notifications for the GET stream, support news, and
-/// the end of the session when the exit ends it.
+/// The session's task: reads the exit's lifecycle reply (notifications for the GET stream,
+/// support news, the end of the session when the exit ends it) and expires the session
+/// once it has been idle (no request, no GET stream) for the binding's session timeout.
+/// One task for both: it lives as long as the session, and every task costs a task cell.
 async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
+    let timeout = server.cfg.session_timeout;
+    let mut reason = "lifecycle ended";
     loop {
+        let (expired, check_at) = expiry(&session, timeout);
+        if expired {
+            reason = "expired";
+            break;
+        }
         let frame = tokio::select! {
             f = session.lifecycle.reply.next() => f,
             () = session.closed_wait() => None,
+            () = tokio::time::sleep_until(check_at.into()) => continue,
         };
         match frame {
             Some(Frame::Flush(Flush { id, event })) => {
@@ -380,7 +389,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             Some(Frame::End | Frame::Abort) | None => break,
         }
     }
-    close(&server, &session, "lifecycle ended");
+    close(&server, &session, reason);
 }
 
 fn set_support(session: &Session, support: Support) {
@@ -388,32 +397,16 @@ fn set_support(session: &Session, support: Support) {
     session.changed.notify_waiters();
 }
 
-/// Expires the session once it has been idle (no request, no GET stream) for the
-/// binding's session timeout.
-async fn expiry_task(server: Rc<Server>, session: Weak<Session>) {
-    let timeout = server.cfg.session_timeout;
-    loop {
-        let Some(s) = session.upgrade() else { return };
-        let (closed, idle_since, busy) = {
-            let st = s.st.borrow();
-            (
-                st.closed,
-                st.last_active,
-                !st.requests.is_empty() || st.get_live,
-            )
-        };
-        if closed {
-            return;
-        }
-        let due = idle_since + timeout;
-        if !busy && Instant::now() >= due {
-            close(&server, &s, "expired");
-            return;
-        }
-        let wake_at = if busy { Instant::now() + timeout } else { due };
-        drop(s);
-        tokio::time::sleep_until(wake_at.into()).await;
+/// Whether the session has been idle (no request, no GET stream) for `timeout`, and when
+/// to look again if not.
+fn expiry(session: &Session, timeout: Duration) -> (bool, Instant) {
+    let st = session.st.borrow();
+    let now = Instant::now();
+    if !st.requests.is_empty() || st.get_live {
+        return (false, now + timeout);
     }
+    let due = st.last_active + timeout;
+    (now >= due, due)
 }
 
 /// `Last-Event-ID` of our own format: (stream, seq).
@@ -483,7 +476,11 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         Some((0, seq)) => seq,
         _ => session.st.borrow().next_seq - 1,
     };
-    serve_get(session, sink, cursor).await;
+    // The stream gets its own small task: the one answering this request is sized for
+    // every kind of request (POST is the largest) and would be held for the stream's
+    // whole life, as would the request (its head keeps the read buffer alive).
+    drop(req);
+    tokio::task::spawn_local(serve_get(session, sink, cursor));
 }
 
 /// Waits (bounded) for the exit to say whether it has an event stream; true = serve it.
@@ -504,6 +501,12 @@ async fn wait_support(session: &Session) -> bool {
     }
 }
 
+/// Serves the session's GET event stream from `cursor` on, until the agent goes, the
+/// session closes or a newer GET replaces it.
+///
+/// This is the state an idle session with an open GET stream sits in, once per session,
+/// so it is kept small: writes are boxed (a write future is larger than the whole wait,
+/// and is only alive while an event or keepalive goes out).
 async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
     let generation = {
         let mut st = session.st.borrow_mut();
@@ -513,8 +516,9 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
     };
     // A GET replaced by this one ends.
     session.changed.notify_waiters();
-    let headers = sse_head(&session.id);
-    let mut gone = sink.head(200, &headers).await.is_err();
+    let mut gone = Box::pin(sink.head(200, &sse_head(&session.id)))
+        .await
+        .is_err();
     if !gone && session.version >= "2025-11-25" {
         let mut out = BytesMut::with_capacity(32);
         let id = format!("0.{cursor}");
@@ -525,7 +529,7 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
             retry_ms: None,
         };
         if sse::encode_event(&priming, &mut out).is_ok() {
-            gone = sink.body(&out).await.is_err();
+            gone = Box::pin(sink.body(&out)).await.is_err();
         }
     }
     let mut replaced = false;
@@ -543,11 +547,8 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
                 .map(|(_, b)| b.clone())
                 .collect()
         };
-        for event in pending {
-            if sink.body(&event).await.is_err() {
-                gone = true;
-                break;
-            }
+        if !pending.is_empty() {
+            gone = !Box::pin(write_events(&mut sink, pending)).await;
         }
         cursor = session.st.borrow().next_seq - 1;
         if gone {
@@ -563,7 +564,7 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
             1 => {
                 let mut out = BytesMut::with_capacity(4);
                 sse::encode_comment("", &mut out);
-                gone = sink.body(&out).await.is_err();
+                gone = Box::pin(sink.body(&out)).await.is_err();
             }
             2 => gone = true,
             _ => {}
@@ -579,10 +580,20 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
         current
     };
     if replaced || !gone {
-        let _ = sink.finish().await;
+        let _ = Box::pin(sink.finish()).await;
     } else if current {
         let _ = session.lifecycle.reply.challenge(Challenge::Suspended);
     }
+}
+
+/// Writes already-encoded events in order; false once the connection is gone.
+async fn write_events(sink: &mut Sink, events: Vec<Bytes>) -> bool {
+    for event in events {
+        if sink.body(&event).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// An SSE event carrying `json` under event id `id`; `None` if the id cannot be encoded.

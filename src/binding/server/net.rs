@@ -3,18 +3,25 @@
 //!
 //! The reader never has more than [`PIPELINE_DEPTH_MAX`] decoded requests waiting; past
 //! that it stops reading, so a fast sender is slowed to the speed of its responses.
-//! Deadlines (idle keep-alive, slow request, stalled write) are enforced by a timer task
-//! that shuts the socket down, which completes the pending read (io_uring rule: never
-//! cancel an I/O future by dropping it).
+//! Deadlines (idle keep-alive, slow request) are kept by the dispatcher while it waits for
+//! the next request: it shuts the socket down, which completes the pending read (io_uring
+//! rule: never cancel an I/O future by dropping it).
+//!
+//! Memory: a connection is one task (reader and dispatcher joined), and a connection
+//! carrying an event stream (GET) waits for its next bytes in a small heap buffer, not a
+//! slot: thousands of agents hold such streams open for hours, and each would otherwise pin
+//! a slot (or, with the pool empty, a fallback buffer) for nothing.
 
 use super::Server;
 use super::sink::{ConnShared, Sink};
+use crate::http::Method;
 use crate::http::{self, HttpError, RequestDecoder, RequestEvent, RequestHead};
 use crate::limits::{
-    CONNECTION_IDLE_TIMEOUT, MESSAGE_BYTES_MAX, PIPELINE_DEPTH_MAX, REQUEST_READ_TIMEOUT,
+    CONNECTION_IDLE_TIMEOUT, CONNECTION_STREAM_READ_BYTES, MESSAGE_BYTES_MAX, PIPELINE_DEPTH_MAX,
+    REQUEST_READ_TIMEOUT, SLOT_BYTES,
 };
 use crate::metrics;
-use crate::runtime::{Conn, Slots};
+use crate::runtime::{Conn, ReadBuf, Slots};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -34,7 +41,7 @@ enum Item {
     Eof,
 }
 
-/// State shared by a connection's reader, dispatcher and timer.
+/// State shared by a connection's reader and dispatcher.
 struct Link {
     shared: Rc<ConnShared>,
     queue: RefCell<VecDeque<Item>>,
@@ -42,10 +49,6 @@ struct Link {
     queued: Notify,
     /// Woken when the dispatcher takes an item (room to read more).
     taken: Notify,
-    /// Woken when the connection is over (timer stops).
-    over: Notify,
-    /// Woken when a response ends (timer recomputes its deadline).
-    rearm: Notify,
     /// A request is being answered.
     busy: Cell<bool>,
     /// When the current partial request started arriving, if one is.
@@ -119,32 +122,53 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
         queue: RefCell::new(VecDeque::with_capacity(2)),
         queued: Notify::new(),
         taken: Notify::new(),
-        over: Notify::new(),
-        rearm: Notify::new(),
         busy: Cell::new(false),
         partial_since: Cell::new(None),
         last_activity: Cell::new(Instant::now()),
     });
     let key = LIVE.with(|l| l.borrow_mut().insert(Rc::downgrade(&link)));
-    let reader = tokio::task::spawn_local(read_loop(link.clone(), slots));
-    tokio::task::spawn_local(timer(link.clone()));
-    dispatch(&server, &link).await;
-    link.shared.conn.shutdown();
-    link.over.notify_one();
-    // The read loop ends once the shutdown completes its pending read.
-    let _ = reader.await;
+    // One task for both halves (a task per half would cost a second task cell per
+    // connection); neither future is ever dropped before it completes.
+    let dispatching = async {
+        dispatch(&server, &link).await;
+        // The read loop ends once the shutdown completes its pending read.
+        link.shared.conn.shutdown();
+    };
+    tokio::join!(dispatching, read_loop(&link, &slots));
     LIVE.with(|l| l.borrow_mut().try_remove(key));
     metrics::with(|m| m.connections -= 1);
 }
 
+/// The next item from the reader. While it waits the connection is idle (no response in
+/// progress), so this is where the idle keep-alive and slow-request deadlines are kept:
+/// past one the socket is shut down, which ends the reader with an `Eof`. Cancel-safe
+/// (an item is only taken in the poll that returns it).
 async fn next_item(link: &Link) -> Item {
+    let mut shut = false;
     loop {
         let notified = link.queued.notified();
         if let Some(item) = link.queue.borrow_mut().pop_front() {
             link.taken.notify_one();
             return item;
         }
-        notified.await;
+        if shut {
+            notified.await;
+            continue;
+        }
+        // Recomputed on every wake: the reader moves `partial_since` and `last_activity`.
+        let deadline = match link.partial_since.get() {
+            Some(since) => since + REQUEST_READ_TIMEOUT,
+            None => link.last_activity.get() + CONNECTION_IDLE_TIMEOUT,
+        };
+        if deadline <= Instant::now() {
+            link.shared.conn.shutdown();
+            shut = true;
+            continue;
+        }
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep_until(deadline.into()) => {}
+        }
     }
 }
 
@@ -159,7 +183,6 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
                 let keep_alive = done.await.unwrap_or(false);
                 link.busy.set(false);
                 link.last_activity.set(Instant::now());
-                link.rearm.notify_one();
                 if !keep_alive {
                     return;
                 }
@@ -168,7 +191,8 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
                 metrics::with(|m| m.http_errors += 1);
                 let mut out = BytesMut::with_capacity(256);
                 http::encode_error_response(&e, &mut out);
-                let _ = link.shared.conn.write_all(out.freeze()).await;
+                // Boxed: rare, and larger than the rest of the dispatcher's state.
+                let _ = Box::pin(link.shared.conn.write_all(out.freeze())).await;
                 return;
             }
             Item::Eof => return,
@@ -181,10 +205,15 @@ fn push(link: &Link, item: Item) {
     link.queued.notify_one();
 }
 
-async fn read_loop(link: Rc<Link>, slots: Rc<Slots>) {
+async fn read_loop(link: &Link, slots: &Slots) {
     let mut decoder = RequestDecoder::new(MESSAGE_BYTES_MAX);
     let mut buf = BytesMut::new();
     let mut partial: Option<(RequestHead, BytesMut)> = None;
+    // The last request read was a GET (an event stream): its connection most likely stays
+    // quiet until the agent closes it, so the next read waits in a small heap buffer.
+    let mut streaming = false;
+    // The last read filled its buffer: more is likely waiting, read into a slot.
+    let mut burst = false;
     'read: loop {
         // Back-pressure: stop reading while the dispatcher is PIPELINE_DEPTH_MAX behind.
         loop {
@@ -194,7 +223,15 @@ async fn read_loop(link: Rc<Link>, slots: Rc<Slots>) {
             }
             taken.await;
         }
-        let slot = slots.lend();
+        let slot = if streaming && !burst {
+            ReadBuf::Heap(Vec::with_capacity(CONNECTION_STREAM_READ_BYTES))
+        } else {
+            slots.lend()
+        };
+        let room = match &slot {
+            ReadBuf::Fixed(_) => SLOT_BYTES,
+            ReadBuf::Heap(v) => v.capacity(),
+        };
         let (result, slot) = link.shared.conn.read(slot).await;
         let n = match result {
             Ok(n) if n > 0 => n,
@@ -203,6 +240,7 @@ async fn read_loop(link: Rc<Link>, slots: Rc<Slots>) {
                 break 'read;
             }
         };
+        burst = n >= room;
         buf.extend_from_slice(slot.get(..n).unwrap_or_default());
         slots.give_back(slot);
         link.last_activity.set(Instant::now());
@@ -214,11 +252,10 @@ async fn read_loop(link: Rc<Link>, slots: Rc<Slots>) {
                 Ok(Some(RequestEvent::Head(head))) => {
                     if head.expects_continue() && !link.busy.get() && link.queue.borrow().is_empty()
                     {
-                        let _ = link
-                            .shared
-                            .conn
-                            .write_all(Bytes::from_static(b"HTTP/1.1 100 Continue\r\n\r\n"))
-                            .await;
+                        // Boxed: a write future is larger than the rest of this loop's
+                        // state, and this one is rare.
+                        let interim = Bytes::from_static(b"HTTP/1.1 100 Continue\r\n\r\n");
+                        let _ = Box::pin(link.shared.conn.write_all(interim)).await;
                     }
                     partial = Some((head, BytesMut::new()));
                 }
@@ -229,8 +266,9 @@ async fn read_loop(link: Rc<Link>, slots: Rc<Slots>) {
                 }
                 Ok(Some(RequestEvent::End)) => {
                     if let Some((head, body)) = partial.take() {
+                        streaming = head.method == Method::Get;
                         push(
-                            &link,
+                            link,
                             Item::Request(Request {
                                 head,
                                 body: body.freeze(),
@@ -245,40 +283,18 @@ async fn read_loop(link: Rc<Link>, slots: Rc<Slots>) {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    push(&link, Item::Error(e));
+                    push(link, Item::Error(e));
                     return;
                 }
             }
         }
+        if streaming && buf.is_empty() {
+            // The stream's request head (its headers borrow this buffer) is done with
+            // here; let the buffer go with it rather than keep it for a later request.
+            buf = BytesMut::new();
+        }
     }
     link.shared.peer_closed.set(true);
     link.shared.closed.notify_waiters();
-    push(&link, Item::Eof);
-}
-
-/// Shuts the connection down when it idles, dribbles a request, or stalls a write.
-async fn timer(link: Rc<Link>) {
-    loop {
-        let now = Instant::now();
-        let busy = link.busy.get();
-        let deadline = if busy {
-            // A response (possibly a long SSE stream) is in progress: its own deadlines
-            // apply; the dispatcher re-arms this timer when it ends.
-            now + CONNECTION_IDLE_TIMEOUT
-        } else if let Some(since) = link.partial_since.get() {
-            since + REQUEST_READ_TIMEOUT
-        } else {
-            link.last_activity.get() + CONNECTION_IDLE_TIMEOUT
-        };
-        if !busy && deadline <= now {
-            link.shared.conn.shutdown();
-            return;
-        }
-        let sleep = tokio::time::sleep_until(deadline.into());
-        tokio::select! {
-            () = sleep => {}
-            () = link.rearm.notified() => {}
-            () = link.over.notified() => return,
-        }
-    }
+    push(link, Item::Eof);
 }
