@@ -31,6 +31,7 @@ trap cleanup EXIT INT TERM
 # Starts the fixture with the given args; sets FIXTURE_PID and FIXTURE_ADDR.
 start_fixture() {
   local log="$raw/fixture-$RANDOM.log"
+  : >"$log" # exists before the fixture's shell opens it, so the poll below can read it
   "$loadgen" upstream --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
   FIXTURE_PID=$!
   pids+=("$FIXTURE_PID")
