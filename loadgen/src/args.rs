@@ -18,11 +18,12 @@ use crate::limits::{
 pub const USAGE: &str = "\
 usage:
   mcpyard-loadgen upstream --listen ADDR [--result-bytes N] [--delay-ms F] [--progress N]
-                           [--progress-interval-ms F] [--sse] [--workers N]
+                           [--progress-interval-ms F] [--delay-from arrival|read] [--sse]
+                           [--workers N]
   mcpyard-loadgen run --url http://HOST:PORT/PATH [--scenario S] [--rate R | --mode closed]
                       [--connections N] [--duration D] [--warmup D] [--timeout D]
                       [--params-bytes N] [--tool NAME] [--args JSON]
-                      [--sessions N] [--trigger URL] [--rounds N]
+                      [--receive-time kernel|read] [--sessions N] [--trigger URL] [--rounds N]
                       [--json FILE] [--hgrm FILE] [--svg FILE]
 scenarios: initialize, tools-call (default), tools-call-progress, tools-list,
            idle-sessions, fanout
@@ -94,10 +95,33 @@ pub struct UpstreamArgs {
     pub progress: u32,
     /// Spacing of those notifications.
     pub progress_interval: Duration,
+    /// Where the delay (and the progress schedule) of a reply starts.
+    pub delay_from: DelayFrom,
     /// Answer every request as an SSE stream instead of JSON.
     pub sse: bool,
     /// Worker threads, each with its own SO_REUSEPORT listener.
     pub workers: usize,
+}
+
+/// Where the fixture's delay of a reply starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DelayFrom {
+    /// When the request's last bytes arrived, by the kernel's receive timestamp, so the
+    /// fixture's own wake-up latency is inside the delay instead of added to it (a
+    /// pipelined request starts when the reply before it was written).
+    Arrival,
+    /// When the fixture read the request.
+    Read,
+}
+
+impl DelayFrom {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            DelayFrom::Arrival => "arrival",
+            DelayFrom::Read => "read",
+        }
+    }
 }
 
 /// Which workload `run` generates.
@@ -154,6 +178,27 @@ pub enum Mode {
     },
     /// Back to back on each connection, latency from the actual send.
     Closed,
+}
+
+/// When a response counts as received (the end of its latency).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReceiveTime {
+    /// When its last bytes arrived, by the kernel's receive timestamp (`SO_TIMESTAMPNS`),
+    /// so the reading thread's wake-up latency is not counted; the read time where the
+    /// kernel gives no stamp.
+    Kernel,
+    /// When the reading thread got the last bytes from `read`.
+    Read,
+}
+
+impl ReceiveTime {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReceiveTime::Kernel => "kernel",
+            ReceiveTime::Read => "read",
+        }
+    }
 }
 
 /// An `http://` URL split the way the client needs it.
@@ -218,6 +263,8 @@ pub struct RunArgs {
     pub warmup: Duration,
     /// Per-request timeout.
     pub timeout: Duration,
+    /// Where a response's latency ends (request scenarios).
+    pub receive_time: ReceiveTime,
     /// Bytes of the `text` argument of each generated tools/call.
     pub params_bytes: usize,
     /// The tool to call.
@@ -344,6 +391,7 @@ fn parse_upstream(words: &[String]) -> Result<UpstreamArgs, ArgError> {
         delay: Duration::ZERO,
         progress: 0,
         progress_interval: Duration::ZERO,
+        delay_from: DelayFrom::Arrival,
         sse: false,
         workers: 1,
     };
@@ -369,6 +417,17 @@ fn parse_upstream(words: &[String]) -> Result<UpstreamArgs, ArgError> {
             }
             "--progress-interval-ms" => {
                 a.progress_interval = flags.millis("--progress-interval-ms", FIXTURE_DELAY_MAX)?
+            }
+            "--delay-from" => {
+                let value = flags.value("--delay-from")?;
+                a.delay_from = [DelayFrom::Arrival, DelayFrom::Read]
+                    .into_iter()
+                    .find(|d| d.name() == value)
+                    .ok_or_else(|| ArgError::Invalid {
+                        flag: "--delay-from",
+                        value: value.to_owned(),
+                        expected: "arrival or read".into(),
+                    })?;
             }
             "--sse" => a.sse = true,
             "--workers" => a.workers = flags.number("--workers", FIXTURE_WORKERS_MAX as u64)?,
@@ -396,6 +455,7 @@ fn default_run(target: Target) -> RunArgs {
         duration: Duration::from_secs(5),
         warmup: Duration::from_secs(1),
         timeout: REQUEST_TIMEOUT_DEFAULT,
+        receive_time: ReceiveTime::Kernel,
         params_bytes: 16,
         tool: "echo".into(),
         args_json: None,
@@ -443,6 +503,9 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
             "--params-bytes" => {
                 a.params_bytes = flags.number("--params-bytes", PARAMS_BYTES_MAX as u64)?
             }
+            "--receive-time" => {
+                a.receive_time = parse_receive_time(flags.value("--receive-time")?)?
+            }
             "--tool" => a.tool = flags.value("--tool")?.to_owned(),
             "--args" => a.args_json = Some(parse_args_json(flags.value("--args")?)?),
             "--sessions" => a.sessions = flags.number("--sessions", SESSIONS_MAX as u64)?,
@@ -481,6 +544,17 @@ fn parse_mode(value: &str) -> Result<bool, ArgError> {
             expected: "open or closed".into(),
         }),
     }
+}
+
+fn parse_receive_time(value: &str) -> Result<ReceiveTime, ArgError> {
+    [ReceiveTime::Kernel, ReceiveTime::Read]
+        .into_iter()
+        .find(|r| r.name() == value)
+        .ok_or_else(|| ArgError::Invalid {
+            flag: "--receive-time",
+            value: value.to_owned(),
+            expected: "kernel or read".into(),
+        })
 }
 
 fn parse_args_json(value: &str) -> Result<String, ArgError> {
@@ -576,6 +650,25 @@ mod tests {
     }
 
     #[test]
+    fn receive_time_defaults_to_kernel_and_takes_read() {
+        let Ok(Command::Run(a)) = parse(&words("run --url http://h:1/")) else {
+            panic!("default");
+        };
+        assert_eq!(a.receive_time, ReceiveTime::Kernel);
+        let Ok(Command::Run(a)) = parse(&words("run --url http://h:1/ --receive-time read")) else {
+            panic!("read");
+        };
+        assert_eq!(a.receive_time, ReceiveTime::Read);
+        assert!(matches!(
+            parse(&words("run --url http://h:1/ --receive-time late")),
+            Err(ArgError::Invalid {
+                flag: "--receive-time",
+                ..
+            })
+        ));
+    }
+
+    #[test]
     fn durations_take_units_and_refuse_nonsense() {
         let max = Duration::from_secs(100);
         assert_eq!(
@@ -653,7 +746,7 @@ mod tests {
     fn upstream_flags() {
         let cmd = parse(&words(
             "upstream --listen 127.0.0.1:0 --result-bytes 200 --delay-ms 1 --progress 3 \
-             --progress-interval-ms 0.5 --sse --workers 2",
+             --progress-interval-ms 0.5 --sse --workers 2 --delay-from read",
         ));
         let Ok(Command::Upstream(a)) = cmd else {
             panic!("parsed {cmd:?}");
@@ -664,5 +757,11 @@ mod tests {
         assert_eq!(a.progress_interval, Duration::from_micros(500));
         assert!(a.sse);
         assert_eq!(a.workers, 2);
+        assert_eq!(a.delay_from, DelayFrom::Read);
+        let Ok(Command::Upstream(a)) = parse(&words("upstream --listen 127.0.0.1:0")) else {
+            panic!("default upstream");
+        };
+        assert_eq!(a.delay_from, DelayFrom::Arrival);
+        assert!(parse(&words("upstream --listen 127.0.0.1:0 --delay-from now")).is_err());
     }
 }

@@ -5,14 +5,16 @@
 //! blocking [`Conn`] and the async clients in `streams.rs` both feed it. Every way the
 //! target can misbehave becomes a [`Failure`] of the right kind.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use mcpyard::http::{BodyFraming, ResponseDecoder, ResponseEvent, encode_request_head};
 
-use crate::args::Target;
+use crate::args::{ReceiveTime, Target};
+use crate::arrival::arrival;
 use crate::limits::{READ_CHUNK_BYTES, RESPONSE_BYTES_MAX};
 use crate::record::{ErrorKind, Failure};
 
@@ -43,6 +45,9 @@ pub struct Response {
     pub keep_alive: bool,
     /// The whole body.
     pub body: Bytes,
+    /// When its last bytes arrived, by the kernel's receive timestamp (blocking [`Conn`]
+    /// with `--receive-time kernel` only).
+    pub arrived: Option<Instant>,
 }
 
 /// Classifies a `content-type` value by its media type (parameters ignored).
@@ -188,6 +193,7 @@ impl Collector {
                 Some(first) => first,
                 None => std::mem::take(&mut self.body).freeze(),
             },
+            arrived: None,
         })
     }
 }
@@ -205,6 +211,9 @@ pub fn io_failure(err: &io::Error, doing: &str) -> Failure {
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
+    /// True if the socket stamps what it receives (`--receive-time kernel` and the kernel
+    /// agreed).
+    stamped: bool,
     read: BytesMut,
     write: BytesMut,
     /// Where each socket read lands before it is appended to `read`.
@@ -213,8 +222,13 @@ pub struct Conn {
 
 impl Conn {
     /// Connects to `target` within `timeout`; a refused or unreachable target is a
-    /// `Connect` failure.
-    pub fn open(target: &Target, timeout: Duration) -> Result<Conn, Failure> {
+    /// `Connect` failure. With `ReceiveTime::Kernel` the socket stamps what it receives
+    /// (if the kernel refuses, responses are timed when read).
+    pub fn open(
+        target: &Target,
+        timeout: Duration,
+        receive_time: ReceiveTime,
+    ) -> Result<Conn, Failure> {
         let connect_failure = |e: &dyn std::fmt::Display| {
             Failure::new(ErrorKind::Connect, format!("{}: {e}", target.authority))
         };
@@ -232,15 +246,19 @@ impl Conn {
         stream
             .set_write_timeout(Some(timeout))
             .map_err(|e| connect_failure(&e))?;
+        let stamped = receive_time == ReceiveTime::Kernel
+            && crate::sys::enable_receive_timestamps(stream.as_raw_fd()).is_ok();
         Ok(Conn {
             stream,
+            stamped,
             read: BytesMut::with_capacity(READ_CHUNK_BYTES),
             write: BytesMut::with_capacity(READ_CHUNK_BYTES),
             scratch: vec![0; READ_CHUNK_BYTES].into_boxed_slice(),
         })
     }
 
-    /// Sends one request and reads its whole response.
+    /// Sends one request and reads its whole response; `Response::arrived` is the kernel's
+    /// receive time of the read that completed it, if the socket is stamped.
     pub fn send(
         &mut self,
         method: &str,
@@ -250,18 +268,28 @@ impl Conn {
     ) -> Result<Response, Failure> {
         self.write.clear();
         encode_request(method, target, session, body, &mut self.write);
+        let written = Instant::now();
         self.stream
             .write_all(&self.write)
             .map_err(|e| io_failure(&e, "write"))?;
         let mut collector = Collector::new();
+        let mut arrived = None;
         loop {
-            if let Some(response) = collector.feed(&mut self.read)? {
+            if let Some(mut response) = collector.feed(&mut self.read)? {
+                response.arrived = arrived;
                 return Ok(response);
             }
-            let n = self
-                .stream
-                .read(&mut self.scratch)
+            let (n, stamp) = crate::sys::recv_stamped(self.stream.as_raw_fd(), &mut self.scratch)
                 .map_err(|e| io_failure(&e, "read"))?;
+            if self.stamped {
+                // The wall clock first, then the monotonic one: the age is then at most
+                // the few ns between the two reads too long.
+                let real_at = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default();
+                let read_at = Instant::now();
+                arrived = stamp.and_then(|stamp| arrival(read_at, real_at, stamp, written));
+            }
             if n == 0 {
                 return collector.feed_eof(&mut self.read)?.ok_or_else(|| {
                     Failure::new(

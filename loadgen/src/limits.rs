@@ -46,6 +46,12 @@ pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// so a 100 µs window absorbs its error at a CPU cost of at most rate x 100 µs per second.
 pub const SPIN_WINDOW: Duration = Duration::from_micros(100);
 
+/// A kernel receive timestamp converted to the monotonic clock may land this far before the
+/// earliest possible arrival (its request's send) and still be trusted (clamped to it);
+/// further means the wall clock was stepped, and the read time is used instead. The
+/// conversion itself errs by well under a µs (see `arrival.rs`).
+pub const ARRIVAL_SKEW_MAX: Duration = Duration::from_micros(10);
+
 /// How far past the scheduled end a lagging open-loop connection may keep sending the
 /// requests it still owes before they are counted as unsent.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(2);

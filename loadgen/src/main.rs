@@ -9,6 +9,7 @@
 //!
 //! Module map, in reading order:
 //! - `args.rs`: the command line; `limits.rs`: every bound.
+//! - `arrival.rs`: kernel receive timestamps onto the run's clock.
 //! - `schedule.rs`: intended send times, the pacer, the open/closed loops (clock injected).
 //! - `record.rs`: per-connection histograms and error counts, merged at the end.
 //! - `client.rs`, `mcp.rs`: HTTP and MCP on the generator side, with mcpyard's codecs.
@@ -16,10 +17,12 @@
 //! - `streams.rs`: idle-sessions and fanout, thousands of GET streams on one thread.
 //! - `report/`: the table, `--json`, `--hgrm` and `--svg`.
 //! - `upstream/`: the fixture server.
-//! - `sys.rs`: rlimit, timer slack and timerfd (the only `unsafe`).
+//! - `sys.rs`: rlimit, timer slack, timerfd and `recvmsg` with receive timestamps (the only
+//!   `unsafe`).
 #![forbid(unused_must_use)]
 
 mod args;
+mod arrival;
 mod client;
 mod limits;
 mod mcp;

@@ -191,6 +191,7 @@ mod tests {
 
     fn response(kind: BodyKind, body: &str) -> Response {
         Response {
+            arrived: None,
             status: 200,
             kind,
             session: None,
@@ -243,7 +244,13 @@ mod tests {
             data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":9,\"progress\":2}}\n\n\
             data: {\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{}}\n\n";
         let got = expect_result(&response(BodyKind::EventStream, body), 9, "tools/call");
-        assert_eq!(got, Ok(Served { notifications: 2 }));
+        assert_eq!(
+            got,
+            Ok(Served {
+                notifications: 2,
+                lead: 0
+            })
+        );
         let cut = "data: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\n";
         let got = expect_result(&response(BodyKind::EventStream, cut), 9, "tools/call");
         assert_eq!(got.map_err(|f| f.kind), Err(ErrorKind::Decode));

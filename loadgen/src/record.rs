@@ -98,6 +98,10 @@ impl std::error::Error for Failure {}
 pub struct Served {
     /// SSE notifications received before the response (progress events).
     pub notifications: u64,
+    /// How long before the exchange returned its response's last bytes had arrived, by the
+    /// kernel's receive timestamp (`--receive-time kernel`); 0 when unknown, and the
+    /// return is then the finish time.
+    pub lead: Nanos,
 }
 
 /// Error counts by kind, with the first detail seen for each.
@@ -301,7 +305,15 @@ mod tests {
         let mut a = Recorder::new(0);
         let mut b = Recorder::new(0);
         for us in 1..=100u64 {
-            a.on_complete(0, 0, us * 1000, &Ok(Served { notifications: 2 }));
+            a.on_complete(
+                0,
+                0,
+                us * 1000,
+                &Ok(Served {
+                    notifications: 2,
+                    lead: 0,
+                }),
+            );
         }
         for us in 101..=200u64 {
             b.on_complete(0, 0, us * 1000, &Ok(Served::default()));

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use crate::args::{Mode, RunArgs, Scenario, Target};
+use crate::args::{Mode, ReceiveTime, RunArgs, Scenario, Target};
+use crate::arrival::lead;
 use crate::client::{Conn, Response};
 use crate::limits::{DRAIN_GRACE, PROGRESS_AFTER, PROGRESS_INTERVAL};
 use crate::mcp::{self, ToolsCall};
@@ -77,6 +78,8 @@ pub struct Plan {
     pub scenario: Scenario,
     /// Connect and read timeout.
     pub timeout: Duration,
+    /// Where a response's latency ends.
+    pub receive_time: ReceiveTime,
     /// The pre-rendered tools/call.
     pub call: ToolsCall,
 }
@@ -88,6 +91,7 @@ impl Plan {
             target: args.target.clone(),
             scenario: args.scenario,
             timeout: args.timeout,
+            receive_time: args.receive_time,
             call: ToolsCall::new(&args.tool, args.args_json.as_deref(), args.params_bytes),
         }
     }
@@ -122,7 +126,11 @@ impl Session {
     fn send(&mut self, method: &str, session: Option<&str>) -> Result<Response, Failure> {
         let conn = match &mut self.conn {
             Some(conn) => conn,
-            slot @ None => slot.insert(Conn::open(&self.plan.target, self.plan.timeout)?),
+            slot @ None => slot.insert(Conn::open(
+                &self.plan.target,
+                self.plan.timeout,
+                self.plan.receive_time,
+            )?),
         };
         match conn.send(method, &self.plan.target, session, &self.body) {
             Ok(response) => {
@@ -193,7 +201,9 @@ impl Session {
             // MCP: 404 means the session is gone; start a new one next time.
             self.session = None;
         }
-        mcp::expect_result(&response, id, method)
+        let mut served = mcp::expect_result(&response, id, method)?;
+        served.lead = lead(response.arrived, Instant::now());
+        Ok(served)
     }
 }
 

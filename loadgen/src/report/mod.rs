@@ -66,13 +66,15 @@ pub fn table(args: &RunArgs, rec: &Recorder) -> String {
     // `fmt::Write` for `String` never fails; results are ignored for that reason.
     let _ = writeln!(
         out,
-        "mcpyard-loadgen {} {mode}, {} connections, {:.1} s (+{:.1} s warm-up), http://{}{}",
+        "mcpyard-loadgen {} {mode}, {} connections, {:.1} s (+{:.1} s warm-up), http://{}{}, \
+         receive time: {}",
         args.scenario.name(),
         args.connections,
         args.duration.as_secs_f64(),
         args.warmup.as_secs_f64(),
         args.target.authority,
-        args.target.path
+        args.target.path,
+        args.receive_time.name()
     );
     let _ = write!(
         out,
@@ -185,6 +187,7 @@ pub fn run_json(args: &RunArgs, rec: &Recorder) -> Value {
         "connections": args.connections,
         "duration_s": args.duration.as_secs_f64(),
         "warmup_s": args.warmup.as_secs_f64(),
+        "receive_time": args.receive_time.name(),
         "requests_ok": rec.ok_count(),
         "errors": errors,
         "error_examples": examples,
@@ -230,7 +233,7 @@ pub fn write_files(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::{Scenario, Target};
+    use crate::args::{ReceiveTime, Scenario, Target};
     use crate::record::{Failure, Served};
     use std::time::Duration;
 
@@ -246,6 +249,7 @@ mod tests {
             duration: Duration::from_secs(2),
             warmup: Duration::ZERO,
             timeout: Duration::from_secs(1),
+            receive_time: ReceiveTime::Kernel,
             params_bytes: 0,
             tool: "echo".into(),
             args_json: None,
@@ -285,6 +289,7 @@ mod tests {
     fn table_shows_counts_errors_and_percentiles() {
         let text = table(&args(Mode::Open { rate: 500 }), &recorder());
         assert!(text.contains("requests       1000 ok        1 errors        0 unsent"));
+        assert!(text.contains("receive time: kernel"));
         assert!(text.contains("timeout 1"));
         assert!(text.contains("first timeout: read: timed out"));
         assert!(text.contains("response             500       900       990       999      1000"));
@@ -295,6 +300,7 @@ mod tests {
     fn json_has_errors_by_kind_and_percentiles() {
         let v = run_json(&args(Mode::Closed), &recorder());
         assert_eq!(v["mode"], "closed");
+        assert_eq!(v["receive_time"], "kernel");
         assert_eq!(v["errors"]["timeout"], 1);
         assert_eq!(v["errors"]["connect"], 0);
         assert_eq!(v["response_us"]["p50"], 500);

@@ -4,11 +4,19 @@
 //! Requests on a connection are answered in order, one at a time; pipelined requests wait
 //! in the read buffer. Replies are staged in one reused buffer; a large pre-rendered
 //! payload is not copied but written from its shared `Bytes` with a vectored write.
+//!
+//! A reply's delay starts when its request arrived (`--delay-from arrival`, the default):
+//! with a delay configured, the socket stamps what it receives (`SO_TIMESTAMPNS`) and the
+//! stamp of the read that completed the request is the start, so the time this worker took
+//! to wake up and read it is part of the delay rather than added to it. A pipelined
+//! request starts when the reply before it was written. `--delay-from read` starts at the
+//! read instead.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use mcpyard::http::{
@@ -17,15 +25,17 @@ use mcpyard::http::{
 };
 use mcpyard::jsonrpc::{write_error, write_notification, write_result_prefix};
 use mcpyard::sse::encode_comment;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use super::route::{Message, ProgressPlan, Reply, route};
 use super::state::Shared;
+use crate::args::DelayFrom;
+use crate::arrival::arrival;
 use crate::limits::{
     FIXTURE_COPY_BYTES_MAX, FIXTURE_KEEPALIVE, READ_CHUNK_BYTES, REQUEST_BYTES_MAX,
 };
-use crate::sys::sleep_precise;
+use crate::sys::{enable_receive_timestamps, recv_stamped_buf, sleep_until_precise};
 
 /// `{"jsonrpc":"2.0","id":` `,"result":` `}` around an id and a result.
 const RESULT_FRAME_BYTES: usize = r#"{"jsonrpc":"2.0","id":,"result":}"#.len();
@@ -43,14 +53,30 @@ pub struct Connection {
     decoder: RequestDecoder,
     read: BytesMut,
     out: BytesMut,
+    /// True if the socket stamps what it receives (see the module comment).
+    stamped: bool,
+    /// When the bytes of the latest read arrived (stamped) or were read.
+    arrived: Instant,
+    /// When the latest reply was written (the connection was accepted, at first).
+    free_since: Instant,
 }
 
 impl Connection {
     /// Wraps an accepted stream.
     pub fn new(stream: TcpStream, shared: Arc<Shared>) -> Connection {
+        let args = &shared.args;
+        let delays = !args.delay.is_zero() || !args.progress_interval.is_zero();
+        // Stamps cost a clock read per segment: only when a delay uses them.
+        let stamped = delays
+            && args.delay_from == DelayFrom::Arrival
+            && enable_receive_timestamps(stream.as_raw_fd()).is_ok();
+        let now = Instant::now();
         Connection {
             stream,
             shared,
+            stamped,
+            arrived: now,
+            free_since: now,
             decoder: RequestDecoder::new(REQUEST_BYTES_MAX),
             read: BytesMut::with_capacity(READ_CHUNK_BYTES),
             out: BytesMut::with_capacity(READ_CHUNK_BYTES),
@@ -66,6 +92,7 @@ impl Connection {
                 Ok(None) | Err(_) => return,
             };
             let keep_alive = request.head.keep_alive();
+            let start = reply_start(self.arrived, self.free_since);
             let reply = route(&self.shared, &request.head, &request.body);
             let written = match reply {
                 Reply::Stream => {
@@ -81,7 +108,7 @@ impl Connection {
                     sse,
                 } if sse || progress.is_some() => {
                     let session = session.as_deref();
-                    self.write_sse(status, session, &message, delay, progress.as_ref())
+                    self.write_sse(status, session, &message, start, delay, progress.as_ref())
                         .await
                 }
                 Reply::Message {
@@ -91,7 +118,9 @@ impl Connection {
                     delay,
                     ..
                 } => {
-                    sleep_precise(delay).await;
+                    if !delay.is_zero() {
+                        sleep_until_precise(after(start, delay)).await;
+                    }
                     self.write_json(status, session.as_deref(), &message).await
                 }
                 other => self.write_simple(&other).await,
@@ -99,6 +128,7 @@ impl Connection {
             if written.is_err() || !keep_alive {
                 return;
             }
+            self.free_since = Instant::now();
         }
     }
 
@@ -139,8 +169,7 @@ impl Connection {
                     return Ok(Some(Request { head, body }));
                 }
                 Ok(None) => {
-                    self.read.reserve(READ_CHUNK_BYTES);
-                    if self.stream.read_buf(&mut self.read).await? == 0 {
+                    if self.receive().await? == 0 {
                         return Ok(None);
                     }
                 }
@@ -152,6 +181,31 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// Reads what the socket has into `self.read` and notes when it arrived; returns the
+    /// byte count (0 when the peer closed).
+    async fn receive(&mut self) -> io::Result<usize> {
+        let fd = self.stream.as_raw_fd();
+        let read = &mut self.read;
+        let (n, stamp) = self
+            .stream
+            .async_io(Interest::READABLE, || {
+                recv_stamped_buf(fd, read, READ_CHUNK_BYTES)
+            })
+            .await?;
+        // The wall clock first, then the monotonic one (see `arrival.rs`).
+        let real_at = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let read_at = Instant::now();
+        self.arrived = match stamp {
+            Some(stamp) if self.stamped => {
+                arrival(read_at, real_at, stamp, self.free_since).unwrap_or(read_at)
+            }
+            _ => read_at,
+        };
+        Ok(n)
     }
 
     async fn flush_out(&mut self) -> io::Result<()> {
@@ -235,12 +289,14 @@ impl Connection {
         self.stream.write_all_buf(&mut segments).await
     }
 
-    /// Writes a chunked `text/event-stream` reply: progress events, the delay, the result.
+    /// Writes a chunked `text/event-stream` reply: progress event `i` at `start + i *
+    /// interval`, the result `delay` after the last one.
     async fn write_sse(
         &mut self,
         status: u16,
         session: Option<&str>,
         message: &Message,
+        start: Instant,
         delay: Duration,
         progress: Option<&ProgressPlan>,
     ) -> io::Result<()> {
@@ -254,11 +310,13 @@ impl Connection {
             .get(..2 + usize::from(session.is_some()))
             .unwrap_or_default();
         encode_response_head(status, headers, BodyFraming::Chunked, &mut self.out);
+        let mut last = start;
         if let Some(plan) = progress {
             for i in 1..=plan.count {
                 if !plan.interval.is_zero() {
                     self.flush_out().await?;
-                    sleep_precise(plan.interval).await;
+                    last = after(start, plan.interval.saturating_mul(i));
+                    sleep_until_precise(last).await;
                 }
                 let params = format!(
                     r#"{{"progressToken":{},"progress":{i},"total":{}}}"#,
@@ -271,7 +329,7 @@ impl Connection {
         }
         if !delay.is_zero() {
             self.flush_out().await?;
-            sleep_precise(delay).await;
+            sleep_until_precise(after(last, delay)).await;
         }
         let mut data = BytesMut::new();
         put_message(message, &mut data);
@@ -323,6 +381,17 @@ impl Connection {
     }
 }
 
+/// When the reply to a request starts: when its bytes arrived, but not before the
+/// connection was free (a pipelined request waits for the reply before it).
+fn reply_start(arrived: Instant, free_since: Instant) -> Instant {
+    arrived.max(free_since)
+}
+
+/// `start + delay`, or `start` if that is past what an `Instant` can hold.
+fn after(start: Instant, delay: Duration) -> Instant {
+    start.checked_add(delay).unwrap_or(start)
+}
+
 /// Counts an open GET stream for as long as it lives.
 struct StreamCount<'a>(&'a Shared);
 
@@ -361,4 +430,30 @@ fn put_event_chunk(json: &[u8], out: &mut BytesMut) {
     event.put_slice(json);
     event.put_slice(b"\n\n");
     encode_chunk(&event, out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_starts_at_arrival_unless_the_connection_was_busy() {
+        let accepted = Instant::now();
+        let arrived = accepted + Duration::from_micros(300);
+        // The usual case: the request arrived after the previous reply was written.
+        assert_eq!(reply_start(arrived, accepted), arrived);
+        // Pipelined: it arrived with the one before, so it starts when that was answered.
+        let answered = arrived + Duration::from_millis(1);
+        assert_eq!(reply_start(arrived, answered), answered);
+    }
+
+    #[test]
+    fn after_adds_the_delay() {
+        let start = Instant::now();
+        assert_eq!(
+            after(start, Duration::from_millis(1)),
+            start + Duration::from_millis(1)
+        );
+        assert_eq!(after(start, Duration::ZERO), start);
+    }
 }

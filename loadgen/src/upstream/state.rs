@@ -209,6 +209,7 @@ pub(crate) fn for_tests(result_bytes: usize, progress: u32, sse: bool) -> Shared
         delay: std::time::Duration::ZERO,
         progress,
         progress_interval: std::time::Duration::ZERO,
+        delay_from: crate::args::DelayFrom::Arrival,
         sse,
         workers: 1,
     })
