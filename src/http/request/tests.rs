@@ -8,6 +8,22 @@ use crate::limits::MESSAGE_BYTES_MAX;
 /// Body bound for table cases, small enough to hit 413 with short inputs.
 const TEST_BODY_BYTES_MAX: usize = 1024;
 
+/// Cuts `wire` at up to `cuts_max - 1` random points into consecutive reads.
+fn random_reads<'a>(rng: &mut XorShift, wire: &'a [u8], cuts_max: usize) -> Vec<&'a [u8]> {
+    let mut cuts: Vec<usize> = (0..rng.below(cuts_max))
+        .map(|_| rng.below(wire.len() + 1))
+        .collect();
+    cuts.push(wire.len());
+    cuts.sort_unstable();
+    let mut parts = Vec::with_capacity(cuts.len());
+    let mut from = 0;
+    for cut in cuts {
+        parts.push(&wire[from..cut]);
+        from = cut;
+    }
+    parts
+}
+
 fn decoder() -> RequestDecoder {
     RequestDecoder::new(TEST_BODY_BYTES_MAX)
 }
@@ -467,18 +483,7 @@ fn random_chunked_bodies_round_trip() {
             body.extend_from_slice(&chunk);
         }
         encode_last_chunk(&mut wire);
-        // Cut the wire at a few random points into consecutive reads.
-        let mut cuts: Vec<usize> = (0..rng.below(6))
-            .map(|_| rng.below(wire.len() + 1))
-            .collect();
-        cuts.push(wire.len());
-        cuts.sort_unstable();
-        let mut parts: Vec<&[u8]> = Vec::new();
-        let mut from = 0;
-        for cut in cuts {
-            parts.push(&wire[from..cut]);
-            from = cut;
-        }
+        let parts = random_reads(&mut rng, &wire, 6);
         let outcome = run(&mut RequestDecoder::new(MESSAGE_BYTES_MAX), &parts, false);
         let data: Vec<u8> = outcome
             .events
@@ -621,18 +626,7 @@ fn random_line_ends_and_newline_bodies_round_trip() {
             }
             want.push("end".to_owned());
         }
-        // Cut the wire at a few random points into consecutive reads.
-        let mut cuts: Vec<usize> = (0..rng.below(8))
-            .map(|_| rng.below(wire.len() + 1))
-            .collect();
-        cuts.push(wire.len());
-        cuts.sort_unstable();
-        let mut parts: Vec<&[u8]> = Vec::new();
-        let mut from = 0;
-        for cut in cuts {
-            parts.push(&wire[from..cut]);
-            from = cut;
-        }
+        let parts = random_reads(&mut rng, &wire, 8);
         let outcome = run(&mut RequestDecoder::new(MESSAGE_BYTES_MAX), &parts, false);
         let seen: Vec<String> = outcome
             .events
