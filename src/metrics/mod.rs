@@ -45,6 +45,9 @@ impl Outcome {
 const LATENCY_US_MAX: u64 = 3_600_000_000;
 /// Upper bound of recorded window grants, in bytes.
 const GRANT_BYTES_MAX: u64 = 1 << 32;
+/// A window stall longer than this is counted in `mcpyard_window_stalls_slow_total`, so
+/// "how many stalls passed 1 ms" is exact rather than bounded by the summary's quantiles.
+pub const WINDOW_STALL_SLOW: Duration = Duration::from_millis(1);
 /// Significant figures kept by every histogram.
 const SIGFIGS: u8 = 3;
 /// Method labels: the request kinds plus the methods the server answers itself.
@@ -68,6 +71,8 @@ pub struct WorkerMetrics {
     pub window_grants: Histogram<u64>,
     /// µs a sender waited for credit.
     pub window_stalls: Histogram<u64>,
+    /// Stalls longer than [`WINDOW_STALL_SLOW`].
+    pub window_stalls_slow: u64,
     /// Slots borrowed now, and slots owned by this worker.
     pub slots_in_use: u64,
     pub slots_total: u64,
@@ -257,6 +262,7 @@ impl WorkerMetrics {
                 .collect(),
             window_grants: histogram(GRANT_BYTES_MAX),
             window_stalls: histogram(LATENCY_US_MAX),
+            window_stalls_slow: 0,
             slots_in_use: 0,
             slots_total: 0,
             slots_registered: 0,
@@ -280,6 +286,7 @@ impl WorkerMetrics {
         }
         let _ = self.window_grants.add(&other.window_grants);
         let _ = self.window_stalls.add(&other.window_stalls);
+        self.window_stalls_slow += other.window_stalls_slow;
         self.slots_in_use += other.slots_in_use;
         self.slots_total += other.slots_total;
         self.slots_registered += other.slots_registered;
@@ -352,7 +359,12 @@ pub fn record_window_grant(bytes: u32) {
 
 /// Records a sender having waited `stall` for credit.
 pub fn record_window_stall(stall: Duration) {
-    with(|m| m.window_stalls.saturating_record(micros(stall)));
+    with(|m| {
+        m.window_stalls.saturating_record(micros(stall));
+        if stall > WINDOW_STALL_SLOW {
+            m.window_stalls_slow += 1;
+        }
+    });
 }
 
 /// Quantiles exported for every histogram.
@@ -443,7 +455,12 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
     for (name, help, v) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
-    let counters: [(&str, &str, u64); 7] = [
+    let counters: [(&str, &str, u64); 8] = [
+        (
+            "mcpyard_window_stalls_slow_total",
+            "Window stalls longer than 1 ms.",
+            all.window_stalls_slow,
+        ),
         (
             "mcpyard_slot_exhausted_total",
             "Reads that found the slot pool empty.",
@@ -516,6 +533,21 @@ mod tests {
             )
         );
         assert!(text.contains("mcpyard_workers 2\n"));
+    }
+
+    #[test]
+    fn slow_stalls_are_counted_exactly() {
+        // Runs on its own test thread, so this thread's metrics start empty.
+        record_window_stall(Duration::from_micros(999));
+        record_window_stall(WINDOW_STALL_SLOW);
+        record_window_stall(Duration::from_micros(1001));
+        record_window_stall(Duration::from_millis(40));
+        let text = render(&[snapshot()]);
+        assert!(
+            text.contains("mcpyard_window_stalls_slow_total 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("mcpyard_window_stall_seconds_count{} 4\n"));
     }
 
     #[test]

@@ -842,6 +842,11 @@ impl Render<'_> {
     /// already queued and has been consumed).
     async fn on_data(&mut self, data: Bytes) -> bool {
         let reply = &self.inflight.caller.reply;
+        // Credit goes back before the agent-side write, not after it: `data` is ours now
+        // and is copied into the encoded chunk, so the exit can read the next window from
+        // upstream while this one is written (double buffering). Memory stays bounded: one
+        // window queued plus the one being written.
+        reply.ack(data.len() as u32);
         match self.mode {
             Mode::Undecided => {
                 // Common case: the whole result is already here; answer in one write.
@@ -857,7 +862,6 @@ impl Render<'_> {
                         ];
                         let _ = sink.respond(200, &headers, &body).await;
                     }
-                    reply.ack(data.len() as u32);
                     self.result_started = true;
                     return true;
                 }
@@ -899,7 +903,6 @@ impl Render<'_> {
                 self.write(&out).await;
             }
         }
-        reply.ack(data.len() as u32);
         false
     }
 
@@ -970,6 +973,10 @@ pub async fn pump(
         r.start_sse().await;
     }
     let caller = &inflight.caller;
+    // One timer for the whole reply, not one per frame. The selects below are `biased`,
+    // deadline first, so a reply that keeps frames coming cannot starve it.
+    let timeout = tokio::time::sleep_until(deadline.into());
+    tokio::pin!(timeout);
     loop {
         let detached = r.mode == Mode::Sse && r.sink.is_none();
         if detached && r.result_started {
@@ -980,8 +987,9 @@ pub async fn pump(
         }
         let step = if detached {
             tokio::select! {
+                biased;
+                () = &mut timeout => Step::Timeout,
                 () = inflight.woken() => Step::Wake,
-                () = tokio::time::sleep_until(deadline.into()) => Step::Timeout,
                 () = session.closed_wait() => Step::SessionClosed,
             }
         } else {
@@ -992,9 +1000,10 @@ pub async fn pump(
                 }
             };
             tokio::select! {
-                f = caller.reply.next() => Step::Frame(f),
+                biased;
+                () = &mut timeout => Step::Timeout,
                 () = inflight.woken() => Step::Wake,
-                () = tokio::time::sleep_until(deadline.into()) => Step::Timeout,
+                f = caller.reply.next() => Step::Frame(f),
                 () = session.closed_wait() => Step::SessionClosed,
                 () = sink_closed => Step::Detached,
             }

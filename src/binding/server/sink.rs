@@ -139,11 +139,14 @@ impl Sink {
         body: BodyFraming,
         out: &mut BytesMut,
     ) {
+        if self.keep_alive {
+            // The common case needs no extra header, so no copy of the list.
+            http::encode_response_head(status, headers, body, out);
+            return;
+        }
         let mut all: Vec<(&str, &[u8])> = Vec::with_capacity(headers.len() + 1);
         all.extend_from_slice(headers);
-        if !self.keep_alive {
-            all.push(("connection", b"close"));
-        }
+        all.push(("connection", b"close"));
         http::encode_response_head(status, &all, body, out);
     }
 
