@@ -101,6 +101,48 @@ fn results_larger_than_a_message_buffer_stream_through_unchanged() {
 }
 
 #[test]
+fn large_results_after_progress_arrive_whole_in_one_sse_event() {
+    // 3 MiB after two progress notifications: the reply is SSE, and the result spans
+    // dozens of internal DATA frames, gathered into writes; its `data:` lines must join
+    // back to exactly the upstream's result.
+    let up = Upstream::start(&[
+        "--result-bytes",
+        "3145728",
+        "--progress",
+        "2",
+        "--progress-interval-ms",
+        "1",
+    ]);
+    let upstream_session = direct_session(&up);
+    let plain =
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#;
+    let straight = raw_result(&direct(up.addr, Some(&upstream_session), plain).text());
+    assert!(straight.len() > 3_000_000);
+    let call = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{},"_meta":{"progressToken":7}}}"#;
+    for mode in [MODES[0], MODES[3]] {
+        let gw = Gateway::start_with(mode, &up.client_exit(""));
+        let session = gw.initialize();
+        let (_, mut events) = open_events(&gw, &gw.post_bytes(Some(&session), &[], call));
+        assert_eq!(events.expect().data, "", "{mode:?}: priming event first");
+        for step in 1..=2 {
+            let e = events.expect().json();
+            assert_eq!(e["params"]["progress"], step, "{mode:?}: {e}");
+        }
+        let last = events.expect();
+        assert!(
+            raw_result(&last.data) == straight,
+            "{mode:?}: the result differs ({} bytes vs {})",
+            last.data.len(),
+            straight.len()
+        );
+        assert!(
+            events.next().is_none(),
+            "{mode:?}: the stream ends after it"
+        );
+    }
+}
+
+#[test]
 fn upstream_progress_streams_to_the_agent_as_sse() {
     let up = Upstream::start(&["--progress", "3", "--progress-interval-ms", "5"]);
     each_mode_with(&up, "", |gw| {

@@ -109,14 +109,30 @@ pub fn encode_request_head(
 /// Writes one chunk, `<hex size>\r\n<data>\r\n` (RFC 9112 §7.1). Writes nothing for empty
 /// `data`, since an empty chunk would end the body.
 pub fn encode_chunk(data: &[u8], out: &mut BytesMut) {
-    if data.is_empty() {
+    encode_chunk_of([data], out);
+}
+
+/// Writes one chunk holding `parts` back to back (one size line for all of them), so
+/// pieces that arrived separately leave in one chunk and one write. Writes nothing when
+/// the parts are all empty.
+pub fn encode_chunk_of<'a, I>(parts: I, out: &mut BytesMut)
+where
+    I: IntoIterator<Item = &'a [u8]>,
+    I::IntoIter: Clone,
+{
+    let parts = parts.into_iter();
+    let len: usize = parts.clone().map(<[u8]>::len).sum();
+    if len == 0 {
         return;
     }
-    // One reservation for the whole chunk: the size line, the data and the CRLF after it.
-    out.reserve(U64_DIGITS_MAX + data.len() + 4);
-    put_hex(data.len() as u64, out);
+    // One reservation for the whole chunk: the size line, the data and the CRLF after it,
+    // plus room for a last chunk, so ending the body right after never regrows the buffer.
+    out.reserve(U64_DIGITS_MAX + len + 4 + LAST_CHUNK.len());
+    put_hex(len as u64, out);
     out.put_slice(b"\r\n");
-    put_bulk(data, out);
+    for part in parts {
+        put_bulk(part, out);
+    }
     out.put_slice(b"\r\n");
 }
 
@@ -130,8 +146,11 @@ fn put_bulk(data: &[u8], out: &mut BytesMut) {
 
 /// Writes the last chunk and an empty trailer section, `0\r\n\r\n`, ending a chunked body.
 pub fn encode_last_chunk(out: &mut BytesMut) {
-    out.put_slice(b"0\r\n\r\n");
+    out.put_slice(LAST_CHUNK);
 }
+
+/// The last chunk with an empty trailer section.
+const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 /// Writes a complete response for a decode error: the status line, `content-type:
 /// text/plain`, `connection: close`, `content-length`, and a one-line body naming the
@@ -385,6 +404,30 @@ mod tests {
         let expected = format!("12c\r\n{}\r\n", "x".repeat(300));
         assert_eq!(encoded(|out| encode_chunk(&big, out)), expected);
         assert_eq!(encoded(encode_last_chunk), "0\r\n\r\n");
+    }
+
+    #[test]
+    fn one_chunk_of_several_parts() {
+        let parts: [&[u8]; 4] = [b"he", b"", b"llo, ", b"world"];
+        assert_eq!(
+            encoded(|out| encode_chunk_of(parts, out)),
+            "c\r\nhello, world\r\n"
+        );
+        let empty: [&[u8]; 2] = [b"", b""];
+        assert_eq!(encoded(|out| encode_chunk_of(empty, out)), "");
+        // Parts larger than a copy piece keep their order across the piece boundaries.
+        let a = vec![b'a'; COPY_PIECE_BYTES + 3];
+        let b = vec![b'b'; 2 * COPY_PIECE_BYTES];
+        let expected = format!(
+            "{:x}\r\n{}{}\r\n",
+            a.len() + b.len(),
+            "a".repeat(a.len()),
+            "b".repeat(b.len())
+        );
+        assert_eq!(
+            encoded(|out| encode_chunk_of([&a[..], &b[..]], out)),
+            expected
+        );
     }
 
     #[test]

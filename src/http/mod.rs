@@ -27,7 +27,7 @@ mod scan;
 mod testing;
 
 pub use encode::{
-    encode_chunk, encode_error_response, encode_last_chunk, encode_request_head,
+    encode_chunk, encode_chunk_of, encode_error_response, encode_last_chunk, encode_request_head,
     encode_response_head, reason_phrase,
 };
 pub use error::HttpError;

@@ -687,6 +687,9 @@ struct Render<'a> {
     result_started: bool,
     /// The SSE result event being written (its `data:` lines span DATA frames).
     writer: Option<sse::DataWriter>,
+    /// DATA frames gathered for one write (kept to reuse its allocation). Bounded by the
+    /// stream's credit window: only frames the exit was given credit for can be queued.
+    parts: Vec<Bytes>,
 }
 
 impl Render<'_> {
@@ -847,66 +850,105 @@ impl Render<'_> {
         // upstream while this one is written (double buffering). Memory stays bounded: one
         // window queued plus the one being written.
         reply.ack(data.len() as u32);
-        match self.mode {
-            Mode::Undecided => {
-                // Common case: the whole result is already here; answer in one write.
-                let mut body = BytesMut::with_capacity(64 + data.len());
-                jsonrpc::write_result_prefix(self.id(), &mut body);
-                body.extend_from_slice(&data);
-                if let Some(Frame::End) = peek_end(reply) {
-                    jsonrpc::write_result_suffix(&mut body);
-                    if let Some(sink) = self.sink.take() {
-                        let headers: [(&str, &[u8]); 2] = [
-                            ("content-type", b"application/json"),
-                            ("mcp-session-id", self.session.id.as_bytes()),
-                        ];
-                        let _ = sink.respond(200, &headers, &body).await;
-                    }
-                    self.result_started = true;
-                    return true;
-                }
-                self.mode = Mode::Json;
-                self.result_started = true;
-                if let Some(sink) = self.sink.as_mut() {
+        if self.mode == Mode::Undecided {
+            // Common case: the whole result is already here; answer in one write.
+            let mut body = BytesMut::with_capacity(64 + data.len());
+            jsonrpc::write_result_prefix(self.id(), &mut body);
+            body.extend_from_slice(&data);
+            if let Some(Frame::End) = peek_end(reply) {
+                jsonrpc::write_result_suffix(&mut body);
+                if let Some(sink) = self.sink.take() {
                     let headers: [(&str, &[u8]); 2] = [
                         ("content-type", b"application/json"),
                         ("mcp-session-id", self.session.id.as_bytes()),
                     ];
-                    if sink.head(200, &headers).await.is_err() {
-                        self.sink = None;
-                    }
+                    let _ = sink.respond(200, &headers, &body).await;
                 }
-                self.write(&body).await;
+                self.result_started = true;
+                return true;
             }
-            Mode::Json => {
-                self.write(&data).await;
+            self.mode = Mode::Json;
+            self.result_started = true;
+            if let Some(sink) = self.sink.as_mut() {
+                let headers: [(&str, &[u8]); 2] = [
+                    ("content-type", b"application/json"),
+                    ("mcp-session-id", self.session.id.as_bytes()),
+                ];
+                if sink.head(200, &headers).await.is_err() {
+                    self.sink = None;
+                }
             }
-            Mode::Sse => {
-                let mut out = BytesMut::with_capacity(data.len() + 64);
-                if !self.result_started {
-                    self.result_started = true;
-                    let seq = self.next_seq;
-                    self.next_seq += 1;
-                    let id = self.event_id(seq);
-                    let mut prefix = BytesMut::with_capacity(64);
-                    jsonrpc::write_result_prefix(self.id(), &mut prefix);
-                    if let Ok(mut w) = sse::DataWriter::begin(Some(&id), &mut out) {
-                        w.write(&prefix, &mut out);
-                        self.writer = Some(w);
-                    }
+            self.write(&body).await;
+            return false;
+        }
+        // Whatever else the exit has queued goes out in the same write, and if its END is
+        // among it, the body's end too: one write per turn instead of one per frame.
+        let mut parts = std::mem::take(&mut self.parts);
+        parts.push(data);
+        let ended = loop {
+            match reply.try_next() {
+                Some(Frame::Data(more)) => {
+                    reply.ack(more.len() as u32);
+                    parts.push(more);
                 }
-                // Result JSON from the exit may hold raw newlines (pretty-printed); each
-                // becomes a new `data:` line, which SSE joins back with '\n'.
-                if let Some(w) = self.writer.as_mut() {
-                    w.write(&data, &mut out);
+                Some(Frame::End) => break true,
+                Some(other) => {
+                    reply.unread(other);
+                    break false;
                 }
-                self.write(&out).await;
+                None => break false,
+            }
+        };
+        if ended {
+            self.end_with(&parts).await;
+        } else if self.mode == Mode::Json {
+            if let Some(sink) = self.sink.as_mut()
+                && sink.body_of(parts.iter().map(|b| &b[..])).await.is_err()
+            {
+                self.sink = None;
+            }
+        } else {
+            let mut out = BytesMut::new();
+            self.sse_result(&parts, &mut out);
+            self.write(&out).await;
+        }
+        parts.clear();
+        self.parts = parts;
+        ended
+    }
+
+    /// Appends `parts` of the result to the SSE result event in `out`, starting the event
+    /// (its id and the JSON-RPC prefix) the first time.
+    fn sse_result(&mut self, parts: &[Bytes], out: &mut BytesMut) {
+        out.reserve(parts.iter().map(Bytes::len).sum::<usize>() + 64);
+        if !self.result_started {
+            self.result_started = true;
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let id = self.event_id(seq);
+            let mut prefix = BytesMut::with_capacity(64);
+            jsonrpc::write_result_prefix(self.id(), &mut prefix);
+            if let Ok(mut w) = sse::DataWriter::begin(Some(&id), out) {
+                w.write(&prefix, out);
+                self.writer = Some(w);
             }
         }
-        false
+        // Result JSON from the exit may hold raw newlines (pretty-printed); each becomes a
+        // new `data:` line, which SSE joins back with '\n'.
+        if let Some(w) = self.writer.as_mut() {
+            for part in parts {
+                w.write(part, out);
+            }
+        }
     }
 
     async fn on_end(&mut self) {
+        self.end_with(&[]).await;
+    }
+
+    /// The exit's END, after the last `parts` of the result: writes them, the result's
+    /// end and the body's end in one write.
+    async fn end_with(&mut self, parts: &[Bytes]) {
         match self.mode {
             Mode::Undecided if self.result_started => {}
             Mode::Undecided => {
@@ -914,26 +956,31 @@ impl Render<'_> {
                     .await
             }
             Mode::Json => {
-                let mut out = BytesMut::with_capacity(1);
-                jsonrpc::write_result_suffix(&mut out);
-                self.write(&out).await;
-                self.finish().await;
+                let mut suffix = BytesMut::with_capacity(1);
+                jsonrpc::write_result_suffix(&mut suffix);
+                if let Some(sink) = self.sink.take() {
+                    let all = parts.iter().map(|b| &b[..]).chain([&suffix[..]]);
+                    let _ = sink.finish_of(all).await;
+                }
             }
             Mode::Sse => {
-                if let Some(mut w) = self.writer.take() {
-                    let mut out = BytesMut::with_capacity(4);
-                    let mut suffix = BytesMut::with_capacity(1);
-                    jsonrpc::write_result_suffix(&mut suffix);
-                    w.write(&suffix, &mut out);
-                    w.finish(&mut out);
+                let mut out = BytesMut::new();
+                if !parts.is_empty() {
+                    self.sse_result(parts, &mut out);
+                }
+                let Some(mut w) = self.writer.take() else {
                     self.write(&out).await;
-                } else {
-                    let _ = self
-                        .error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None)
+                    self.error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None)
                         .await;
                     return;
+                };
+                let mut suffix = BytesMut::with_capacity(1);
+                jsonrpc::write_result_suffix(&mut suffix);
+                w.write(&suffix, &mut out);
+                w.finish(&mut out);
+                if let Some(sink) = self.sink.take() {
+                    let _ = sink.finish_of([&out[..]]).await;
                 }
-                self.finish().await;
             }
         }
     }
@@ -968,6 +1015,7 @@ pub async fn pump(
         next_seq: 1,
         result_started: false,
         writer: None,
+        parts: Vec::new(),
     };
     if progress {
         r.start_sse().await;

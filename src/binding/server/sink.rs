@@ -183,19 +183,39 @@ impl Sink {
 
     /// Writes body bytes (as one chunk).
     pub async fn body(&mut self, data: &[u8]) -> Result<(), Gone> {
+        self.body_of([data]).await
+    }
+
+    /// Writes `parts` as one chunk in one write.
+    pub async fn body_of<'a, I>(&mut self, parts: I) -> Result<(), Gone>
+    where
+        I: IntoIterator<Item = &'a [u8]>,
+        I::IntoIter: Clone,
+    {
         assert!(matches!(self.state, State::Body { .. }));
-        if data.is_empty() {
+        let mut out = BytesMut::new();
+        http::encode_chunk_of(parts, &mut out);
+        if out.is_empty() {
             return Ok(());
         }
-        let mut out = BytesMut::with_capacity(data.len() + 16);
-        http::encode_chunk(data, &mut out);
         self.write(out.freeze()).await
     }
 
     /// Ends a streamed body and hands the connection back.
-    pub async fn finish(mut self) -> Result<(), Gone> {
+    pub async fn finish(self) -> Result<(), Gone> {
+        self.finish_of([]).await
+    }
+
+    /// Writes `parts` as a last data chunk, then ends the body, all in one write, and hands
+    /// the connection back.
+    pub async fn finish_of<'a, I>(mut self, parts: I) -> Result<(), Gone>
+    where
+        I: IntoIterator<Item = &'a [u8]>,
+        I::IntoIter: Clone,
+    {
         assert!(matches!(self.state, State::Body { .. }));
-        let mut out = BytesMut::with_capacity(8);
+        let mut out = BytesMut::new();
+        http::encode_chunk_of(parts, &mut out);
         http::encode_last_chunk(&mut out);
         self.state = State::Done;
         self.write(out.freeze()).await?;
