@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::json;
-use support::{Gateway, MODES, each_mode, initialize_body, request, scrape};
+use support::{Gateway, MODES, each_mode, initialize_body, request, scrape, scrape_until};
 
 #[test]
 fn initialize_returns_session_id_and_server_info() {
@@ -253,12 +253,9 @@ fn metrics_report_sessions_and_request_counts() {
             .status,
             200
         );
-        let text = scrape(gw);
-        assert!(text.contains("mcpyard_sessions "), "{text}");
-        assert!(
-            text.contains(r#"mcpyard_request_seconds_count{method="tools/list",outcome="ok"}"#),
-            "{text}"
-        );
+        let count = r#"mcpyard_request_seconds_count{method="tools/list",outcome="ok"} 1"#;
+        let text = scrape_until(gw, count, |t| t.contains(count));
+        assert!(text.contains("mcpyard_sessions 1\n"), "{text}");
     });
 }
 

@@ -590,6 +590,28 @@ pub fn scrape(gw: &Gateway) -> String {
     r.text()
 }
 
+/// How long a scrape may take to show what a finished exchange recorded: a request's
+/// metrics are recorded just after its response is written, so a scrape sent as soon as
+/// the response arrives can come first.
+const METRICS_SETTLE: Duration = Duration::from_secs(5);
+
+/// Scrapes until `ready` holds for the text, for at most [`METRICS_SETTLE`]; panics with
+/// the last text and `what` if it never does.
+pub fn scrape_until(gw: &Gateway, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    let until = Instant::now() + METRICS_SETTLE;
+    loop {
+        let text = scrape(gw);
+        if ready(&text) {
+            return text;
+        }
+        assert!(
+            Instant::now() < until,
+            "metrics never showed {what} within {METRICS_SETTLE:?}:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The fast Rust upstream MCP server (`mcpyard-loadgen upstream`), killed when dropped.
 pub struct Upstream {
     child: Child,
