@@ -24,8 +24,12 @@ pub fn write_result_prefix(id: &str, out: &mut BytesMut) {
 
 /// Appends the `}` that closes [`write_result_prefix`].
 pub fn write_result_suffix(out: &mut BytesMut) {
-    out.put_u8(b'}');
+    out.put_slice(RESULT_SUFFIX);
 }
+
+/// What closes a response written with [`write_result_prefix`], for callers that write
+/// it as one part among others.
+pub const RESULT_SUFFIX: &[u8] = b"}";
 
 /// Appends an error response:
 /// `{"jsonrpc":"2.0","id":<id|null>,"error":{"code":<code>,"message":"<message>"[,"data":<data>]}}`.

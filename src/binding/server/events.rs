@@ -851,18 +851,18 @@ impl Render<'_> {
         // window queued plus the one being written.
         reply.ack(data.len() as u32);
         if self.mode == Mode::Undecided {
-            // Common case: the whole result is already here; answer in one write.
-            let mut body = BytesMut::with_capacity(64 + data.len());
-            jsonrpc::write_result_prefix(self.id(), &mut body);
-            body.extend_from_slice(&data);
+            // Common case: the whole result is already here; answer in one write, copying
+            // the result once, straight after the head.
+            let mut prefix = BytesMut::with_capacity(64);
+            jsonrpc::write_result_prefix(self.id(), &mut prefix);
             if let Some(Frame::End) = peek_end(reply) {
-                jsonrpc::write_result_suffix(&mut body);
                 if let Some(sink) = self.sink.take() {
                     let headers: [(&str, &[u8]); 2] = [
                         ("content-type", b"application/json"),
                         ("mcp-session-id", self.session.id.as_bytes()),
                     ];
-                    let _ = sink.respond(200, &headers, &body).await;
+                    let body: [&[u8]; 3] = [&prefix, &data, jsonrpc::RESULT_SUFFIX];
+                    let _ = sink.respond_of(200, &headers, &body).await;
                 }
                 self.result_started = true;
                 return true;
@@ -878,7 +878,11 @@ impl Render<'_> {
                     self.sink = None;
                 }
             }
-            self.write(&body).await;
+            if let Some(sink) = self.sink.as_mut()
+                && sink.body_of([&prefix[..], &data[..]]).await.is_err()
+            {
+                self.sink = None;
+            }
             return false;
         }
         // Whatever else the exit has queued goes out in the same write, and if its END is
@@ -956,10 +960,8 @@ impl Render<'_> {
                     .await
             }
             Mode::Json => {
-                let mut suffix = BytesMut::with_capacity(1);
-                jsonrpc::write_result_suffix(&mut suffix);
                 if let Some(sink) = self.sink.take() {
-                    let all = parts.iter().map(|b| &b[..]).chain([&suffix[..]]);
+                    let all = parts.iter().map(|b| &b[..]).chain([jsonrpc::RESULT_SUFFIX]);
                     let _ = sink.finish_of(all).await;
                 }
             }
@@ -974,9 +976,7 @@ impl Render<'_> {
                         .await;
                     return;
                 };
-                let mut suffix = BytesMut::with_capacity(1);
-                jsonrpc::write_result_suffix(&mut suffix);
-                w.write(&suffix, &mut out);
+                w.write(jsonrpc::RESULT_SUFFIX, &mut out);
                 w.finish(&mut out);
                 if let Some(sink) = self.sink.take() {
                     let _ = sink.finish_of([&out[..]]).await;

@@ -152,20 +152,29 @@ impl Sink {
 
     /// Writes a complete response with a known body in one write.
     pub async fn respond(
-        mut self,
+        self,
         status: u16,
         headers: &[(&str, &[u8])],
         body: &[u8],
     ) -> Result<(), Gone> {
+        self.respond_of(status, headers, &[body]).await
+    }
+
+    /// Writes a complete response whose body is `parts` back to back, in one write: the
+    /// parts are copied once, straight after the head.
+    pub async fn respond_of(
+        mut self,
+        status: u16,
+        headers: &[(&str, &[u8])],
+        parts: &[&[u8]],
+    ) -> Result<(), Gone> {
         assert!(self.state == State::Head);
-        let mut out = BytesMut::with_capacity(256 + body.len());
-        self.encode_head(
-            status,
-            headers,
-            BodyFraming::Length(body.len() as u64),
-            &mut out,
-        );
-        out.extend_from_slice(body);
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut out = BytesMut::with_capacity(256 + len);
+        self.encode_head(status, headers, BodyFraming::Length(len as u64), &mut out);
+        for part in parts {
+            out.extend_from_slice(part);
+        }
         self.state = State::Done;
         self.write(out.freeze()).await?;
         self.complete().await
