@@ -385,9 +385,13 @@ fn a_pooled_connection_the_upstream_closed_is_never_used() {
             value("mcpyard_upstream_stale_dropped_total") >= 3,
             "{metrics}"
         );
-        assert_eq!(
-            value("mcpyard_upstream_stale_retries_total"),
-            0,
+        // The gateway sends `notifications/initialized` upstream the moment initialize is
+        // answered, which can beat this upstream's close of that connection (its thread
+        // may not have run yet): the pool's check cannot see a close that has not
+        // arrived, so that one request may be resent once. The calls, each after a pause,
+        // must never be.
+        assert!(
+            value("mcpyard_upstream_stale_retries_total") <= 1,
             "{metrics}"
         );
         assert_eq!(value("mcpyard_upstream_failed_total"), 0, "{metrics}");
