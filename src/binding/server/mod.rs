@@ -89,11 +89,19 @@ impl Server {
         self.draining.get()
     }
 
-    /// Admits one request and starts answering it; the answer goes to `sink`.
-    pub fn handle(self: Rc<Self>, req: Request, sink: Sink, shared: Rc<ConnShared>) {
+    /// Admits one request and starts answering it; the answer goes to `sink`. A request
+    /// served on this worker is returned as a future for the connection's own task to
+    /// run (a task of its own per request would cost a spawn); refusals and hand-offs to
+    /// another worker run on their own and give `None`.
+    pub fn handle(
+        self: Rc<Self>,
+        req: Request,
+        sink: Sink,
+        shared: Rc<ConnShared>,
+    ) -> Option<impl Future<Output = ()> + 'static> {
         if let Err((status, message)) = self.admit(&req) {
             tokio::task::spawn_local(app::http_error(sink, status, message, None));
-            return;
+            return None;
         }
         let owner = req
             .head
@@ -104,10 +112,9 @@ impl Server {
         match owner {
             Some(w) if w != self.worker && usize::from(w) < self.inboxes.len() => {
                 self.hand_off(usize::from(w), req, sink, shared);
+                None
             }
-            _ => {
-                tokio::task::spawn_local(self.serve(req, sink));
-            }
+            _ => Some(self.serve(req, sink)),
         }
     }
 

@@ -178,9 +178,26 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
             Item::Request(req) => {
                 link.busy.set(true);
                 let keep_alive = req.head.keep_alive() && !server.draining();
-                let (sink, done) = Sink::local(link.shared.clone(), keep_alive);
-                server.clone().handle(req, sink, link.shared.clone());
-                let keep_alive = done.await.unwrap_or(false);
+                let (sink, mut done) = Sink::local(link.shared.clone(), keep_alive);
+                let keep_alive = match server.clone().handle(req, sink, link.shared.clone()) {
+                    Some(serving) => {
+                        // Run here until the response is complete. Work that outlives it
+                        // (a reply whose SSE connection dropped waits for a resuming GET)
+                        // moves to a task of its own, so the connection is free at once.
+                        // Boxed: the connection's task keeps no per-request state while
+                        // it idles.
+                        let mut serving = Box::pin(serving);
+                        tokio::select! {
+                            biased;
+                            () = &mut serving => done.await.unwrap_or(false),
+                            kept = &mut done => {
+                                tokio::task::spawn_local(serving);
+                                kept.unwrap_or(false)
+                            }
+                        }
+                    }
+                    None => done.await.unwrap_or(false),
+                };
                 link.busy.set(false);
                 link.last_activity.set(Instant::now());
                 if !keep_alive {
