@@ -179,17 +179,26 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
                 link.busy.set(true);
                 let keep_alive = req.head.keep_alive() && !server.draining();
                 let (sink, mut done) = Sink::local(link.shared.clone(), keep_alive);
-                let keep_alive = match server.clone().handle(req, sink, link.shared.clone()) {
-                    Some(serving) => {
+                // Boxed before any await: the connection's task must keep no per-request
+                // state while it idles (an unboxed future held by the `match` below would
+                // widen every connection's task by the size of a request's future).
+                let serving = server
+                    .clone()
+                    .handle(req, sink, link.shared.clone())
+                    .map(Box::pin);
+                let keep_alive = match serving {
+                    Some(mut serving) => {
                         // Run here until the response is complete. Work that outlives it
                         // (a reply whose SSE connection dropped waits for a resuming GET)
                         // moves to a task of its own, so the connection is free at once.
-                        // Boxed: the connection's task keeps no per-request state while
-                        // it idles.
-                        let mut serving = Box::pin(serving);
                         tokio::select! {
                             biased;
-                            () = &mut serving => done.await.unwrap_or(false),
+                            () = &mut serving => {
+                                // Freed before waiting out the response: a GET's stream
+                                // runs in a task of its own and can last for hours.
+                                drop(serving);
+                                done.await.unwrap_or(false)
+                            }
                             kept = &mut done => {
                                 tokio::task::spawn_local(serving);
                                 kept.unwrap_or(false)
