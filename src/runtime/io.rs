@@ -6,12 +6,12 @@
 //! read loop and deadlines are enforced by [`Conn::shutdown`], which makes the pending read
 //! complete; a socket is always shut down before it is dropped.
 
-use super::slots::ReadBuf;
+use super::slots::{ReadBuf, Slots};
 use bytes::Bytes;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use tokio::io::unix::AsyncFd;
+use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 
 /// Which event loop a worker runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,11 +118,21 @@ impl Conn {
 
     /// True if the peer has closed (or reset) this idle connection, or sent bytes nobody
     /// asked for; either way it must not carry another request. Never blocks: a
-    /// `MSG_PEEK | MSG_DONTWAIT` receive of one byte.
+    /// `MSG_PEEK | MSG_DONTWAIT` receive of one byte. On epoll that system call is skipped
+    /// when the reactor has seen nothing arrive since the last read emptied the socket
+    /// (its readiness is clear): a close that the reactor has not picked up yet is the
+    /// same race as one arriving just after the peek, and the pool's one resend on a
+    /// reused connection covers both.
     pub fn unusable(&self) -> bool {
         let fd = match self {
             Conn::Uring(s) => s.as_raw_fd(),
-            Conn::Epoll(s) => s.as_raw_fd(),
+            Conn::Epoll(s) => {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                if s.poll_read_ready(&mut cx).is_pending() {
+                    return false;
+                }
+                s.as_raw_fd()
+            }
         };
         let mut byte = 0u8;
         // SAFETY: `fd` is a socket owned by `self` for the duration of the call, and the
@@ -146,25 +156,74 @@ impl Conn {
     }
 }
 
-/// Reads once into the spare capacity of `v`. A read shorter than the room it had
-/// emptied the socket's receive queue, so the readiness it used is cleared: the next read
-/// waits for epoll's next edge instead of trying `recv` for an `EAGAIN` first. (Clearing
-/// is tick-checked by tokio: an edge that arrived meanwhile is not lost.)
+impl Conn {
+    /// True if a read may be awaited in place and dropped at any await: on epoll a read
+    /// waits for readiness and owns nothing meanwhile. On io_uring a read must run to
+    /// completion (its buffer belongs to the kernel until then), so it needs a task of
+    /// its own that nobody cancels.
+    pub fn reads_cancel_safe(&self) -> bool {
+        matches!(self, Conn::Epoll(_))
+    }
+
+    /// Epoll only (see [`Conn::reads_cancel_safe`]): waits until the socket is readable,
+    /// then receives once into a slot lent by `slots` for just that receive. Returns the
+    /// byte count (0 = the peer closed or the socket was shut down) and the slot, which
+    /// the caller gives back. Safe to drop while waiting: no slot is lent until the
+    /// receive runs, and the receive itself does not wait.
+    pub async fn read_ready(&self, slots: &Slots) -> io::Result<(usize, ReadBuf)> {
+        let Conn::Epoll(s) = self else {
+            unreachable!("read_ready is for epoll connections; io_uring reads use read")
+        };
+        loop {
+            let mut guard = s.readable().await?;
+            let mut buf = slots.lend();
+            let ReadBuf::Heap(v) = &mut buf else {
+                unreachable!("fixed buffers exist only on io_uring workers")
+            };
+            v.clear();
+            match recv_ready(&mut guard, v) {
+                Some(Ok(n)) => return Ok((n, buf)),
+                Some(Err(e)) => {
+                    slots.give_back(buf);
+                    return Err(e);
+                }
+                None => slots.give_back(buf),
+            }
+        }
+    }
+}
+
+/// Reads once into the spare capacity of `v` (see [`recv_ready`]).
 async fn epoll_read(s: &AsyncFd<std::net::TcpStream>, v: &mut Vec<u8>) -> io::Result<usize> {
-    let room = v.capacity() - v.len();
-    assert!(room > 0, "a read buffer has room");
     loop {
         let mut guard = s.readable().await?;
-        match guard.try_io(|fd| recv_spare(fd.as_raw_fd(), v)) {
-            Ok(Ok(n)) => {
-                if n > 0 && n < room {
-                    guard.clear_ready();
-                }
-                return Ok(n);
-            }
-            Ok(Err(e)) => return Err(e),
-            Err(_would_block) => continue,
+        if let Some(result) = recv_ready(&mut guard, v) {
+            return result;
         }
+    }
+}
+
+/// One `recv` into the spare capacity of `v` on a socket epoll reported readable; `None`
+/// if it would block after all (the readiness is then cleared by tokio). A read shorter
+/// than the room it had emptied the socket's receive queue, so the readiness it used is
+/// cleared: the next read waits for epoll's next edge instead of trying `recv` for an
+/// `EAGAIN` first. (Clearing is tick-checked by tokio: an edge that arrived meanwhile is
+/// not lost.)
+fn recv_ready(
+    guard: &mut AsyncFdReadyGuard<'_, std::net::TcpStream>,
+    v: &mut Vec<u8>,
+) -> Option<io::Result<usize>> {
+    let room = v.capacity() - v.len();
+    assert!(room > 0, "a read buffer has room");
+    match guard.try_io(|fd| recv_spare(fd.as_raw_fd(), v)) {
+        Ok(Ok(n)) => {
+            if n > 0 && n < room {
+                guard.clear_ready();
+            }
+            Some(Ok(n))
+        }
+        Ok(Err(e)) => Some(Err(e)),
+        Err(_would_block) => None,
     }
 }
 

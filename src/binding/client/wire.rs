@@ -1,12 +1,14 @@
 //! One upstream connection: the socket, a demand-driven read loop, and the bytes it read.
 //!
 //! io_uring forbids cancelling a read by dropping its future, yet an upstream exchange
-//! must be able to give up (timeout, cancellation) while a read is pending. So each
-//! connection has one read-loop task that owns the reads; an exchange asks it for bytes
-//! ([`Wire::fill`], a wait on a `Notify` that is safe to drop) and gives up by shutting
-//! the socket down ([`Wire::close`]), which completes the pending read.
+//! must be able to give up (timeout, cancellation) while a read is pending. So on io_uring
+//! each connection has one read-loop task that owns the reads; an exchange asks it for
+//! bytes ([`Wire::fill`], a wait on a `Notify` that is safe to drop) and gives up by
+//! shutting the socket down ([`Wire::close`]), which completes the pending read. On epoll a
+//! read is a readiness wait that owns nothing until the socket is readable, so the exchange
+//! reads in place: no read-loop task and no hand-off through it.
 //!
-//! The loop reads only on demand: an idle pooled connection has no read pending and holds
+//! Reads happen only on demand: an idle pooled connection has no read pending and holds
 //! no slot (DESIGN §5). Whether such a connection is still usable is checked when it is
 //! taken from the pool ([`crate::runtime::Conn::unusable`]).
 
@@ -33,6 +35,7 @@ enum ReadState {
 /// The shared state of one connection (its read loop holds an `Rc` too).
 pub struct Wire {
     conn: Conn,
+    slots: Rc<Slots>,
     /// Bytes read and not yet taken by the exchange's decoder.
     inbox: RefCell<BytesMut>,
     read: Cell<ReadState>,
@@ -59,8 +62,10 @@ pub struct Link {
 impl Link {
     /// Wraps a freshly connected socket and starts its read loop on this worker.
     pub fn start(conn: Conn, slots: Rc<Slots>) -> Link {
+        let inline = conn.reads_cancel_safe();
         let wire = Rc::new(Wire {
             conn,
+            slots,
             inbox: RefCell::new(BytesMut::new()),
             read: Cell::new(ReadState::Idle),
             closed: Cell::new(false),
@@ -70,7 +75,9 @@ impl Link {
             burst: Cell::new(false),
         });
         metrics::with(|m| m.upstream.connections += 1);
-        tokio::task::spawn_local(read_loop(wire.clone(), slots));
+        if !inline {
+            tokio::task::spawn_local(read_loop(wire.clone()));
+        }
         Link {
             wire,
             reused: false,
@@ -113,6 +120,9 @@ impl Wire {
     /// side is over (false). Safe to drop at any point: the read goes on in the loop and
     /// its bytes wait in the inbox.
     pub async fn fill(&self) -> bool {
+        if self.conn.reads_cancel_safe() {
+            return self.fill_in_place().await;
+        }
         let before = self.inbox.borrow().len();
         loop {
             let arrived = self.arrived.notified();
@@ -129,6 +139,33 @@ impl Wire {
             }
             arrived.await;
         }
+    }
+
+    /// [`Wire::fill`] on epoll: one read, awaited right here.
+    async fn fill_in_place(&self) -> bool {
+        if self.is_over() {
+            return false;
+        }
+        // A failed read ends the read side like a close.
+        if let Ok((n, buf)) = self.conn.read_ready(&self.slots).await {
+            if let Some(bytes) = buf.get(..n) {
+                self.inbox.borrow_mut().extend_from_slice(bytes);
+            }
+            self.slots.give_back(buf);
+            if n > 0 {
+                return true;
+            }
+        }
+        self.read_over();
+        false
+    }
+
+    /// The read side ended (peer closed, read failed): no more bytes, and the socket is
+    /// shut down before its descriptor is dropped.
+    fn read_over(&self) {
+        self.read.set(ReadState::Over);
+        self.closed.set(true);
+        self.conn.shutdown();
     }
 
     /// True once the read side is over (peer closed, error, or closed by us).
@@ -153,14 +190,20 @@ impl Wire {
     }
 }
 
-/// Reads once per demand until the connection is over.
-async fn read_loop(wire: Rc<Wire>, slots: Rc<Slots>) {
+impl Drop for Wire {
+    fn drop(&mut self) {
+        metrics::with(|m| m.upstream.connections -= 1);
+    }
+}
+
+/// io_uring: reads once per demand until the connection is over.
+async fn read_loop(wire: Rc<Wire>) {
+    let slots = &wire.slots;
     loop {
         while wire.read.get() != ReadState::Wanted {
             if wire.closed.get() {
                 wire.read.set(ReadState::Over);
                 wire.arrived.notify_one();
-                metrics::with(|m| m.upstream.connections -= 1);
                 return;
             }
             wire.demand.notified().await;
@@ -181,12 +224,8 @@ async fn read_loop(wire: Rc<Wire>, slots: Rc<Slots>) {
         }
         slots.give_back(buf);
         if n == 0 {
-            wire.read.set(ReadState::Over);
+            wire.read_over();
             wire.arrived.notify_one();
-            // The socket still needs its shutdown before the fd is dropped.
-            wire.closed.set(true);
-            wire.conn.shutdown();
-            metrics::with(|m| m.upstream.connections -= 1);
             return;
         }
         wire.read.set(ReadState::Idle);
