@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 pub use io::{Backend, Conn, Listener};
-pub use slots::{ReadBuf, Slots};
+pub use slots::{Lent, ReadBuf, Slots};
 
 /// Work sent to another worker: runs on that worker's loop, inside its LocalSet.
 pub type Task = Box<dyn FnOnce() + Send>;

@@ -33,6 +33,29 @@ impl Deref for ReadBuf {
     }
 }
 
+/// What a lent buffer is, remembered for a read that may be abandoned in flight (see
+/// [`Slots::abandoned`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lent {
+    /// A slot registered with the ring.
+    Fixed,
+    /// A plain heap slot.
+    Heap,
+    /// A buffer that is not a slot (the empty-pool fallback, or a caller's own).
+    Other,
+}
+
+impl ReadBuf {
+    /// What this buffer is to the pool.
+    pub fn lent(&self) -> Lent {
+        match self {
+            ReadBuf::Fixed(_) => Lent::Fixed,
+            ReadBuf::Heap(v) if v.capacity() == SLOT_BYTES => Lent::Heap,
+            ReadBuf::Heap(_) => Lent::Other,
+        }
+    }
+}
+
 /// One worker's slots.
 pub struct Slots {
     fixed: Option<FixedBufPool<Vec<u8>>>,
@@ -88,6 +111,23 @@ impl Slots {
         }
         metrics::with(|m| m.slot_exhausted += 1);
         ReadBuf::Heap(Vec::with_capacity(FALLBACK_READ_BYTES))
+    }
+
+    /// A read into a lent buffer was dropped in flight (its connection is being closed,
+    /// so the read completes promptly): the buffer stays the kernel's until then, and the
+    /// io_uring driver frees it, or returns a fixed one to the ring's pool, on completion.
+    /// The slot is counted back now, and a heap slot is replaced so the pool keeps its size.
+    pub fn abandoned(&self, lent: Lent) {
+        match lent {
+            Lent::Fixed => metrics::with(|m| m.slots_in_use -= 1),
+            Lent::Heap => {
+                metrics::with(|m| m.slots_in_use -= 1);
+                let mut heap = self.heap.borrow_mut();
+                assert!(heap.len() < SLOTS_PER_WORKER);
+                heap.push(Vec::with_capacity(SLOT_BYTES));
+            }
+            Lent::Other => {}
+        }
     }
 
     /// Takes a lent buffer back.

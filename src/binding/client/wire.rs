@@ -1,12 +1,16 @@
-//! One upstream connection: the socket, a demand-driven read loop, and the bytes it read.
+//! One upstream connection: the socket, reads on demand, and the bytes they brought.
 //!
-//! io_uring forbids cancelling a read by dropping its future, yet an upstream exchange
-//! must be able to give up (timeout, cancellation) while a read is pending. So on io_uring
-//! each connection has one read-loop task that owns the reads; an exchange asks it for
-//! bytes ([`Wire::fill`], a wait on a `Notify` that is safe to drop) and gives up by
-//! shutting the socket down ([`Wire::close`]), which completes the pending read. On epoll a
-//! read is a readiness wait that owns nothing until the socket is readable, so the exchange
-//! reads in place: no read-loop task and no hand-off through it.
+//! An upstream exchange must be able to give up (timeout, cancellation) while a read is
+//! pending, so [`Wire::fill`] is safe to drop at any await, and giving up for good is
+//! [`Wire::close`], which shuts the socket down. The exchange reads in place, with no task
+//! or hand-off between it and the socket:
+//! - on epoll a read is a readiness wait that holds nothing; a slot is lent only for the
+//!   `recv` itself, once the socket is readable;
+//! - on io_uring a read cannot be cancelled by dropping it (the kernel owns its buffer
+//!   until it completes), so the read in flight lives in the [`Wire`], not in `fill`: a
+//!   dropped `fill` leaves it there and the next `fill` goes on waiting for it. A read
+//!   still in flight when the connection is dropped is abandoned to the io_uring driver,
+//!   which frees its buffer when the read (completed by the shutdown) comes back.
 //!
 //! Reads happen only on demand: an idle pooled connection has no read pending and holds
 //! no slot (DESIGN §5). Whether such a connection is still usable is checked when it is
@@ -14,45 +18,38 @@
 
 use crate::limits::UPSTREAM_EVENT_READ_BYTES;
 use crate::metrics;
-use crate::runtime::{Conn, ReadBuf, Slots};
+use crate::runtime::{Conn, Lent, ReadBuf, Slots};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::rc::Rc;
-use tokio::sync::Notify;
 
-/// Where the read side of a connection is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ReadState {
-    /// No read pending, none wanted.
-    Idle,
-    /// The exchange wants bytes; the read loop reads once.
-    Wanted,
-    /// The peer closed, the read failed, or the connection was closed: no more bytes.
-    Over,
-}
+/// An io_uring read in flight: it owns its buffer until the kernel is done with it.
+type InFlight = Pin<Box<dyn Future<Output = (io::Result<usize>, ReadBuf)>>>;
 
-/// The shared state of one connection (its read loop holds an `Rc` too).
+/// The shared state of one connection.
 pub struct Wire {
-    conn: Conn,
+    /// Shared with an io_uring read in flight, which must outlive any one `fill`.
+    conn: Rc<Conn>,
     slots: Rc<Slots>,
     /// Bytes read and not yet taken by the exchange's decoder.
     inbox: RefCell<BytesMut>,
-    read: Cell<ReadState>,
-    /// The connection was closed by us: the read loop must stop.
+    /// io_uring: the read in flight and what its buffer is to the pool.
+    in_flight: RefCell<Option<(InFlight, Lent)>>,
+    /// The peer closed or a read failed: no more bytes.
+    over: Cell<bool>,
+    /// The connection was closed by us.
     closed: Cell<bool>,
-    /// Wakes the read loop (demand, or close).
-    demand: Notify,
-    /// Wakes the exchange (bytes arrived, or the read side is over).
-    arrived: Notify,
-    /// This connection carries a long-lived event stream: while it is quiet, its reads use
-    /// a small heap buffer instead of a slot.
+    /// This connection carries a long-lived event stream: while it is quiet, its io_uring
+    /// reads use a small heap buffer instead of a slot.
     event_stream: Cell<bool>,
     /// The last read filled its buffer: more is likely waiting, read into a slot.
     burst: Cell<bool>,
 }
 
-/// The owner's handle of a connection: closing it on drop is what ends the read loop.
+/// The owner's handle of a connection: dropping it closes the connection.
 pub struct Link {
     wire: Rc<Wire>,
     /// The connection carried an exchange before (reuse makes a failure retryable).
@@ -60,24 +57,19 @@ pub struct Link {
 }
 
 impl Link {
-    /// Wraps a freshly connected socket and starts its read loop on this worker.
+    /// Wraps a freshly connected socket.
     pub fn start(conn: Conn, slots: Rc<Slots>) -> Link {
-        let inline = conn.reads_cancel_safe();
         let wire = Rc::new(Wire {
-            conn,
+            conn: Rc::new(conn),
             slots,
             inbox: RefCell::new(BytesMut::new()),
-            read: Cell::new(ReadState::Idle),
+            in_flight: RefCell::new(None),
+            over: Cell::new(false),
             closed: Cell::new(false),
-            demand: Notify::new(),
-            arrived: Notify::new(),
             event_stream: Cell::new(false),
             burst: Cell::new(false),
         });
         metrics::with(|m| m.upstream.connections += 1);
-        if !inline {
-            tokio::task::spawn_local(read_loop(wire.clone()));
-        }
         Link {
             wire,
             reused: false,
@@ -116,41 +108,25 @@ impl Wire {
         self.event_stream.set(true);
     }
 
-    /// Asks the read loop for more bytes and waits until some arrived (true) or the read
-    /// side is over (false). Safe to drop at any point: the read goes on in the loop and
-    /// its bytes wait in the inbox.
+    /// Reads once more and waits until bytes arrived (true) or the read side is over
+    /// (false). Safe to drop at any await: on epoll nothing is read yet; on io_uring the
+    /// read stays in flight in the wire and the next `fill` takes it up.
     pub async fn fill(&self) -> bool {
-        if self.conn.reads_cancel_safe() {
-            return self.fill_in_place().await;
-        }
-        let before = self.inbox.borrow().len();
-        loop {
-            let arrived = self.arrived.notified();
-            if self.inbox.borrow().len() > before {
-                return true;
-            }
-            match self.read.get() {
-                ReadState::Over => return false,
-                ReadState::Idle => {
-                    self.read.set(ReadState::Wanted);
-                    self.demand.notify_one();
-                }
-                ReadState::Wanted => {}
-            }
-            arrived.await;
-        }
-    }
-
-    /// [`Wire::fill`] on epoll: one read, awaited right here.
-    async fn fill_in_place(&self) -> bool {
-        if self.is_over() {
+        if self.in_flight.borrow().is_none() && self.is_over() {
             return false;
         }
-        // A failed read ends the read side like a close.
-        if let Ok((n, buf)) = self.conn.read_ready(&self.slots).await {
+        let read = if self.conn.reads_cancel_safe() {
+            self.conn.read_ready(&self.slots).await
+        } else {
+            self.read_in_flight().await
+        };
+        // A failed read ends the read side like a close: the exchange sees the response
+        // cut short either way.
+        if let Ok((n, buf)) = read {
             if let Some(bytes) = buf.get(..n) {
                 self.inbox.borrow_mut().extend_from_slice(bytes);
             }
+            self.burst.set(n >= buf_capacity(&buf));
             self.slots.give_back(buf);
             if n > 0 {
                 return true;
@@ -160,17 +136,51 @@ impl Wire {
         false
     }
 
+    /// io_uring: starts a read unless one is in flight, and waits for it to complete.
+    async fn read_in_flight(&self) -> io::Result<(usize, ReadBuf)> {
+        loop {
+            if self.in_flight.borrow().is_none() {
+                let buf = if self.event_stream.get() && !self.burst.get() {
+                    ReadBuf::Heap(Vec::with_capacity(UPSTREAM_EVENT_READ_BYTES))
+                } else {
+                    self.slots.lend()
+                };
+                let lent = buf.lent();
+                let conn = self.conn.clone();
+                let read: InFlight = Box::pin(async move { conn.read(buf).await });
+                *self.in_flight.borrow_mut() = Some((read, lent));
+            }
+            // `None` if another `fill` took the completed read meanwhile (an exchange
+            // fills one at a time, so this is defensive): then read again.
+            let done = std::future::poll_fn(|cx| match self.in_flight.borrow_mut().as_mut() {
+                Some((read, _)) => read.as_mut().poll(cx).map(Some),
+                None => std::task::Poll::Ready(None),
+            })
+            .await;
+            if let Some((result, buf)) = done {
+                *self.in_flight.borrow_mut() = None;
+                return match result {
+                    Ok(n) => Ok((n, buf)),
+                    Err(e) => {
+                        self.slots.give_back(buf);
+                        Err(e)
+                    }
+                };
+            }
+        }
+    }
+
     /// The read side ended (peer closed, read failed): no more bytes, and the socket is
     /// shut down before its descriptor is dropped.
     fn read_over(&self) {
-        self.read.set(ReadState::Over);
+        self.over.set(true);
         self.closed.set(true);
         self.conn.shutdown();
     }
 
     /// True once the read side is over (peer closed, error, or closed by us).
     pub fn is_over(&self) -> bool {
-        self.read.get() == ReadState::Over || self.closed.get()
+        self.over.get() || self.closed.get()
     }
 
     /// True if this idle connection may carry another request: not closed, nothing
@@ -179,57 +189,23 @@ impl Wire {
         !self.is_over() && self.inbox.borrow().is_empty() && !self.conn.unusable()
     }
 
-    /// Closes the connection: a pending read or write completes, the read loop ends.
-    /// Idempotent.
+    /// Closes the connection: a pending read or write completes. Idempotent.
     pub fn close(&self) {
         if self.closed.replace(true) {
             return;
         }
         self.conn.shutdown();
-        self.demand.notify_one();
     }
 }
 
 impl Drop for Wire {
     fn drop(&mut self) {
+        if let Some((_read, lent)) = self.in_flight.get_mut().take() {
+            // Dropping the read hands its buffer to the io_uring driver until the read
+            // (completed by the close's shutdown) comes back.
+            self.slots.abandoned(lent);
+        }
         metrics::with(|m| m.upstream.connections -= 1);
-    }
-}
-
-/// io_uring: reads once per demand until the connection is over.
-async fn read_loop(wire: Rc<Wire>) {
-    let slots = &wire.slots;
-    loop {
-        while wire.read.get() != ReadState::Wanted {
-            if wire.closed.get() {
-                wire.read.set(ReadState::Over);
-                wire.arrived.notify_one();
-                return;
-            }
-            wire.demand.notified().await;
-        }
-        let buf = if wire.event_stream.get() && !wire.burst.get() {
-            ReadBuf::Heap(Vec::with_capacity(UPSTREAM_EVENT_READ_BYTES))
-        } else {
-            slots.lend()
-        };
-        let room = buf_capacity(&buf);
-        let (result, buf) = wire.conn.read(buf).await;
-        // A failed read ends the read side like a close: the exchange sees the
-        // response cut short either way.
-        let n = result.unwrap_or(0);
-        wire.burst.set(n >= room);
-        if let Some(bytes) = buf.get(..n) {
-            wire.inbox.borrow_mut().extend_from_slice(bytes);
-        }
-        slots.give_back(buf);
-        if n == 0 {
-            wire.read_over();
-            wire.arrived.notify_one();
-            return;
-        }
-        wire.read.set(ReadState::Idle);
-        wire.arrived.notify_one();
     }
 }
 
@@ -238,5 +214,100 @@ fn buf_capacity(buf: &ReadBuf) -> usize {
     match buf {
         ReadBuf::Fixed(_) => crate::limits::SLOT_BYTES,
         ReadBuf::Heap(v) => v.capacity(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::SLOTS_PER_WORKER;
+    use crate::runtime::{Backend, block_on};
+    use std::io::Write;
+    use std::time::Duration;
+
+    /// epoll always; io_uring (with no registered slots and with some) where it exists.
+    fn setups() -> Vec<(Backend, usize)> {
+        let mut out = vec![(Backend::Epoll, 0)];
+        if crate::runtime::io::uring_available().is_ok() {
+            out.extend([(Backend::Uring, 0), (Backend::Uring, 4)]);
+        }
+        out
+    }
+
+    /// A link to a loopback socket the test holds the other end of.
+    async fn pair(backend: Backend, slots: Rc<Slots>) -> (Link, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let conn = Conn::connect(addr, backend).await.expect("connect");
+        let (peer, _) = listener.accept().expect("accept");
+        (Link::start(conn, slots), peer)
+    }
+
+    /// A fill that must finish: bytes the peer sent and a lost read would leave it waiting.
+    async fn fill_now(wire: &Wire) -> bool {
+        tokio::time::timeout(Duration::from_secs(5), wire.fill())
+            .await
+            .expect("a fill waited 5 s for bytes the peer had sent (lost read?)")
+    }
+
+    /// Gives the io_uring driver a moment to take completions in.
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    #[test]
+    fn a_fill_dropped_while_waiting_loses_no_bytes() {
+        for (backend, registered) in setups() {
+            block_on(backend, async move {
+                let slots = Rc::new(Slots::new(backend == Backend::Uring, registered));
+                let (link, mut peer) = pair(backend, slots).await;
+                let wire = link.wire();
+                // Nothing to read: the wait is given up (on io_uring the read stays in flight).
+                let gave_up = tokio::time::timeout(Duration::from_millis(20), wire.fill()).await;
+                assert!(gave_up.is_err(), "{backend:?}: nothing was sent yet");
+                peer.write_all(b"hello").expect("write");
+                assert!(fill_now(wire).await, "{backend:?}");
+                assert_eq!(&wire.inbox()[..], b"hello", "{backend:?}");
+                peer.write_all(b" world").expect("write");
+                assert!(fill_now(wire).await, "{backend:?}");
+                assert_eq!(&wire.inbox()[..], b"hello world", "{backend:?}");
+                drop(peer);
+                assert!(!fill_now(wire).await, "{backend:?}: the peer closed");
+                assert!(wire.is_over(), "{backend:?}");
+                assert!(!fill_now(wire).await, "{backend:?}: over stays over");
+                drop(link);
+                settle().await;
+                assert_eq!(metrics::with(|m| m.slots_in_use), 0, "{backend:?}");
+                assert_eq!(metrics::with(|m| m.upstream.connections), 0, "{backend:?}");
+            })
+            .expect("runtime");
+        }
+    }
+
+    #[test]
+    fn a_connection_dropped_with_a_read_in_flight_gives_its_slot_back() {
+        for (backend, registered) in setups() {
+            block_on(backend, async move {
+                let slots = Rc::new(Slots::new(backend == Backend::Uring, registered));
+                let (link, _peer) = pair(backend, slots.clone()).await;
+                let gave_up =
+                    tokio::time::timeout(Duration::from_millis(20), link.wire().fill()).await;
+                assert!(gave_up.is_err(), "{backend:?}: nothing was sent");
+                drop(link);
+                settle().await;
+                assert_eq!(metrics::with(|m| m.slots_in_use), 0, "{backend:?}");
+                assert_eq!(metrics::with(|m| m.upstream.connections), 0, "{backend:?}");
+                // The pool kept its size: every slot can still be lent at once.
+                let exhausted = metrics::with(|m| m.slot_exhausted);
+                let lent: Vec<ReadBuf> = (0..SLOTS_PER_WORKER).map(|_| slots.lend()).collect();
+                assert_eq!(
+                    metrics::with(|m| m.slot_exhausted),
+                    exhausted,
+                    "{backend:?} with {registered} registered"
+                );
+                lent.into_iter().for_each(|b| slots.give_back(b));
+            })
+            .expect("runtime");
+        }
     }
 }
