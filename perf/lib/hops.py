@@ -119,6 +119,9 @@ def run(procs):
                         duration=duration, warmup=a.warmup, watch=watch, subdir=RAW_SUB)
             n = r["requests_ok"] + sum(r["errors"].values())
             r["cpu_us_per_req"] = {k: (v / n if n else None) for k, v in r["cpu_us"].items()}
+            for k, split in r["cpu_split_us"].items():
+                for part, v in split.items():
+                    r["cpu_us_per_req"][f"{k}_{part}"] = v / n if n else None
             r["attempt"] = attempt + 1
             if r["foreign_busy_pct"] <= a.retry_foreign:
                 break
@@ -302,12 +305,17 @@ def report(d):
         p50, p90, p99, p999, mx = lat(r)
         rows.append([n, fmt(r["throughput_rps"]),
                      f"{fmt(r['throughput_min'])}–{fmt(r['throughput_max'])}", p50, p99, p999,
-                     fmt(c.get("target"), 1),
+                     fmt(c.get("target"), 1), fmt(c.get("target_user"), 1),
+                     fmt(c.get("target_sys"), 1),
                      fmt(c.get("fixture"), 1), fmt(c.get("loadgen"), 1),
                      fmt(r["foreign_busy_pct"], 1), sum(r["errors"].values())])
     L.append(table(["target", "req/s", "range", "p50", "p99", "p99.9", "target CPU µs/req",
+                    "of it user", "of it kernel",
                     "fixture CPU µs/req", "loadgen CPU µs/req", "foreign %", "errors"], rows))
     L.append("")
+    L.append("'of it user' and 'of it kernel' split the target's CPU µs/req into its own code "
+             "(utime) and the kernel's work for it (stime: system calls, TCP, wake-ups); each "
+             "is a median over the rounds on its own, so the two need not add up exactly.\n")
     L.append(f"Rates for phase 2 = 25 / 50 / 75 % of **{BASE}**'s max "
              f"({fmt(d['base_max_rps'])} req/s): " +
              ", ".join(f"{p} % = {r} req/s" for p, r in d["rates"].items()) + ".\n")
@@ -398,6 +406,16 @@ def report(d):
              "run (see the p99 range columns): one descheduling of a proxy or of the generator "
              "puts a millisecond into the tail. The medians over rounds damp that; the p50 and "
              "the CPU µs/req columns are the steadier comparison.\n")
+    cm, cn = d["max"][BASE]["cpu_us_per_req"], d["max"]["nginx-w1"]["cpu_us_per_req"]
+    if all(c.get(k) for c in (cm, cn) for k in ("target_user", "target_sys")):
+        L.append(
+            f"**Where the throughput gap is** (closed loop, §1): {BASE} spends "
+            f"{cm['target_user']:.1f} µs of user-space CPU and {cm['target_sys']:.1f} µs of "
+            f"kernel CPU per request, nginx-w1 {cn['target_user']:.1f} and "
+            f"{cn['target_sys']:.1f} µs: the kernel's part is "
+            f"{cm['target_sys'] / cn['target_sys']:.2f}× nginx's, the user-space part "
+            f"{cm['target_user'] / cn['target_user']:.2f}×. nginx relays bytes; mcpyard also "
+            "parses every JSON-RPC message and its session headers.\n")
 
     prof = d.get("profile")
     if prof and prof.get("top"):

@@ -393,8 +393,8 @@ class Sampler(threading.Thread):
 
 
 def pgroup_ticks(pgids):
-    """utime+stime ticks of every live process whose process group is in `pgids`."""
-    total = {g: 0 for g in pgids}
+    """(utime, stime) ticks of every live process whose process group is in `pgids`."""
+    total = {g: (0, 0) for g in pgids}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -406,7 +406,8 @@ def pgroup_ticks(pgids):
         rest = s[s.rfind(")") + 2 :].split()
         pgrp = int(rest[2])
         if pgrp in total:
-            total[pgrp] += int(rest[11]) + int(rest[12])
+            u, k = total[pgrp]
+            total[pgrp] = (u + int(rest[11]), k + int(rest[12]))
     return total
 
 
@@ -532,8 +533,16 @@ def loadgen(lg, tag, url, scenario="tools-call", rate=None, connections=8, durat
     with open(jpath) as f:
         res = json.load(f)
     res["argv"] = argv
-    cpu = {k: (t1[g] - t0[g]) * 1e6 / CLK_TCK for k, g in watch.items()}
-    cpu["loadgen"] = ((ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)) * 1e6
+    cpu = {k: (sum(t1[g]) - sum(t0[g])) * 1e6 / CLK_TCK for k, g in watch.items()}
+    # The same split into user space and kernel (system calls, TCP, wake-ups).
+    res["cpu_split_us"] = {
+        k: {"user": (t1[g][0] - t0[g][0]) * 1e6 / CLK_TCK,
+            "sys": (t1[g][1] - t0[g][1]) * 1e6 / CLK_TCK}
+        for k, g in watch.items()
+    }
+    res["cpu_split_us"]["loadgen"] = {"user": (ru1.ru_utime - ru0.ru_utime) * 1e6,
+                                      "sys": (ru1.ru_stime - ru0.ru_stime) * 1e6}
+    cpu["loadgen"] = sum(res["cpu_split_us"]["loadgen"].values())
     res["cpu_us"] = cpu
     busy = (s1[0] - s0[0]) - (s1[1] - s0[1])
     total = s1[0] - s0[0]
