@@ -72,7 +72,8 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// A keep-alive connection with no request in flight is closed after this long.
 pub const CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A request head or body that does not arrive in full within this long is answered 408.
+/// A request head or body that does not arrive in full within this long is answered 408
+/// and its connection closed.
 pub const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a GET stream waits for the exit to say whether it has an event stream.

@@ -4,7 +4,8 @@
 
 mod support;
 
-use support::{Gateway, each_mode, initialize_body, request};
+use std::time::{Duration, Instant};
+use support::{Gateway, MODES, each_mode, initialize_body, request};
 
 const PING: &str = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
 
@@ -190,6 +191,43 @@ fn expect_continue_gets_100_then_the_answer() {
         let r = c.read_response();
         assert_eq!(r.status, 200);
         assert!(r.header("mcp-session-id").is_some());
+    });
+}
+
+/// `REQUEST_READ_TIMEOUT` in `src/limits.rs`.
+const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[test]
+fn a_request_left_unfinished_gets_408_after_the_read_timeout() {
+    // The modes run side by side: each waits out the 10 s timeout.
+    std::thread::scope(|scope| {
+        for mode in MODES {
+            scope.spawn(move || {
+                let gw = Gateway::start(mode);
+                let mut c = gw.conn();
+                // A whole request first: the connection's deadline timer is then armed for
+                // the idle timeout (60 s), and the partial request must bring it forward.
+                c.send(&gw.post_bytes(None, &[], &initialize_body(1, "2025-11-25")));
+                assert_eq!(c.read_response().status, 200, "{mode:?}");
+                let started = Instant::now();
+                c.send(
+                    format!("POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-le", gw.host()).as_bytes(),
+                );
+                c.stream
+                    .set_read_timeout(Some(REQUEST_READ_TIMEOUT * 3))
+                    .expect("read timeout");
+                let r = c.read_response();
+                let waited = started.elapsed();
+                assert_eq!(r.status, 408, "{mode:?}");
+                assert_eq!(r.header("connection"), Some("close"), "{mode:?}");
+                assert!(
+                    waited >= REQUEST_READ_TIMEOUT - Duration::from_millis(500),
+                    "{mode:?}: 408 after {waited:?}, before the timeout"
+                );
+                assert!(c.closed(), "{mode:?}: connection open after the 408");
+                gw.assert_serving();
+            });
+        }
     });
 }
 

@@ -24,6 +24,8 @@ pub enum HttpError {
     NotImplemented(&'static str),
     /// The message uses an HTTP version other than 1.0 or 1.1 (505).
     VersionNotSupported,
+    /// A request started arriving but was not complete within `REQUEST_READ_TIMEOUT` (408).
+    RequestTimeout,
 }
 
 impl HttpError {
@@ -36,6 +38,7 @@ impl HttpError {
             HttpError::HeaderFieldsTooLarge => 431,
             HttpError::NotImplemented(_) => 501,
             HttpError::VersionNotSupported => 505,
+            HttpError::RequestTimeout => 408,
         }
     }
 
@@ -47,6 +50,7 @@ impl HttpError {
             HttpError::UriTooLong => "uri too long",
             HttpError::HeaderFieldsTooLarge => "header fields too large",
             HttpError::VersionNotSupported => "http version not supported",
+            HttpError::RequestTimeout => "request not received in time",
         }
     }
 }

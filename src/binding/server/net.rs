@@ -25,9 +25,11 @@ use crate::runtime::{Conn, ReadBuf, Slots};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Instant;
 use tokio::sync::Notify;
+use tokio::time::Sleep;
 
 /// One complete request: its head and its whole body (bounded by MESSAGE_BYTES_MAX).
 pub struct Request {
@@ -141,9 +143,16 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
 
 /// The next item from the reader. While it waits the connection is idle (no response in
 /// progress), so this is where the idle keep-alive and slow-request deadlines are kept:
-/// past one the socket is shut down, which ends the reader with an `Eof`. Cancel-safe
-/// (an item is only taken in the poll that returns it).
-async fn next_item(link: &Link) -> Item {
+/// past the idle one the socket is shut down, which ends the reader with an `Eof`; past
+/// the slow-request one the answer is a 408 (the dispatcher then closes). Cancel-safe (an
+/// item is only taken in the poll that returns it).
+///
+/// `timer` is the connection's one deadline timer, armed lazily: it is moved only when
+/// it fired or when the deadline came earlier, never just because the deadline moved
+/// later (as it does after every request). A timer armed per wait would re-register in
+/// tokio's wheel on every request, and on io_uring, where the worker is parked while the
+/// response is written, each re-registration also wakes the worker through its eventfd.
+async fn next_item(link: &Link, timer: &mut Pin<&mut Sleep>) -> Item {
     let mut shut = false;
     loop {
         let notified = link.queued.notified();
@@ -156,25 +165,35 @@ async fn next_item(link: &Link) -> Item {
             continue;
         }
         // Recomputed on every wake: the reader moves `partial_since` and `last_activity`.
-        let deadline = match link.partial_since.get() {
+        let partial = link.partial_since.get();
+        let deadline = match partial {
             Some(since) => since + REQUEST_READ_TIMEOUT,
             None => link.last_activity.get() + CONNECTION_IDLE_TIMEOUT,
         };
         if deadline <= Instant::now() {
+            if partial.is_some() {
+                return Item::Error(HttpError::RequestTimeout);
+            }
             link.shared.conn.shutdown();
             shut = true;
             continue;
         }
+        if timer.is_elapsed() || deadline < timer.deadline().into_std() {
+            timer.as_mut().reset(deadline.into());
+        }
         tokio::select! {
             () = notified => {}
-            () = tokio::time::sleep_until(deadline.into()) => {}
+            // Fired: maybe early (the deadline moved later meanwhile); the loop re-checks.
+            () = timer.as_mut() => {}
         }
     }
 }
 
 async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
+    let timer = tokio::time::sleep_until((Instant::now() + CONNECTION_IDLE_TIMEOUT).into());
+    let mut timer = std::pin::pin!(timer);
     loop {
-        match next_item(link).await {
+        match next_item(link, &mut timer).await {
             Item::Request(req) => {
                 link.busy.set(true);
                 let keep_alive = req.head.keep_alive() && !server.draining();
@@ -270,7 +289,8 @@ async fn read_loop(link: &Link, slots: &Slots) {
         buf.extend_from_slice(slot.get(..n).unwrap_or_default());
         slots.give_back(slot);
         link.last_activity.set(Instant::now());
-        if link.partial_since.get().is_none() {
+        let was_partial = link.partial_since.get().is_some();
+        if !was_partial {
             link.partial_since.set(Some(Instant::now()));
         }
         loop {
@@ -313,6 +333,11 @@ async fn read_loop(link: &Link, slots: &Slots) {
                     return;
                 }
             }
+        }
+        if !was_partial && link.partial_since.get().is_some() {
+            // A request started and is not complete: the dispatcher, waiting out the idle
+            // deadline, must bring its timer forward to the slow-request one.
+            link.queued.notify_one();
         }
         if streaming && buf.is_empty() {
             // The stream's request head (its headers borrow this buffer) is done with
