@@ -2,9 +2,11 @@
 //! (tokio current-thread). Everything else reads and writes through [`Conn`].
 //!
 //! Rules that keep io_uring correct (see `reference/runtime-notes.md`): a read, write or
-//! accept is never cancelled by dropping its future — each connection has one long-lived
-//! read loop and deadlines are enforced by [`Conn::shutdown`], which makes the pending read
-//! complete; a socket is always shut down before it is dropped.
+//! accept is never cancelled by dropping its future — an agent connection reads in one
+//! long-lived read loop, an upstream connection keeps a read whose waiter went away in
+//! flight in its wire for the next waiter, and deadlines are enforced by
+//! [`Conn::shutdown`], which makes the pending read complete; a socket is always shut down
+//! before it is dropped.
 
 use super::slots::{ReadBuf, Slots};
 use bytes::Bytes;

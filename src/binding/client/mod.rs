@@ -9,9 +9,9 @@
 //!   with the exact `Content-Length` computed up front, and whose JSON or SSE answer is
 //!   decoded incrementally ([`exchange`]) into the result DATA, in-band events, or a typed
 //!   RESET (JSON-RPC error, bearer challenge).
-//! - Connections are pooled per worker ([`pool`]); each has a demand-driven read loop
-//!   ([`wire`]) so that exchanges can give up on timers and cancellation without ever
-//!   dropping an io_uring read.
+//! - Connections are pooled per worker ([`pool`]); an exchange reads its connection in
+//!   place ([`wire`]), and on io_uring a read whose exchange gave up (a timer, a
+//!   cancellation) stays in flight in the wire for the next one, so no read is dropped.
 //!
 //! Everything here lives on one worker: the binding is built once per worker and its
 //! sessions, connections and tasks stay there.
