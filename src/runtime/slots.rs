@@ -118,32 +118,32 @@ impl Slots {
     /// io_uring driver frees it, or returns a fixed one to the ring's pool, on completion.
     /// The slot is counted back now, and a heap slot is replaced so the pool keeps its size.
     pub fn abandoned(&self, lent: Lent) {
+        self.counted_back(lent, || Vec::with_capacity(SLOT_BYTES));
+    }
+
+    /// Takes a lent buffer back.
+    pub fn give_back(&self, buf: ReadBuf) {
+        let lent = buf.lent();
+        match buf {
+            // `buf` is dropped on return: a fixed buffer goes back to the ring's pool.
+            ReadBuf::Fixed(_) => self.counted_back(lent, Vec::new),
+            // A slot goes back to the pool; a fallback buffer is freed.
+            ReadBuf::Heap(v) => self.counted_back(lent, || v),
+        }
+    }
+
+    /// Counts a lent buffer back: the gauge for a slot, and `heap_slot` back into the pool
+    /// for a heap slot (taken only then).
+    fn counted_back(&self, lent: Lent, heap_slot: impl FnOnce() -> Vec<u8>) {
         match lent {
             Lent::Fixed => metrics::with(|m| m.slots_in_use -= 1),
             Lent::Heap => {
                 metrics::with(|m| m.slots_in_use -= 1);
                 let mut heap = self.heap.borrow_mut();
                 assert!(heap.len() < SLOTS_PER_WORKER);
-                heap.push(Vec::with_capacity(SLOT_BYTES));
+                heap.push(heap_slot());
             }
             Lent::Other => {}
-        }
-    }
-
-    /// Takes a lent buffer back.
-    pub fn give_back(&self, buf: ReadBuf) {
-        match buf {
-            ReadBuf::Fixed(b) => {
-                metrics::with(|m| m.slots_in_use -= 1);
-                drop(b); // returns to the fixed pool
-            }
-            ReadBuf::Heap(v) if v.capacity() == SLOT_BYTES => {
-                metrics::with(|m| m.slots_in_use -= 1);
-                let mut heap = self.heap.borrow_mut();
-                assert!(heap.len() < SLOTS_PER_WORKER);
-                heap.push(v);
-            }
-            ReadBuf::Heap(_) => {} // a fallback buffer: freed
         }
     }
 }
