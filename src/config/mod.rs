@@ -13,10 +13,16 @@
 //!    unknown key or bad value (`raw.rs`);
 //! 4. `raw` → `model`, with defaults, bounds and cross-references (`validate.rs`).
 //!
+//! Two small pieces live in modules of their own because the proxy binding uses them at
+//! run time too: `glob.rs` (route allow-lists, [`AllowList::admits`]) and
+//! `event_prefix.rs` (the per-route tags of aggregate event ids, [`event_prefixes`]).
+//!
 //! The file layout is documented in `config/quickstart.yaml` and
 //! `config/proxy-example.yaml`, and in DESIGN.md section 1.
 
 mod duration;
+mod event_prefix;
+mod glob;
 mod model;
 mod raw;
 mod url;
@@ -32,6 +38,8 @@ use std::path::Path;
 use serde_yaml_ng::Value;
 
 pub use duration::{format_duration, parse_duration};
+pub use event_prefix::{EVENT_CODE_CHARS, event_code, event_prefixes};
+pub use glob::{ALLOW_LIST_GLOBS_MAX, AllowList, GLOB_BYTES_MAX, Glob};
 pub use model::{
     Binding, Cache, ClientAuth, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding, Route,
     Runtime, Scheme, Secret, ServerBinding, Store, Telemetry, UpstreamUrl,

@@ -11,6 +11,8 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::glob::AllowList;
+
 /// A whole, validated configuration file.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -134,7 +136,8 @@ pub struct ServerBinding {
 pub struct ProxyBinding {
     /// List cache; `None` forwards every list request upstream.
     pub cache: Option<Cache>,
-    /// Routes in file order; never empty, toolkit names unique.
+    /// Routes in file order; never empty, toolkit names unique, and every route has a
+    /// toolkit and an event prefix when there is more than one.
     pub routes: Vec<Route>,
 }
 
@@ -147,13 +150,33 @@ pub struct Cache {
     pub ttl: Duration,
 }
 
-/// One proxy route: a toolkit name and where its requests go.
+/// One proxy route: a toolkit, where its requests go, and what of it agents may see.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    /// The toolkit prefix (`<toolkit>__<tool>`); `[A-Za-z0-9_-]{1,64}` without `__`.
-    pub toolkit: String,
+    /// The toolkit name, which prefixes what this route serves: tools and prompts appear to
+    /// agents as `<toolkit>__<name>`, resources as `<toolkit>+<uri>`. Matches
+    /// `[A-Za-z0-9_-]{1,64}` without `__` (the separator), unique within the proxy.
+    /// `None` only when the proxy has exactly this one route and it names no toolkit: then
+    /// names pass through unprefixed (a single-upstream proxy).
+    pub toolkit: Option<String>,
     /// Name of the `client` or `demo` binding serving this toolkit.
     pub exit: String,
+    /// Which of the upstream's tools agents may list and call, matched against the tool
+    /// name as the upstream spells it (without the `<toolkit>__` prefix). `None` admits
+    /// every tool; an empty list admits none.
+    pub tools: Option<AllowList>,
+    /// Which of the upstream's prompts agents may list and get, matched against the
+    /// upstream's prompt name. `None` admits every prompt; an empty list admits none.
+    pub prompts: Option<AllowList>,
+    /// Which of the upstream's resources agents may list, read and subscribe to, matched
+    /// against the upstream's URI (or URI template). `None` admits every resource; an empty
+    /// list admits none.
+    pub resources: Option<AllowList>,
+    /// This route's tag in aggregate SSE event ids (`<prefix>=<id>;…`), 1 to 6 characters
+    /// of `A-Za-z0-9-_` derived from the toolkit name ([`super::event_prefixes`]), all of
+    /// one length within a proxy. `Some` exactly when the proxy has more than one route;
+    /// with one route, event ids pass through unchanged.
+    pub event_prefix: Option<String>,
 }
 
 /// One upstream MCP server (`kind: client`).

@@ -12,11 +12,12 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, de::Error as _};
 use serde_yaml_ng::Value;
 
 use super::duration::parse_duration;
+use super::glob::{ALLOW_LIST_GLOBS_MAX, AllowList, GLOB_BYTES_MAX, Glob};
 use super::model::{ClientAuth, IoMode, Secret, Store, UpstreamUrl};
 use super::url::{parse_host_name, parse_origin, parse_upstream_url};
 use crate::limits::{LOG_FIELD_BYTES_MAX, REQUEST_TARGET_BYTES_MAX, WORKERS_MAX};
@@ -121,6 +122,12 @@ pub(super) struct RawRoute {
     pub toolkit: Option<Value>,
     #[serde(default)]
     pub exit: Option<Value>,
+    #[serde(default, deserialize_with = "de_tool_globs")]
+    pub tools: Option<AllowList>,
+    #[serde(default, deserialize_with = "de_prompt_globs")]
+    pub prompts: Option<AllowList>,
+    #[serde(default, deserialize_with = "de_resource_globs")]
+    pub resources: Option<AllowList>,
 }
 
 /// `bindings.<client>.authorization`: `forward` or `{ bearer: TOKEN }`.
@@ -364,6 +371,154 @@ impl<'de> Deserialize<'de> for HostName {
         let host = leaf_str(d, expected, parse_host_name)?;
         host.map(HostName)
             .ok_or_else(|| D::Error::custom(format!("found nothing, expected {expected}")))
+    }
+}
+
+/// Which allow-list of a route is being read; it decides the wording of messages and
+/// which characters a glob may hold.
+#[derive(Debug, Clone, Copy)]
+enum Globs {
+    Tools,
+    Prompts,
+    Resources,
+}
+
+impl Globs {
+    /// What one entry is a glob of, for messages.
+    fn noun(self) -> &'static str {
+        match self {
+            Globs::Tools => "tool name",
+            Globs::Prompts => "prompt name",
+            Globs::Resources => "resource URI",
+        }
+    }
+
+    /// What the list admits, for messages: `tool`, `prompt` or `resource`.
+    fn item(self) -> &'static str {
+        match self {
+            Globs::Tools => "tool",
+            Globs::Prompts => "prompt",
+            Globs::Resources => "resource",
+        }
+    }
+
+    /// An example entry, for messages.
+    fn example(self) -> &'static str {
+        match self {
+            Globs::Tools => "\"search_*\"",
+            Globs::Prompts => "\"review_*\"",
+            Globs::Resources => "\"file:///docs/*\"",
+        }
+    }
+
+    /// `a list of tool name globs such as ["search_*"]`.
+    fn list_expected(self) -> String {
+        format!(
+            "a list of {} globs such as [{}]",
+            self.noun(),
+            self.example()
+        )
+    }
+
+    /// Characters a user may take for wildcards or escapes. They are refused in tool and
+    /// prompt globs, where they have no business, so that `get_?` is not silently read as
+    /// a literal that admits nothing; in resource globs they are literal URI characters
+    /// (`?` starts a query, `[` an IPv6 host).
+    fn refused(self) -> &'static [char] {
+        match self {
+            Globs::Tools | Globs::Prompts => &['?', '[', '\\'],
+            Globs::Resources => &[],
+        }
+    }
+
+    /// Checks one entry, returning the glob or the whole `found …, expected …` message.
+    fn parse(self, value: &Value) -> Result<Glob, String> {
+        let noun = self.noun();
+        let Some(text) = value.as_str() else {
+            return Err(format!(
+                "found {}, expected a {noun} glob such as {}",
+                render(value),
+                self.example()
+            ));
+        };
+        let expected = if text.is_empty() {
+            format!("a non-empty {noun} glob such as {}", self.example())
+        } else if text.len() > GLOB_BYTES_MAX {
+            format!("a {noun} glob of at most {GLOB_BYTES_MAX} bytes")
+        } else if text.chars().any(char::is_control) {
+            format!("a {noun} glob without control characters")
+        } else if text.contains(self.refused()) {
+            format!("a {noun} glob in which * is the only wildcard (?, [ and \\ are not allowed)")
+        } else {
+            return Ok(Glob::new(text));
+        };
+        Err(format!("found {}, expected {expected}", quote(text)))
+    }
+}
+
+fn de_tool_globs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<AllowList>, D::Error> {
+    d.deserialize_any(GlobsVisitor(Globs::Tools)).map(Some)
+}
+
+fn de_prompt_globs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<AllowList>, D::Error> {
+    d.deserialize_any(GlobsVisitor(Globs::Prompts)).map(Some)
+}
+
+fn de_resource_globs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<AllowList>, D::Error> {
+    d.deserialize_any(GlobsVisitor(Globs::Resources)).map(Some)
+}
+
+/// Reads an allow-list: a list of globs, or one glob as shorthand for a one-element list
+/// (as in Zilla). An empty value (`tools:` or `tools: ~`) is refused rather than read as
+/// absent: absent admits everything, so a key left empty by mistake would open the route
+/// wide; the message says to write `[]` or leave the key out.
+struct GlobsVisitor(Globs);
+
+impl<'de> Visitor<'de> for GlobsVisitor {
+    type Value = AllowList;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.list_expected())
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<AllowList, E> {
+        let glob = self.0.parse(&Value::String(text.to_owned()));
+        glob.map(|glob| AllowList::new(vec![glob]))
+            .map_err(E::custom)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<AllowList, E> {
+        Err(E::custom(format!(
+            "found nothing, expected {} (leave the key out to admit every {}, or write [] to admit none)",
+            self.0.list_expected(),
+            self.0.item()
+        )))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<AllowList, A::Error> {
+        let mut globs = Vec::new();
+        // Read one entry past the cap, so a long list is refused without reading it all.
+        while let Some(glob) = seq.next_element_seed(GlobSeed(self.0))? {
+            if globs.len() == ALLOW_LIST_GLOBS_MAX {
+                return Err(A::Error::custom(format!(
+                    "found a list of more than {ALLOW_LIST_GLOBS_MAX} globs, expected at most {ALLOW_LIST_GLOBS_MAX}"
+                )));
+            }
+            globs.push(glob);
+        }
+        Ok(AllowList::new(globs))
+    }
+}
+
+/// One allow-list entry; a seed so that `serde_path_to_error` tracks the list index.
+struct GlobSeed(Globs);
+
+impl<'de> DeserializeSeed<'de> for GlobSeed {
+    type Value = Glob;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Glob, D::Error> {
+        let value = Value::deserialize(d)?;
+        self.0.parse(&value).map_err(D::Error::custom)
     }
 }
 

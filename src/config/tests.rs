@@ -61,6 +61,33 @@ fn client<'a>(config: &'a Config, name: &str) -> &'a ClientBinding {
     }
 }
 
+/// `BASE` with the proxy's route list replaced by `routes` (lines indented by six spaces).
+fn with_routes(routes: &str) -> String {
+    edit(
+        "      - toolkit: github\n        exit: github\n      - toolkit: time\n        exit: time\n",
+        routes,
+    )
+}
+
+/// `BASE` with `keys` (lines indented by eight spaces) added to the `github` route.
+fn with_github_route(keys: &str) -> String {
+    edit(
+        "        exit: github\n",
+        &format!("        exit: github\n{keys}"),
+    )
+}
+
+fn proxy<'a>(config: &'a Config, name: &str) -> &'a ProxyBinding {
+    match config.bindings.get(name) {
+        Some(Binding::Proxy(proxy)) => proxy,
+        other => panic!("{name} is not a proxy: {other:?}"),
+    }
+}
+
+fn globs(texts: &[&str]) -> AllowList {
+    AllowList::new(texts.iter().map(|t| Glob::new(*t)).collect())
+}
+
 /// `edit` of the client `time`'s server URL.
 fn with_time_url(url: &str) -> String {
     edit("http://127.0.0.1:3002/mcp", url)
@@ -90,7 +117,7 @@ fn invalid_files_get_exact_messages() {
                 "      - toolkit: time\n        exit: time",
                 "      - toolkit: time\n        exits: time",
             ),
-            "gw.yaml: bindings.tools.routes[1].exits: unknown key, expected one of: toolkit, exit",
+            "gw.yaml: bindings.tools.routes[1].exits: unknown key, expected one of: toolkit, exit, tools, prompts, resources",
         ),
         (
             "key of another binding kind",
@@ -297,6 +324,121 @@ fn invalid_files_get_exact_messages() {
             "gw.yaml: bindings.tools.routes[1].toolkit: found \"my__time\", expected a toolkit name without __ (it separates toolkit and tool)",
         ),
         (
+            "toolkit ending with _",
+            edit("      - toolkit: time", "      - toolkit: time_"),
+            "gw.yaml: bindings.tools.routes[1].toolkit: found \"time_\", expected a toolkit name that does not end with _ (it would run into the __ separator)",
+        ),
+        (
+            "toolkit with a dot",
+            edit("      - toolkit: time", "      - toolkit: time.v2"),
+            "gw.yaml: bindings.tools.routes[1].toolkit: found \"time.v2\", expected a name of 1 to 64 letters, digits, _ or -",
+        ),
+        (
+            "toolkit as a number",
+            edit("      - toolkit: time", "      - toolkit: 42"),
+            "gw.yaml: bindings.tools.routes[1].toolkit: found 42, expected a name of 1 to 64 letters, digits, _ or -",
+        ),
+        (
+            "toolkit over 64 characters",
+            edit(
+                "      - toolkit: time",
+                &format!("      - toolkit: {}", "t".repeat(65)),
+            ),
+            "gw.yaml: bindings.tools.routes[1].toolkit: found \"ttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttt\", \
+             expected a name of 1 to 64 letters, digits, _ or -",
+        ),
+        (
+            "route without toolkit among several",
+            edit(
+                "      - toolkit: time\n        exit: time",
+                "      - exit: time",
+            ),
+            "gw.yaml: bindings.tools.routes[1].toolkit: missing, expected a toolkit name such as github \
+             (required when a proxy has more than one route)",
+        ),
+        (
+            "first route without toolkit among several",
+            edit("      - toolkit: github\n", "      - toolkit: ~\n"),
+            "gw.yaml: bindings.tools.routes[0].toolkit: missing, expected a toolkit name such as github \
+             (required when a proxy has more than one route)",
+        ),
+        (
+            "toolkits whose event codes collide",
+            with_routes(
+                "      - toolkit: github\n        exit: github\n      - toolkit: t1371838\n        exit: time\n\
+                 \x20     - toolkit: t2000402\n        exit: time\n",
+            ),
+            "gw.yaml: bindings.tools.routes[2].toolkit: found \"t2000402\", expected a toolkit name whose event-id code \
+             differs from that of \"t1371838\" in routes[1] (both are Ptjpsw, a CRC32C collision)",
+        ),
+        (
+            "empty allow-list value",
+            with_github_route("        tools:\n"),
+            "gw.yaml: bindings.tools.routes[0].tools: found nothing, expected a list of tool name globs such as \
+             [\"search_*\"] (leave the key out to admit every tool, or write [] to admit none)",
+        ),
+        (
+            "null allow-list value",
+            with_github_route("        resources: ~\n"),
+            "gw.yaml: bindings.tools.routes[0].resources: found nothing, expected a list of resource URI globs such as \
+             [\"file:///docs/*\"] (leave the key out to admit every resource, or write [] to admit none)",
+        ),
+        (
+            "allow-list as a mapping",
+            with_github_route("        prompts: { greet: yes }\n"),
+            "gw.yaml: bindings.tools.routes[0].prompts: found a mapping, expected a list of prompt name globs such as [\"review_*\"]",
+        ),
+        (
+            "allow-list as a number",
+            with_github_route("        tools: 5\n"),
+            "gw.yaml: bindings.tools.routes[0].tools: found 5, expected a list of tool name globs such as [\"search_*\"]",
+        ),
+        (
+            "allow-list entry that is not a string",
+            with_github_route("        prompts: [greet, 5]\n"),
+            "gw.yaml: bindings.tools.routes[0].prompts[1]: found 5, expected a prompt name glob such as \"review_*\"",
+        ),
+        (
+            "allow-list entry that is a list",
+            with_github_route("        tools: [[search_*]]\n"),
+            "gw.yaml: bindings.tools.routes[0].tools[0]: found a list, expected a tool name glob such as \"search_*\"",
+        ),
+        (
+            "allow-list entry left empty",
+            with_github_route("        tools:\n          - search_*\n          -\n"),
+            "gw.yaml: bindings.tools.routes[0].tools[1]: found nothing, expected a tool name glob such as \"search_*\"",
+        ),
+        (
+            "empty glob",
+            with_github_route("        tools: [\"search_*\", \"\"]\n"),
+            "gw.yaml: bindings.tools.routes[0].tools[1]: found \"\", expected a non-empty tool name glob such as \"search_*\"",
+        ),
+        (
+            "empty glob as a bare string",
+            with_github_route("        tools: \"\"\n"),
+            "gw.yaml: bindings.tools.routes[0].tools: found \"\", expected a non-empty tool name glob such as \"search_*\"",
+        ),
+        (
+            "glob with a control character",
+            with_github_route("        resources: [\"file:///a\\tb\"]\n"),
+            "gw.yaml: bindings.tools.routes[0].resources[0]: found \"file:///a\\tb\", expected a resource URI glob without control characters",
+        ),
+        (
+            "tool glob with ?",
+            with_github_route("        tools: [\"get_?\"]\n"),
+            "gw.yaml: bindings.tools.routes[0].tools[0]: found \"get_?\", expected a tool name glob in which * is the only wildcard (?, [ and \\ are not allowed)",
+        ),
+        (
+            "prompt glob with a character class",
+            with_github_route("        prompts: \"greet_[ab]\"\n"),
+            "gw.yaml: bindings.tools.routes[0].prompts: found \"greet_[ab]\", expected a prompt name glob in which * is the only wildcard (?, [ and \\ are not allowed)",
+        ),
+        (
+            "tool glob with an escape",
+            with_github_route("        tools: ['get\\*']\n"),
+            "gw.yaml: bindings.tools.routes[0].tools[0]: found \"get\\\\*\", expected a tool name glob in which * is the only wildcard (?, [ and \\ are not allowed)",
+        ),
+        (
             "empty routes",
             edit(
                 "    routes:\n      - toolkit: github\n        exit: github\n      - toolkit: time\n        exit: time\n",
@@ -413,9 +555,12 @@ fn base_config_loads_with_defaults() {
             let toolkits: Vec<_> = proxy
                 .routes
                 .iter()
-                .map(|r| (r.toolkit.as_str(), r.exit.as_str()))
+                .map(|r| (r.toolkit.as_deref(), r.exit.as_str()))
                 .collect();
-            assert_eq!(toolkits, [("github", "github"), ("time", "time")]);
+            assert_eq!(
+                toolkits,
+                [(Some("github"), "github"), (Some("time"), "time")]
+            );
         }
         other => panic!("tools is not a proxy: {other:?}"),
     }
@@ -605,6 +750,21 @@ fn shipped_example_files_load() {
             ("tools", "proxy")
         ]
     );
+    let routes: Vec<_> = proxy(&example, "tools")
+        .routes
+        .iter()
+        .map(|r| {
+            let admits_all = r.tools.is_none() && r.prompts.is_none() && r.resources.is_none();
+            (r.toolkit.as_deref(), r.event_prefix.as_deref(), admits_all)
+        })
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            (Some("github"), Some("G"), true),
+            (Some("time"), Some("C"), true)
+        ]
+    );
 }
 
 #[test]
@@ -619,5 +779,119 @@ fn unreadable_file_names_the_file() {
         e.to_string()
             .starts_with("/nonexistent/mcpyard.yaml: cannot read the file: "),
         "{e}"
+    );
+}
+
+#[test]
+fn routes_parse_allow_lists_and_event_prefixes() {
+    let text = with_routes(
+        "      - toolkit: github\n        exit: github\n        tools: [\"search_*\", \"get_*\"]\n\
+         \x20       prompts: greet\n        resources: [\"file:///docs/*\", \"http://[::1]/x?y=*\"]\n\
+         \x20     - toolkit: time\n        exit: time\n        tools: []\n",
+    );
+    let config = load_ok(&text);
+    let routes = &proxy(&config, "tools").routes;
+    let github = Route {
+        toolkit: Some("github".to_owned()),
+        exit: "github".to_owned(),
+        tools: Some(globs(&["search_*", "get_*"])),
+        // A bare string is a one-element list.
+        prompts: Some(globs(&["greet"])),
+        // `?` and `[` are literal in resource globs.
+        resources: Some(globs(&["file:///docs/*", "http://[::1]/x?y=*"])),
+        // github → GSU2lg, time → CQTPeA: one character tells them apart.
+        event_prefix: Some("G".to_owned()),
+    };
+    let time = Route {
+        toolkit: Some("time".to_owned()),
+        exit: "time".to_owned(),
+        tools: Some(globs(&[])),
+        prompts: None,
+        resources: None,
+        event_prefix: Some("C".to_owned()),
+    };
+    assert_eq!(routes, &[github, time]);
+    let [github, time] = &routes[..] else {
+        panic!("expected two routes");
+    };
+    let admits =
+        |list: &Option<AllowList>, name: &str| list.as_ref().is_none_or(|l| l.admits(name));
+    assert!(admits(&github.tools, "search_code"));
+    assert!(!admits(&github.tools, "create_issue"));
+    assert!(admits(&github.resources, "file:///docs/readme.md"));
+    assert!(!admits(&github.resources, "file:///etc/passwd"));
+    assert!(!admits(&time.tools, "now"));
+    assert!(admits(&time.prompts, "anything"));
+}
+
+#[test]
+fn event_prefixes_share_the_shortest_unique_length() {
+    // slack → kCs95w and files → kbzQUA share their first character, so every route of
+    // this proxy gets two characters.
+    let text = with_routes(
+        "      - toolkit: slack\n        exit: github\n      - toolkit: files\n        exit: time\n\
+         \x20     - toolkit: time\n        exit: time\n",
+    );
+    let config = load_ok(&text);
+    let prefixes: Vec<_> = proxy(&config, "tools")
+        .routes
+        .iter()
+        .map(|r| r.event_prefix.as_deref())
+        .collect();
+    assert_eq!(prefixes, [Some("kC"), Some("kb"), Some("CQ")]);
+}
+
+#[test]
+fn a_single_route_needs_no_toolkit_and_gets_no_event_prefix() {
+    let config = load_ok(&with_routes("      - exit: github\n"));
+    let bare = Route {
+        toolkit: None,
+        exit: "github".to_owned(),
+        tools: None,
+        prompts: None,
+        resources: None,
+        event_prefix: None,
+    };
+    assert_eq!(proxy(&config, "tools").routes, std::slice::from_ref(&bare));
+    let config = load_ok(&with_routes(
+        "      - toolkit: github\n        exit: github\n",
+    ));
+    let named = Route {
+        toolkit: Some("github".to_owned()),
+        ..bare
+    };
+    assert_eq!(proxy(&config, "tools").routes, [named]);
+}
+
+#[test]
+fn allow_lists_are_capped_in_entries_and_bytes() {
+    let list = |n: usize| {
+        let entries: Vec<String> = (0..n).map(|i| format!("\"t{i}_*\"")).collect();
+        with_github_route(&format!("        tools: [{}]\n", entries.join(", ")))
+    };
+    let config = load_ok(&list(ALLOW_LIST_GLOBS_MAX));
+    let tools = proxy(&config, "tools").routes[0].tools.as_ref();
+    assert_eq!(tools.map(|t| t.globs().len()), Some(ALLOW_LIST_GLOBS_MAX));
+    assert_eq!(
+        load_err(&list(ALLOW_LIST_GLOBS_MAX + 1)),
+        "gw.yaml: bindings.tools.routes[0].tools: found a list of more than 256 globs, expected at most 256"
+    );
+
+    let uri = |len: usize| format!("file:///{}", "d".repeat(len - "file:///".len()));
+    let glob = |text: &str| with_github_route(&format!("        resources: [\"{text}\"]\n"));
+    let config = load_ok(&glob(&uri(GLOB_BYTES_MAX)));
+    let resources = proxy(&config, "tools").routes[0].resources.as_ref();
+    assert_eq!(
+        resources.map(|r| r.globs()[0].as_str().len()),
+        Some(GLOB_BYTES_MAX)
+    );
+    // The found value is cut at limits::LOG_FIELD_BYTES_MAX (128 bytes) in the message.
+    let shown = &uri(GLOB_BYTES_MAX + 1)[..crate::limits::LOG_FIELD_BYTES_MAX];
+    assert_eq!(
+        load_err(&glob(&uri(GLOB_BYTES_MAX + 1))),
+        format!(
+            "gw.yaml: bindings.tools.routes[0].resources[0]: found \"{shown}\"…, \
+             expected a resource URI glob of at most 1024 bytes"
+        )
     );
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_yaml_ng::Value;
 
 use super::duration::format_duration;
+use super::event_prefix::{event_code, event_prefixes};
 use super::model::{
     Binding, Cache, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding, Route, Runtime,
     ServerBinding, Store, Telemetry,
@@ -238,16 +239,19 @@ fn validate_proxy(cx: &Cx<'_>, raw: RawBinding) -> Result<ProxyBinding, Fault> {
             "found an empty list, expected at least one route",
         ));
     }
+    let single = raw_routes.len() == 1;
     let mut routes: Vec<Route> = Vec::with_capacity(raw_routes.len());
     for (index, route) in raw_routes.into_iter().enumerate() {
         let path = format!("{}.routes[{index}]", cx.path);
-        let toolkit = toolkit_name(&format!("{path}.toolkit"), route.toolkit.as_ref())?;
-        if let Some(first) = routes.iter().position(|r| r.toolkit == toolkit) {
+        let toolkit = toolkit_name(&format!("{path}.toolkit"), route.toolkit.as_ref(), single)?;
+        if let Some(name) = &toolkit
+            && let Some(first) = routes.iter().position(|r| r.toolkit.as_ref() == Some(name))
+        {
             return Err(fault(
                 format!("{path}.toolkit"),
                 format!(
                     "found {}, expected a toolkit name not already used by routes[{first}]",
-                    quote(&toolkit)
+                    quote(name)
                 ),
             ));
         }
@@ -257,9 +261,46 @@ fn validate_proxy(cx: &Cx<'_>, raw: RawBinding) -> Result<ProxyBinding, Fault> {
             route.exit.as_ref(),
             ROUTE_EXITS,
         )?;
-        routes.push(Route { toolkit, exit });
+        routes.push(Route {
+            toolkit,
+            exit,
+            tools: route.tools,
+            prompts: route.prompts,
+            resources: route.resources,
+            event_prefix: None,
+        });
+    }
+    if !single {
+        assign_event_prefixes(&cx.path, &mut routes)?;
     }
     Ok(ProxyBinding { cache, routes })
+}
+
+/// Gives each route of a multi-route proxy its aggregate event-id prefix, or names the two
+/// toolkits whose prefixes cannot differ (their CRC32C codes are equal).
+fn assign_event_prefixes(path: &str, routes: &mut [Route]) -> Result<(), Fault> {
+    // `validate_proxy` has refused a route without a toolkit when there are several.
+    let toolkits: Vec<&str> = routes
+        .iter()
+        .map(|r| r.toolkit.as_deref().unwrap_or_default())
+        .collect();
+    let prefixes = event_prefixes(&toolkits).map_err(|(first, second)| {
+        let name = |i: usize| toolkits.get(i).copied().unwrap_or_default();
+        fault(
+            format!("{path}.routes[{second}].toolkit"),
+            format!(
+                "found {}, expected a toolkit name whose event-id code differs from that of {} \
+                 in routes[{first}] (both are {}, a CRC32C collision)",
+                quote(name(second)),
+                quote(name(first)),
+                event_code(name(first))
+            ),
+        )
+    })?;
+    for (route, prefix) in routes.iter_mut().zip(prefixes) {
+        route.event_prefix = Some(prefix);
+    }
+    Ok(())
 }
 
 fn validate_client(cx: &Cx<'_>, raw: RawBinding) -> Result<ClientBinding, Fault> {
@@ -392,12 +433,17 @@ fn store_name(
 }
 
 /// A route's toolkit name: a valid name without `__`, which separates the toolkit prefix
-/// from the tool name (`github__search`) and so cannot appear inside the prefix.
-fn toolkit_name(path: &str, value: Option<&Value>) -> Result<String, Fault> {
+/// from the tool name (`github__search`) and so cannot appear inside the prefix, and not
+/// ending with `_`, so that no prefixed name reads two ways. Returns `None` when the key is
+/// absent and the route is its proxy's only one (`single`): one upstream needs no prefix.
+fn toolkit_name(path: &str, value: Option<&Value>, single: bool) -> Result<Option<String>, Fault> {
     let Some(value) = value.filter(|v| !v.is_null()) else {
+        if single {
+            return Ok(None);
+        }
         return Err(fault(
             path,
-            "missing, expected a toolkit name such as github",
+            "missing, expected a toolkit name such as github (required when a proxy has more than one route)",
         ));
     };
     let expected = match value.as_str() {
@@ -407,7 +453,11 @@ fn toolkit_name(path: &str, value: Option<&Value>) -> Result<String, Fault> {
             Ok(()) if name.contains("__") => {
                 "a toolkit name without __ (it separates toolkit and tool)"
             }
-            Ok(()) => return Ok(name.to_owned()),
+            // `gh_` would make `gh___x`, which also reads as toolkit `gh` and tool `_x`.
+            Ok(()) if name.ends_with('_') => {
+                "a toolkit name that does not end with _ (it would run into the __ separator)"
+            }
+            Ok(()) => return Ok(Some(name.to_owned())),
         },
     };
     Err(fault(

@@ -1,0 +1,217 @@
+//! Allow-lists of `*` globs: which tools, prompts and resources a proxy route admits.
+//!
+//! A proxy route may restrict what its upstream exposes (`tools: ["search_*"]`). The
+//! lists are read and checked once by the config loader (`raw.rs`), and the proxy binding
+//! asks [`AllowList::admits`] for every name it lists or routes, so matching must be cheap
+//! and must never blow up on a hostile name: it runs in linear passes, without
+//! backtracking and without allocating.
+//!
+//! A glob is whole-string: `*` matches any run of characters, including none, and every
+//! other character stands for itself. There is no escape and no other wildcard.
+
+/// Most globs in one allow-list; a route lists a few, so a longer list is a mistake.
+pub const ALLOW_LIST_GLOBS_MAX: usize = 256;
+
+/// Longest glob, in bytes: room for a long resource URI pattern, and a bound on the work
+/// of one match.
+pub const GLOB_BYTES_MAX: usize = 1024;
+
+/// One `*` glob, such as `search_*` or `file:///docs/*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Glob {
+    /// The glob as written in the file.
+    text: String,
+}
+
+impl Glob {
+    /// Wraps glob text; any string is a glob (`*` is the wildcard, the rest literal).
+    /// The config loader bounds the length and refuses characters that may not appear.
+    pub fn new(text: impl Into<String>) -> Self {
+        Glob { text: text.into() }
+    }
+
+    /// The glob as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Whether `name` matches the whole glob.
+    ///
+    /// The glob is split on `*` into literal segments: the first must be a prefix of
+    /// `name`, the last a suffix that does not overlap it, and the middle ones must occur in
+    /// order in what lies between, each taken at its leftmost occurrence. Taking the
+    /// leftmost occurrence is never wrong when `*` is the only wildcard: if the segments fit
+    /// at some positions, moving one to an earlier occurrence only lengthens the gap after
+    /// it, and that gap is a `*`, which matches any run; so if the leftmost choice fails,
+    /// every choice fails, and no backtracking is needed. Each step is one substring
+    /// search, so a match costs O(glob × name) at worst, whatever the input.
+    ///
+    /// Positions are byte offsets into UTF-8 text; they always fall on character
+    /// boundaries, because a valid UTF-8 segment can only be found at a character start.
+    pub fn matches(&self, name: &str) -> bool {
+        let Some((first, rest)) = self.text.split_once('*') else {
+            return self.text == name;
+        };
+        // With one `*`, `rest` is the last segment and there are no middle ones.
+        let (middle, last) = rest.rsplit_once('*').unwrap_or(("", rest));
+        let Some(mut body) = name
+            .strip_prefix(first)
+            .and_then(|after| after.strip_suffix(last))
+        else {
+            return false;
+        };
+        for segment in middle.split('*').filter(|s| !s.is_empty()) {
+            let Some(at) = body.find(segment) else {
+                return false;
+            };
+            body = body.get(at + segment.len()..).unwrap_or_default();
+        }
+        true
+    }
+}
+
+/// A list of globs; a name is admitted when any glob matches it. An empty list admits
+/// nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowList {
+    /// In file order; at most [`ALLOW_LIST_GLOBS_MAX`] once loaded from a config file.
+    globs: Vec<Glob>,
+}
+
+impl AllowList {
+    /// A list of the given globs.
+    pub fn new(globs: Vec<Glob>) -> Self {
+        AllowList { globs }
+    }
+
+    /// The globs, in file order.
+    pub fn globs(&self) -> &[Glob] {
+        &self.globs
+    }
+
+    /// Whether some glob matches `name`; always false for an empty list.
+    pub fn admits(&self, name: &str) -> bool {
+        self.globs.iter().any(|glob| glob.matches(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Rng;
+
+    #[test]
+    fn globs_match_whole_names() {
+        let table: &[(&str, &str, bool)] = &[
+            ("", "", true),
+            ("", "a", false),
+            ("*", "", true),
+            ("*", "anything at all", true),
+            ("**", "", true),
+            ("**", "ab", true),
+            ("a", "a", true),
+            ("a", "ab", false),
+            ("a", "", false),
+            ("a*", "a", true),
+            ("a*", "abc", true),
+            ("a*", "ba", false),
+            ("a*", "", false),
+            ("*a", "a", true),
+            ("*a", "cba", true),
+            ("*a", "ab", false),
+            ("a*a", "a", false),
+            ("a*a", "aa", true),
+            ("a*a", "aba", true),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "acb", false),
+            ("a*b*c", "abcb", false),
+            ("a*b*c", "abcbc", true),
+            ("*aa*aa*", "aaa", false),
+            ("*aa*aa*", "aaaa", true),
+            ("*aa*aa*", "aabaa", true),
+            ("*ab*ab", "abab", true),
+            ("*ab*ab", "abaab", true),
+            ("*ab*ab", "aab", false),
+            ("search_*", "search_issues", true),
+            ("search_*", "search_", true),
+            ("search_*", "get_issue", false),
+            ("file:///docs/*", "file:///docs/a/b.md", true),
+            ("file:///docs/*", "file:///etc/passwd", false),
+            // `?` and `[` are literal.
+            ("a?c", "abc", false),
+            ("a?c", "a?c", true),
+            ("[ab]", "a", false),
+            // Unicode: `*` spans whole characters, literals compare exactly.
+            ("é*", "été", true),
+            ("*é", "été", true),
+            ("*t*", "été", true),
+            ("é*é", "é", false),
+            ("日*語", "日本語", true),
+            ("日*語", "日本", false),
+            ("*🦀*", "a🦀b", true),
+            ("e*", "é", false),
+        ];
+        for &(glob, name, want) in table {
+            assert_eq!(Glob::new(glob).matches(name), want, "{glob:?} vs {name:?}");
+        }
+    }
+
+    #[test]
+    fn allow_lists_admit_any_match_and_empty_admits_nothing() {
+        let list = AllowList::new(vec![Glob::new("search_*"), Glob::new("get_*")]);
+        assert!(list.admits("search_code"));
+        assert!(list.admits("get_issue"));
+        assert!(!list.admits("create_issue"));
+        let empty = AllowList::new(Vec::new());
+        assert!(!empty.admits(""));
+        assert!(!empty.admits("anything"));
+        assert_eq!(list.globs().len(), 2);
+    }
+
+    #[test]
+    fn long_hostile_names_match_in_linear_passes() {
+        // A backtracking matcher takes exponential time here; this one makes one
+        // substring search per segment.
+        let glob = Glob::new("*a*a*a*a*a*a*a*a*a*a*a*a*b");
+        let name = "a".repeat(100_000);
+        assert!(!glob.matches(&name));
+        assert!(glob.matches(&format!("{name}b")));
+    }
+
+    /// The definition, written directly: exponential at worst, fine for short inputs.
+    fn naive(glob: &[char], name: &[char]) -> bool {
+        match glob.split_first() {
+            None => name.is_empty(),
+            Some(('*', rest)) => {
+                (0..=name.len()).any(|skip| name.get(skip..).is_some_and(|tail| naive(rest, tail)))
+            }
+            Some((c, rest)) => match name.split_first() {
+                Some((n, tail)) => n == c && naive(rest, tail),
+                None => false,
+            },
+        }
+    }
+
+    fn random_text(rng: &mut Rng, alphabet: &[char], len_max: u64) -> String {
+        let len = rng.below(len_max + 1);
+        (0..len).map(|_| rng.pick(alphabet)).collect()
+    }
+
+    /// Reproduce a failure with `MCPYARD_SEED=<seed> cargo test --lib config::glob`.
+    #[test]
+    fn matches_agree_with_the_naive_definition() {
+        let (mut rng, seed) = Rng::seeded(0x6c0b_5eed);
+        for _ in 0..20_000 {
+            let glob = random_text(&mut rng, &['a', 'b', 'é', '*', '*'], 8);
+            let name = random_text(&mut rng, &['a', 'b', 'é'], 10);
+            let glob_chars: Vec<char> = glob.chars().collect();
+            let name_chars: Vec<char> = name.chars().collect();
+            assert_eq!(
+                Glob::new(glob.as_str()).matches(&name),
+                naive(&glob_chars, &name_chars),
+                "glob {glob:?} name {name:?} (MCPYARD_SEED={seed})"
+            );
+        }
+    }
+}
