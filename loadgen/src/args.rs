@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::limits::{
-    CONNECTIONS_MAX, FANOUT_ROUNDS_MAX, FIXTURE_DELAY_MAX, FIXTURE_PROGRESS_MAX,
-    FIXTURE_RESULT_BYTES_MAX, FIXTURE_WORKERS_MAX, PARAMS_BYTES_MAX, RATE_MAX,
-    REQUEST_TIMEOUT_DEFAULT, RUN_DURATION_MAX, SESSIONS_MAX,
+    CONNECTIONS_MAX, FANOUT_ROUNDS_MAX, FIXTURE_DELAY_MAX, FIXTURE_PAGE_SIZE_MAX,
+    FIXTURE_PROGRESS_MAX, FIXTURE_RESULT_BYTES_MAX, FIXTURE_TOOLS_MAX, FIXTURE_WORKERS_MAX,
+    PARAMS_BYTES_MAX, RATE_MAX, REQUEST_TIMEOUT_DEFAULT, RUN_DURATION_MAX, SESSIONS_MAX,
 };
 
 /// The usage text printed for `--help` and after an argument error.
@@ -19,7 +19,7 @@ pub const USAGE: &str = "\
 usage:
   mcpyard-loadgen upstream --listen ADDR [--result-bytes N] [--delay-ms F] [--progress N]
                            [--progress-interval-ms F] [--delay-from arrival|read] [--sse]
-                           [--workers N]
+                           [--workers N] [--tools N] [--page-size P]
   mcpyard-loadgen run --url http://HOST:PORT/PATH [--scenario S] [--rate R | --mode closed]
                       [--connections N] [--duration D] [--warmup D] [--timeout D]
                       [--params-bytes N] [--tool NAME] [--args JSON]
@@ -28,6 +28,8 @@ usage:
 scenarios: initialize, tools-call (default), tools-call-progress, tools-list,
            idle-sessions, fanout
 durations: 10s, 500ms, 250us, 2m, or plain seconds (1.5)
+tools: echo, big, then tool_00003 ... up to --tools in all (default 2); --page-size 0
+       (default) answers tools/list in one page
 `mcpyard-loadgen --url ... [--connections N] [--seconds S]` (no subcommand) is `run`.";
 
 /// A command-line mistake; `Display` names the flag and what is wrong with it.
@@ -101,6 +103,10 @@ pub struct UpstreamArgs {
     pub sse: bool,
     /// Worker threads, each with its own SO_REUSEPORT listener.
     pub workers: usize,
+    /// Tools in the list: `echo`, `big`, then generated ones (at least 1).
+    pub tools: usize,
+    /// Tools per tools/list page; 0 answers with the whole list in one page.
+    pub page_size: usize,
 }
 
 /// Where the fixture's delay of a reply starts.
@@ -394,6 +400,8 @@ fn parse_upstream(words: &[String]) -> Result<UpstreamArgs, ArgError> {
         delay_from: DelayFrom::Arrival,
         sse: false,
         workers: 1,
+        tools: 2,
+        page_size: 0,
     };
     let mut flags = Flags {
         words: words.iter(),
@@ -431,17 +439,23 @@ fn parse_upstream(words: &[String]) -> Result<UpstreamArgs, ArgError> {
             }
             "--sse" => a.sse = true,
             "--workers" => a.workers = flags.number("--workers", FIXTURE_WORKERS_MAX as u64)?,
+            "--tools" => a.tools = flags.number("--tools", FIXTURE_TOOLS_MAX as u64)?,
+            "--page-size" => {
+                a.page_size = flags.number("--page-size", FIXTURE_PAGE_SIZE_MAX as u64)?
+            }
             "--help" | "-h" => return Err(ArgError::Help),
             other => return Err(ArgError::Unknown(other.to_owned())),
         }
     }
     a.listen = listen.ok_or(ArgError::Required("--listen"))?;
-    if a.workers == 0 {
-        return Err(ArgError::Invalid {
-            flag: "--workers",
-            value: "0".into(),
-            expected: "at least 1".into(),
-        });
+    for (flag, value) in [("--workers", a.workers), ("--tools", a.tools)] {
+        if value == 0 {
+            return Err(ArgError::Invalid {
+                flag,
+                value: "0".into(),
+                expected: "at least 1".into(),
+            });
+        }
     }
     Ok(a)
 }
@@ -762,6 +776,43 @@ mod tests {
             panic!("default upstream");
         };
         assert_eq!(a.delay_from, DelayFrom::Arrival);
+        assert_eq!((a.tools, a.page_size), (2, 0));
         assert!(parse(&words("upstream --listen 127.0.0.1:0 --delay-from now")).is_err());
+    }
+
+    #[test]
+    fn upstream_tools_and_page_size() {
+        let cmd = parse(&words(
+            "upstream --listen 127.0.0.1:0 --tools 200000 --page-size 50",
+        ));
+        let Ok(Command::Upstream(a)) = cmd else {
+            panic!("parsed {cmd:?}");
+        };
+        assert_eq!((a.tools, a.page_size), (200_000, 50));
+        let Ok(Command::Upstream(a)) = parse(&words("upstream --listen 127.0.0.1:0 --tools 1"))
+        else {
+            panic!("one tool");
+        };
+        assert_eq!(a.tools, 1);
+        for (line, flag) in [
+            ("--tools 0", "--tools"),
+            ("--tools 200001", "--tools"),
+            ("--tools -1", "--tools"),
+            ("--tools many", "--tools"),
+            ("--page-size 200001", "--page-size"),
+            ("--page-size 1.5", "--page-size"),
+        ] {
+            let err = parse(&words(&format!("upstream --listen 127.0.0.1:0 {line}")));
+            assert!(
+                matches!(&err, Err(ArgError::Invalid { flag: f, .. }) if *f == flag),
+                "{line}: {err:?}"
+            );
+        }
+        for flag in ["--tools", "--page-size"] {
+            assert_eq!(
+                parse(&words(&format!("upstream --listen 127.0.0.1:0 {flag}"))),
+                Err(ArgError::MissingValue(flag))
+            );
+        }
     }
 }

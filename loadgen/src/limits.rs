@@ -80,6 +80,26 @@ pub const FIXTURE_WORKERS_MAX: usize = 64;
 /// Fixture: largest `--result-bytes`.
 pub const FIXTURE_RESULT_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// Fixture: largest `--tools`. The whole list is rendered once at start and kept for the
+/// life of the process: a generated tool is about 330 B, so the largest list holds about
+/// 65 MB (at most `FIXTURE_TOOLS_MAX * FIXTURE_TOOL_BYTES_MAX`, 100 MB), plus about 10 MB
+/// for the set of names tools/call checks, which a test fixture can afford in exchange for
+/// never serializing or allocating on the request path. Unpaginated, a list of more than
+/// about 50,000 tools exceeds what `run` reads (`RESPONSE_BYTES_MAX`); use `--page-size`.
+pub const FIXTURE_TOOLS_MAX: usize = 200_000;
+
+/// Fixture: largest rendered tool object in the tools/list result (each generated tool is
+/// asserted against it at start).
+pub const FIXTURE_TOOL_BYTES_MAX: usize = 512;
+
+/// Fixture: largest `--page-size`; a page at least as long as the list is the whole list.
+pub const FIXTURE_PAGE_SIZE_MAX: usize = FIXTURE_TOOLS_MAX;
+
+/// Fixture: longest tool name quoted back in an `Unknown tool: <name>` error; a longer one
+/// is cut at a char boundary, so a huge name cannot make an error body the gateway refuses
+/// (`mcpyard::jsonrpc::ERROR_BYTES_MAX`).
+pub const FIXTURE_ECHOED_NAME_BYTES_MAX: usize = 128;
+
 /// Fixture: largest `--progress` event count per call.
 pub const FIXTURE_PROGRESS_MAX: u32 = 100_000;
 
@@ -101,5 +121,9 @@ const _: () = assert!(SESSION_SETUP_CONCURRENCY <= SESSIONS_MAX);
 const _: () = assert!(SESSIONS_MAX <= FIXTURE_SESSIONS_MAX);
 const _: () = assert!(SESSIONS_MAX <= FIXTURE_CONNECTIONS_PER_WORKER_MAX * 2);
 const _: () = assert!(FIXTURE_RESULT_BYTES_MAX < RESPONSE_BYTES_MAX);
+const _: () = assert!(FIXTURE_PAGE_SIZE_MAX <= FIXTURE_TOOLS_MAX);
+const _: () = assert!(FIXTURE_TOOLS_MAX * FIXTURE_TOOL_BYTES_MAX <= 100 * 1024 * 1024);
+// Escaping makes a byte at most six (`\u00XX`), and the rest of the error is short.
+const _: () = assert!(FIXTURE_ECHOED_NAME_BYTES_MAX * 6 + 256 <= mcpyard::jsonrpc::ERROR_BYTES_MAX);
 const _: () = assert!(PARAMS_BYTES_MAX < REQUEST_BYTES_MAX);
 const _: () = assert!(READ_CHUNK_BYTES <= mcpyard::limits::HEADER_BYTES_MAX * 2);

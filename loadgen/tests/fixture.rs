@@ -175,6 +175,81 @@ fn fixture_speaks_mcp_sessions() {
 }
 
 #[test]
+fn fixture_lists_generated_tools_in_pages_and_calls_only_listed_ones() {
+    let fx = Fixture::start(&["--tools", "5", "--page-size", "2", "--result-bytes", "30"]);
+    let sid = initialize(&fx.addr);
+    let request = |id: u32, method: &str, params: &str| {
+        let body =
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#);
+        let (head, body) = post(&fx.addr, Some(&sid), &body);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    };
+
+    let (_, first) = post(
+        &fx.addr,
+        Some(&sid),
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    );
+    assert!(first.ends_with(r#"],"nextCursor":"offset-2"}}"#), "{first}");
+    let mut names = Vec::new();
+    let mut params = "{}".to_owned();
+    for page in 1..=3 {
+        let v = request(page, "tools/list", &params);
+        let tools = v["result"]["tools"].as_array().cloned().unwrap_or_default();
+        names.extend(
+            tools
+                .iter()
+                .filter_map(|t| t["name"].as_str().map(str::to_owned)),
+        );
+        match v["result"]["nextCursor"].as_str() {
+            Some(cursor) => {
+                assert!(page < 3, "the last page has no nextCursor: {v}");
+                params = format!(r#"{{"cursor":"{cursor}"}}"#);
+            }
+            None => assert_eq!(page, 3, "only the last page has no nextCursor"),
+        }
+    }
+    assert_eq!(
+        names,
+        ["echo", "big", "tool_00003", "tool_00004", "tool_00005"]
+    );
+    let v = request(4, "tools/list", r#"{"cursor":"offset-3"}"#);
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert_eq!(v["error"]["message"], "Invalid cursor", "{v}");
+
+    let v = request(5, "tools/call", r#"{"name":"tool_00005","arguments":{}}"#);
+    assert_eq!(
+        v["result"]["content"][0]["text"].as_str().map(str::len),
+        Some(30),
+        "{v}"
+    );
+    let v = request(6, "tools/call", r#"{"name":"tool_\"6","arguments":{}}"#);
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert_eq!(v["error"]["message"], "Unknown tool: tool_\"6", "{v}");
+
+    let out = loadgen(&[
+        "run",
+        "--url",
+        &fx.url(),
+        "--tool",
+        "tool_00004",
+        "--mode",
+        "closed",
+        "--duration",
+        "200ms",
+        "--warmup",
+        "0s",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" 0 errors"));
+}
+
+#[test]
 fn fixture_accepts_chunked_request_bodies() {
     let fx = Fixture::start(&[]);
     let sid = initialize(&fx.addr);

@@ -8,12 +8,13 @@
 //! bound, one line `listening <ip:port>` goes to stdout; the process then serves until it
 //! is killed.
 //!
-//! Reading order: `state.rs` (shared state), `route.rs` (MCP behaviour, sans-IO),
-//! `conn.rs` (bytes and timers).
+//! Reading order: `state.rs` (shared state), `tools.rs` (the tool list and its pages),
+//! `route.rs` (MCP behaviour, sans-IO), `conn.rs` (bytes and timers).
 
 mod conn;
 mod route;
 mod state;
+mod tools;
 
 use std::cell::Cell;
 use std::fmt;

@@ -3,18 +3,22 @@
 //! Follows MCP 2025-11-25 Streamable HTTP ("Transports" and "Lifecycle"): `initialize`
 //! creates a session named in `mcp-session-id`; every other request must carry a live one
 //! (400 without the header, 404 for an unknown id); notifications and responses get 202;
-//! GET opens the session's event stream; DELETE ends the session. `conn.rs` turns the
-//! plan into bytes and timers.
+//! GET opens the session's event stream; DELETE ends the session. tools/list answers a
+//! page of `tools.rs`'s catalogue and tools/call answers only the tools listed there.
+//! `conn.rs` turns the plan into bytes and timers.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use bytes::Bytes;
 use mcpyard::http::{Method, RequestHead};
 use mcpyard::jsonrpc::{
-    Envelope, INVALID_PARAMS, Kind, METHOD_NOT_FOUND, param_str, parse_envelope, progress_token,
+    Envelope, INVALID_PARAMS, Kind, METHOD_NOT_FOUND, param_raw, param_str, parse_envelope,
+    progress_token, raw_is_object,
 };
 
 use super::state::{ECHOED_VERSIONS, HEADER_VERSIONS, LATEST_VERSION, Shared};
+use crate::limits::FIXTURE_ECHOED_NAME_BYTES_MAX;
 
 /// The path that triggers list_changed on every open GET stream (no session needed).
 pub const LIST_CHANGED_PATH: &str = "/control/list_changed";
@@ -38,8 +42,8 @@ pub enum Message {
         id: Option<String>,
         /// The JSON-RPC error code.
         code: i32,
-        /// A fixed message.
-        message: &'static str,
+        /// A fixed message, or one naming what was wrong (an unknown tool); unescaped.
+        message: Cow<'static, str>,
     },
 }
 
@@ -129,7 +133,7 @@ fn post(shared: &Shared, head: &RequestHead, body: &[u8]) -> Reply {
                 Message::Error {
                     id: err.id,
                     code: err.code,
-                    message: err.message,
+                    message: Cow::Borrowed(err.message),
                 },
                 shared.args.sse,
             );
@@ -152,14 +156,14 @@ fn post(shared: &Shared, head: &RequestHead, body: &[u8]) -> Reply {
     };
     match envelope.method.as_deref() {
         Some("ping") => message(200, result(&rendered.empty), shared.args.sse),
-        Some("tools/list") => message(200, result(&rendered.tools_list), shared.args.sse),
+        Some("tools/list") => tools_list(shared, &envelope, id.clone()),
         Some("tools/call") => tools_call(shared, &envelope, id.clone()),
         _ => message(
             200,
             Message::Error {
                 id: Some(id.clone()),
                 code: METHOD_NOT_FOUND,
-                message: "Method not found",
+                message: Cow::Borrowed("Method not found"),
             },
             shared.args.sse,
         ),
@@ -207,14 +211,51 @@ fn initialize(shared: &Shared, envelope: &Envelope<'_>) -> Reply {
     }
 }
 
+/// Answers tools/list with the page `params.cursor` names (the first without one).
+fn tools_list(shared: &Shared, envelope: &Envelope<'_>, id: String) -> Reply {
+    let tools = &shared.rendered.tools;
+    let page = match envelope.params {
+        None => Ok(tools.first_page()),
+        Some(params) if !raw_is_object(params) => Err("Invalid params"),
+        // MCP Pagination: an absent (or null) cursor asks for the first page.
+        Some(params) => match param_raw(params, "cursor") {
+            None => Ok(tools.first_page()),
+            Some(cursor) if cursor.get() == "null" => Ok(tools.first_page()),
+            // MCP Pagination: an invalid cursor SHOULD be -32602 (Invalid params).
+            Some(_) => match param_str(params, "cursor") {
+                Ok(Some(cursor)) => tools.page(&cursor).ok_or("Invalid cursor"),
+                Ok(None) | Err(_) => Err("Invalid cursor"),
+            },
+        },
+    };
+    let answer = match page {
+        Ok(page) => Message::Result {
+            id,
+            result: page.clone(),
+        },
+        Err(refusal) => Message::Error {
+            id: Some(id),
+            code: INVALID_PARAMS,
+            message: Cow::Borrowed(refusal),
+        },
+    };
+    message(200, answer, shared.args.sse)
+}
+
 fn tools_call(shared: &Shared, envelope: &Envelope<'_>, id: String) -> Reply {
     let params = envelope.params;
-    let name = params.and_then(|p| param_str(p, "name").ok().flatten());
-    if !matches!(name.as_deref(), Some("echo" | "big")) {
+    let refusal = match params.map(|p| param_str(p, "name")) {
+        // Borrowed unless the name had escapes: a known name costs no allocation.
+        Some(Ok(Some(name))) if shared.rendered.tools.contains(&name) => None,
+        Some(Ok(Some(name))) => Some(Cow::Owned(format!("Unknown tool: {}", clip(&name)))),
+        // No name, or params or name of the wrong type.
+        Some(Ok(None) | Err(_)) | None => Some(Cow::Borrowed("Invalid params")),
+    };
+    if let Some(refusal) = refusal {
         let error = Message::Error {
             id: Some(id),
             code: INVALID_PARAMS,
-            message: "Unknown tool",
+            message: refusal,
         };
         return message(200, error, shared.args.sse);
     }
@@ -238,6 +279,16 @@ fn tools_call(shared: &Shared, envelope: &Envelope<'_>, id: String) -> Reply {
         delay: shared.args.delay,
         progress,
     }
+}
+
+/// `name` cut to at most `FIXTURE_ECHOED_NAME_BYTES_MAX` bytes at a char boundary.
+fn clip(name: &str) -> &str {
+    // At most 3 steps back: a UTF-8 char is at most 4 bytes.
+    let end = (0..=FIXTURE_ECHOED_NAME_BYTES_MAX.min(name.len()))
+        .rev()
+        .find(|&end| name.is_char_boundary(end))
+        .unwrap_or(0);
+    name.get(..end).unwrap_or_default()
 }
 
 fn get(shared: &Shared, head: &RequestHead) -> Reply {
@@ -266,7 +317,7 @@ fn delete(shared: &Shared, head: &RequestHead) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::state::for_tests;
+    use crate::upstream::state::{for_tests, for_tests_with_tools};
     use bytes::BytesMut;
     use mcpyard::http::{RequestDecoder, RequestEvent};
 
@@ -408,6 +459,123 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// The result bytes of a reply, or its error (code, message).
+    fn outcome(reply: &Reply) -> Result<serde_json::Value, (i32, String)> {
+        match reply {
+            Reply::Message {
+                message: Message::Result { result, .. },
+                ..
+            } => Ok(serde_json::from_slice(result).unwrap_or_else(|e| panic!("{e}"))),
+            Reply::Message {
+                message: Message::Error { code, message, .. },
+                ..
+            } => Err((*code, message.to_string())),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn tools_list_follows_cursors_and_refuses_unknown_ones() {
+        let s = for_tests_with_tools(5, 2);
+        let sid = session_of(&send(&s, "POST", None, INIT));
+        let list = |params: &str| {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":3,"method":"tools/list"{params}}}"#);
+            outcome(&send(&s, "POST", Some(&sid), &body))
+        };
+        let mut names = Vec::new();
+        let mut page = list("");
+        for _ in 0..3 {
+            let v = page.unwrap_or_else(|e| panic!("{e:?}"));
+            let tools = v["tools"].as_array().cloned().unwrap_or_default();
+            names.extend(
+                tools
+                    .iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_owned)),
+            );
+            let Some(cursor) = v["nextCursor"].as_str() else {
+                break;
+            };
+            page = list(&format!(r#","params":{{"cursor":"{cursor}"}}"#));
+        }
+        assert_eq!(
+            names,
+            ["echo", "big", "tool_00003", "tool_00004", "tool_00005"]
+        );
+        assert_eq!(list(r#","params":{}"#), list(""));
+        assert_eq!(list(r#","params":{"cursor":null}"#), list(""));
+        let invalid = Err((INVALID_PARAMS, "Invalid cursor".to_owned()));
+        for cursor in [r#""nope""#, r#""offset-3""#, r#""offset-6""#, "2", "{}"] {
+            assert_eq!(
+                list(&format!(r#","params":{{"cursor":{cursor}}}"#)),
+                invalid,
+                "{cursor}"
+            );
+        }
+        let unpaged = for_tests(10, 0, false);
+        let sid = session_of(&send(&unpaged, "POST", None, INIT));
+        let body =
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"cursor":"offset-2"}}"#;
+        assert_eq!(outcome(&send(&unpaged, "POST", Some(&sid), body)), invalid);
+    }
+
+    #[test]
+    fn tools_call_names_an_unknown_tool_in_its_error() {
+        let s = for_tests_with_tools(4, 0);
+        let sid = session_of(&send(&s, "POST", None, INIT));
+        let call = |name: &str| {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":{name},"arguments":{{}}}}}}"#
+            );
+            send(&s, "POST", Some(&sid), &body)
+        };
+        let known = call(r#""tool_00004""#);
+        let echo = call(r#""echo""#);
+        assert_eq!(known, echo, "every known tool answers the same result");
+        assert!(outcome(&known).is_ok());
+        assert_eq!(
+            outcome(&call(r#""tool_00005""#)),
+            Err((INVALID_PARAMS, "Unknown tool: tool_00005".to_owned()))
+        );
+        // An escaped name is decoded, then escaped again when the error is written.
+        let reply = call(r#""a\"b\\c\n\u00e9""#);
+        let Reply::Message {
+            message: Message::Error { id, code, message },
+            ..
+        } = &reply
+        else {
+            panic!("{reply:?}");
+        };
+        assert_eq!(message, "Unknown tool: a\"b\\c\né");
+        let mut wire = BytesMut::new();
+        mcpyard::jsonrpc::write_error(id.as_deref(), *code, message, None, &mut wire);
+        let v: serde_json::Value =
+            serde_json::from_slice(&wire).unwrap_or_else(|e| panic!("{e}: {wire:?}"));
+        assert_eq!(v["error"]["message"], "Unknown tool: a\"b\\c\né");
+        // A huge name is cut, so the error stays small.
+        let long = format!(r#""{}""#, "é".repeat(1000));
+        let Err((_, message)) = outcome(&call(&long)) else {
+            panic!("a long unknown name is refused");
+        };
+        assert!(message.len() <= "Unknown tool: ".len() + FIXTURE_ECHOED_NAME_BYTES_MAX);
+        assert!(message.len() >= "Unknown tool: ".len() + FIXTURE_ECHOED_NAME_BYTES_MAX - 1);
+        for params in [r#"{}"#, r#"{"name":3}"#, "[]"] {
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{params}}}"#);
+            assert_eq!(
+                outcome(&send(&s, "POST", Some(&sid), &body)),
+                Err((INVALID_PARAMS, "Invalid params".to_owned())),
+                "{params}"
+            );
+        }
+        let one = for_tests_with_tools(1, 0);
+        let sid = session_of(&send(&one, "POST", None, INIT));
+        let big = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"big"}}"#;
+        assert_eq!(
+            outcome(&send(&one, "POST", Some(&sid), big)),
+            Err((INVALID_PARAMS, "Unknown tool: big".to_owned()))
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! What all fixture workers share: the settings, the pre-rendered result bodies, the
-//! session table and the list_changed signal.
+//! What all fixture workers share: the settings, the pre-rendered result bodies (the tool
+//! list's pages among them, `tools.rs`), the session table and the list_changed signal.
 //!
 //! Sessions live in one table behind a mutex rather than per worker: SO_REUSEPORT spreads
 //! *connections* over workers, and one client session may use connections on several of
@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use bytes::Bytes;
 use tokio::sync::watch;
 
+use super::tools::Tools;
 use crate::args::UpstreamArgs;
 use crate::limits::FIXTURE_SESSIONS_MAX;
 
@@ -36,8 +37,8 @@ pub const SESSION_ID_CHARS: usize = 16;
 pub struct Rendered {
     /// The tools/call result object with the `--result-bytes` payload.
     pub call_result: Bytes,
-    /// The tools/list result object.
-    pub tools_list: Bytes,
+    /// The tools/list result pages and the names tools/call accepts.
+    pub tools: Tools,
     /// The initialize result objects, one per echoed version (same order).
     pub initialize: [Bytes; ECHOED_VERSIONS.len()],
     /// The `{}` result of ping.
@@ -181,7 +182,6 @@ fn render(args: &UpstreamArgs) -> Rendered {
     call.extend_from_slice(br#"{"content":[{"type":"text","text":""#);
     call.extend_from_slice(&payload);
     call.extend_from_slice(br#""}]}"#);
-    let tools_list = br#"{"tools":[{"name":"echo","description":"Returns the fixture's payload","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}},{"name":"big","description":"Returns the fixture's payload","inputSchema":{"type":"object","properties":{}}}]}"#;
     let initialize = ECHOED_VERSIONS.map(|version| {
         Bytes::from(format!(
             r#"{{"protocolVersion":"{version}","capabilities":{{"tools":{{"listChanged":true}}}},"serverInfo":{{"name":"mcpyard-fixture","version":"{}"}}}}"#,
@@ -193,17 +193,33 @@ fn render(args: &UpstreamArgs) -> Rendered {
     mcpyard::http::encode_chunk(event, &mut chunk);
     Rendered {
         call_result: Bytes::from(call),
-        tools_list: Bytes::from_static(tools_list),
+        tools: Tools::new(args.tools, args.page_size),
         initialize,
         empty: Bytes::from_static(b"{}"),
         list_changed_chunk: chunk.freeze(),
     }
 }
 
-/// A fixture state for unit tests: no delay, the given payload, progress and SSE settings.
+/// A fixture state for unit tests: no delay, the given payload, progress and SSE settings,
+/// the two default tools.
 #[cfg(test)]
 pub(crate) fn for_tests(result_bytes: usize, progress: u32, sse: bool) -> Shared {
+    Shared::new(test_args(result_bytes, progress, sse))
+}
+
+/// A fixture state for unit tests with `tools` tools in pages of `page_size` (0: one page).
+#[cfg(test)]
+pub(crate) fn for_tests_with_tools(tools: usize, page_size: usize) -> Shared {
     Shared::new(UpstreamArgs {
+        tools,
+        page_size,
+        ..test_args(10, 0, false)
+    })
+}
+
+#[cfg(test)]
+fn test_args(result_bytes: usize, progress: u32, sse: bool) -> UpstreamArgs {
+    UpstreamArgs {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         result_bytes,
         delay: std::time::Duration::ZERO,
@@ -212,7 +228,9 @@ pub(crate) fn for_tests(result_bytes: usize, progress: u32, sse: bool) -> Shared
         delay_from: crate::args::DelayFrom::Arrival,
         sse,
         workers: 1,
-    })
+        tools: 2,
+        page_size: 0,
+    }
 }
 
 #[cfg(test)]
@@ -267,7 +285,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&s.rendered.call_result)
             .unwrap_or_else(|e| panic!("call result: {e}"));
         assert_eq!(v["content"][0]["text"].as_str().map(str::len), Some(100));
-        let v: serde_json::Value = serde_json::from_slice(&s.rendered.tools_list)
+        let v: serde_json::Value = serde_json::from_slice(s.rendered.tools.first_page())
             .unwrap_or_else(|e| panic!("tools list: {e}"));
         assert_eq!(v["tools"][0]["name"], "echo");
         for (body, version) in s.rendered.initialize.iter().zip(ECHOED_VERSIONS) {
