@@ -1,7 +1,9 @@
 //! Per-request JSON work of a `tools/call` through the gateway, at the sizes the perf harness
 //! uses: the streaming result scanner over the fixture's ~1 KiB answer (and a structure-rich
 //! and an escape-heavy answer), the request envelope peek, and the param lookups the server
-//! binding makes on every call.
+//! binding makes on every call. Also the proxy's list merge: a 1,000-tool `tools/list`
+//! result renamed and filtered by the streaming item rewriter, beside a plain scan of the
+//! same answer.
 //!
 //! Run: `cargo bench --bench json` (add `-- --quick` for a short run).
 //!
@@ -13,7 +15,9 @@
 use bytes::Bytes;
 use criterion::{Criterion, Throughput};
 use mcpyard::jsonrpc;
+use mcpyard::limits::SLOT_BYTES;
 use serde_json::value::RawValue;
+use std::collections::HashSet;
 use std::hint::black_box;
 
 /// The loadgen fixture's text payload pattern (`mcpyard-loadgen upstream --result-bytes N`).
@@ -52,6 +56,67 @@ fn escaped_answer() -> Bytes {
         doc.push_str(line);
     }
     doc.push_str(r#""}],"isError":false}}"#);
+    Bytes::from(doc)
+}
+
+/// Tools in the list-merge cases.
+const LIST_TOOLS: usize = 1000;
+
+/// The route prefix the list-merge cases insert.
+const LIST_PREFIX: &[u8] = b"github__";
+
+/// A `tools/list` result of `n` tools like a real server's (~330 bytes each: title,
+/// description, an input schema with two typed properties, annotations), with a cursor.
+fn tools_list(n: usize) -> Bytes {
+    let mut doc = String::from(r#"{"tools":["#);
+    for i in 0..n {
+        if i > 0 {
+            doc.push(',');
+        }
+        doc.push_str(&format!(
+            r#"{{"name":"search_issues_{i}","title":"Search issues {i}","description":"Searches issues and pull requests in a repository and returns the matching ones","inputSchema":{{"type":"object","properties":{{"query":{{"type":"string","description":"Search terms"}},"limit":{{"type":"integer","minimum":1,"maximum":100}}}},"required":["query"]}},"annotations":{{"readOnlyHint":true}}}}"#
+        ));
+    }
+    doc.push_str(r#"],"nextCursor":"page-2"}"#);
+    Bytes::from(doc)
+}
+
+/// The route's allow-list in the list-merge cases: every other tool.
+fn list_allow(n: usize) -> HashSet<String> {
+    (0..n)
+        .step_by(2)
+        .map(|i| format!("search_issues_{i}"))
+        .collect()
+}
+
+/// What the proxy does with one upstream page: rewrites the result in Items mode, fed in
+/// slot-sized pieces as socket reads deliver it. Returns the items written.
+fn rewrite_list(doc: &Bytes, allow: &HashSet<String>, sink: &mut jsonrpc::ItemSink) -> u64 {
+    sink.parts.clear();
+    sink.items = 0;
+    sink.dropped = 0;
+    let rules = jsonrpc::ItemRules::tools(Bytes::from_static(LIST_PREFIX));
+    let mut rewriter = jsonrpc::ItemRewriter::new(rules, jsonrpc::ItemMode::Items);
+    let mut admit = |name: &str| allow.contains(name);
+    let mut at = 0;
+    while at < doc.len() {
+        let piece = doc.slice(at..doc.len().min(at + SLOT_BYTES));
+        at += piece.len();
+        if rewriter.feed(piece, &mut admit, sink).is_err() {
+            return 0;
+        }
+    }
+    match rewriter.finish() {
+        Ok(_) => sink.items,
+        Err(_) => 0,
+    }
+}
+
+/// The same list as an upstream answer, for the plain-scan baseline.
+fn tools_list_answer(n: usize) -> Bytes {
+    let mut doc = br#"{"jsonrpc":"2.0","id":42,"result":"#.to_vec();
+    doc.extend_from_slice(&tools_list(n));
+    doc.push(b'}');
     Bytes::from(doc)
 }
 
@@ -94,6 +159,8 @@ const CASES: &[&str] = &[
     "param_name",
     "progress_token",
     "peek_call",
+    "list_tools_1000",
+    "scan_tools_1000",
 ];
 
 /// Runs case `case` `n` times; the only frame callgrind collects in `--ir` mode.
@@ -111,6 +178,19 @@ fn ir_loop(case: &str, n: u64) -> usize {
         panic!("the CALL constant has object params");
     });
     let mut events = Vec::with_capacity(8);
+    // Built only for its own case, so the other cases' counts do not include building it.
+    let listing = case == "list_tools_1000";
+    let list = match case {
+        "list_tools_1000" => tools_list(LIST_TOOLS),
+        "scan_tools_1000" => tools_list_answer(LIST_TOOLS),
+        _ => Bytes::new(),
+    };
+    let allow = if listing {
+        list_allow(LIST_TOOLS)
+    } else {
+        HashSet::new()
+    };
+    let mut sink = jsonrpc::ItemSink::new();
     let mut sum = 0;
     for _ in 0..n {
         sum += match case {
@@ -128,6 +208,8 @@ fn ir_loop(case: &str, n: u64) -> usize {
                 jsonrpc::progress_token(black_box(params)).map_or(0, |t| t.get().len())
             }
             "peek_call" => peek_call(black_box(CALL)),
+            "list_tools_1000" => rewrite_list(black_box(&list), &allow, &mut sink) as usize,
+            "scan_tools_1000" => scan_one(black_box(&list), &mut events),
             other => panic!("unknown case {other}; one of {CASES:?}"),
         };
     }
@@ -148,6 +230,31 @@ fn scanner(c: &mut Criterion) {
             b.iter(|| black_box(scan_one(black_box(&doc), &mut events)))
         });
     }
+    g.finish();
+}
+
+fn list_merge(c: &mut Criterion) {
+    let mut g = c.benchmark_group("json_list");
+    let list = tools_list(LIST_TOOLS);
+    let allow = list_allow(LIST_TOOLS);
+    let mut sink = jsonrpc::ItemSink::new();
+    assert_eq!(
+        rewrite_list(&list, &allow, &mut sink),
+        LIST_TOOLS as u64 / 2
+    );
+    g.throughput(Throughput::Bytes(list.len() as u64));
+    g.bench_function("rewrite_tools_1000", |b| {
+        b.iter(|| black_box(rewrite_list(black_box(&list), &allow, &mut sink)))
+    });
+    // Baseline: the result scanner over the same answer in one piece, which only finds
+    // where the result is.
+    let answer = tools_list_answer(LIST_TOOLS);
+    let mut events = Vec::with_capacity(8);
+    assert!(scan_one(&answer, &mut events) > 0);
+    g.throughput(Throughput::Bytes(answer.len() as u64));
+    g.bench_function("scan_tools_1000", |b| {
+        b.iter(|| black_box(scan_one(black_box(&answer), &mut events)))
+    });
     g.finish();
 }
 
@@ -180,6 +287,7 @@ fn main() {
     }
     let mut c = Criterion::default().configure_from_args();
     scanner(&mut c);
+    list_merge(&mut c);
     request_side(&mut c);
     c.final_summary();
 }

@@ -144,6 +144,19 @@ pub const UPSTREAM_RETRY_MAX: Duration = Duration::from_secs(30);
 /// client stops reading it (back-pressure, nothing is dropped).
 pub const UPSTREAM_OUTBOX_EVENTS_MAX: usize = 64;
 
+/// Largest list item (one tool, prompt, resource or template, prefix included) the proxy
+/// merges from an upstream `*/list` answer; a larger item is dropped and counted, since the
+/// rewriter holds an item whole until it closes.
+pub const LIST_ITEM_BYTES_MAX: usize = 1024 * 1024;
+
+/// Longest decoded name or URI of a list item matched against a route's allow-list; an item
+/// with a longer one is dropped.
+pub const LIST_KEY_BYTES_MAX: usize = 8 * 1024;
+
+/// Longest raw `nextCursor` lexeme kept from an upstream list page; a longer one fails the
+/// page, since the cursor must be held to ask for the next page.
+pub const LIST_CURSOR_BYTES_MAX: usize = 4 * 1024;
+
 const _: () = assert!(HEADER_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(REQUEST_TARGET_BYTES_MAX < HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < SLOT_BYTES);
@@ -156,3 +169,7 @@ const _: () = assert!(CONNECTION_STREAM_READ_BYTES > 0);
 const _: () = assert!(CONNECTION_STREAM_READ_BYTES < SLOT_BYTES);
 const _: () = assert!(UPSTREAM_COALESCE_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(UPSTREAM_OUTBOX_EVENTS_MAX <= STREAM_FRAMES_MAX);
+const _: () = assert!(LIST_KEY_BYTES_MAX < LIST_ITEM_BYTES_MAX);
+const _: () = assert!(LIST_ITEM_BYTES_MAX <= MESSAGE_BYTES_MAX);
+// The next page's request carries the cursor; with its envelope it stays within one slot.
+const _: () = assert!(LIST_CURSOR_BYTES_MAX < SLOT_BYTES);

@@ -11,15 +11,22 @@
 //! Flow: downstream body → [`parse_envelope`] → route on `method` / match on [`IdKey`] →
 //! upstream bytes via [`write_request`] / [`write_notification`]; replies come back through
 //! [`parse_envelope`] again and go downstream via [`write_result`] or [`write_error`].
+//!
+//! Large upstream answers are streamed instead: [`ResultScanner`] hands the `result` value
+//! on as slices of the body pieces, and [`ItemRewriter`] rewrites a list result's items (route
+//! prefix, allow-list) or a `resources/read` result's URIs from those slices, holding at most
+//! one item.
 
 mod envelope;
 mod id;
+mod items;
 mod params;
 mod scan;
 mod write;
 
 pub use envelope::{Envelope, EnvelopeError, Kind, parse_envelope};
 pub use id::{IdKey, RequestId, id_key_of_raw};
+pub use items::{ItemError, ItemMode, ItemRewriter, ItemRules, ItemSink};
 pub use params::{param_raw, param_str, progress_token, raw_is_object};
 pub use scan::{
     ERROR_BYTES_MAX, ID_BYTES_MAX, ResultScanner, SCAN_DEPTH_MAX, ScanError, ScanEvent,

@@ -173,9 +173,9 @@ enum Text {
     Member,
 }
 
-/// Position in the RFC 8259 §6 number grammar.
+/// Position in the RFC 8259 §6 number grammar (shared with the list rewriter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Num {
+pub(super) enum Num {
     /// After `-`: a digit must follow.
     Minus,
     /// A leading `0`: no more integer digits.
@@ -192,6 +192,35 @@ enum Num {
     ExpSign,
     /// Exponent digits.
     ExpInt,
+}
+
+/// What one more byte does to a number in progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NumStep {
+    /// The byte belongs to the number, which is now at this position.
+    Next(Num),
+    /// The number ended before the byte, which is read as what follows a value.
+    End,
+    /// The number cannot end here and the byte cannot continue it.
+    Malformed,
+}
+
+impl Num {
+    /// The next position after byte `b`, per the RFC 8259 §6 grammar.
+    #[inline(always)]
+    pub(super) fn step(self, b: u8) -> NumStep {
+        match (self, b) {
+            (Num::Minus, b'0') => NumStep::Next(Num::Zero),
+            (Num::Minus | Num::Int, b'0'..=b'9') => NumStep::Next(Num::Int),
+            (Num::Zero | Num::Int, b'.') => NumStep::Next(Num::Dot),
+            (Num::Dot | Num::Frac, b'0'..=b'9') => NumStep::Next(Num::Frac),
+            (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') => NumStep::Next(Num::Exp),
+            (Num::Exp, b'+' | b'-') => NumStep::Next(Num::ExpSign),
+            (Num::Exp | Num::ExpSign | Num::ExpInt, b'0'..=b'9') => NumStep::Next(Num::ExpInt),
+            (Num::Zero | Num::Int | Num::Frac | Num::ExpInt, _) => NumStep::End,
+            (Num::Minus | Num::Dot | Num::Exp | Num::ExpSign, _) => NumStep::Malformed,
+        }
+    }
 }
 
 /// The top-level member whose value is being scanned.
@@ -547,11 +576,7 @@ impl ResultScanner {
                     Some(b'u') => match bytes.get(at + 2..).and_then(<[u8]>::first_chunk::<4>) {
                         // The whole `\uXXXX` is in this piece: decoded here, not digit by digit.
                         Some(hex) => {
-                            let code = hex
-                                .iter()
-                                .try_fold(0u16, |code, &b| {
-                                    Some(code << 4 | u16::from(hex_digit(b)?))
-                                })
+                            let code = hex4(hex)
                                 .ok_or(ScanError::NotJson("invalid \\u escape in a string"))?;
                             self.unicode_decoded(text, code);
                             at += 6;
@@ -574,23 +599,15 @@ impl ResultScanner {
 
     /// The byte after a backslash (RFC 8259 §7).
     fn on_escape(&mut self, at: usize, b: u8, text: Text) -> Result<usize, ScanError> {
-        let decoded = match b {
-            b'"' | b'\\' | b'/' => b,
-            b'b' => 0x08,
-            b'f' => 0x0c,
-            b'n' => b'\n',
-            b'r' => b'\r',
-            b't' => b'\t',
-            b'u' => {
-                self.state = State::Unicode {
-                    text,
-                    left: 4,
-                    code: 0,
-                };
-                return Ok(at + 1);
-            }
-            _ => return Err(ScanError::NotJson("invalid escape in a string")),
-        };
+        if b == b'u' {
+            self.state = State::Unicode {
+                text,
+                left: 4,
+                code: 0,
+            };
+            return Ok(at + 1);
+        }
+        let decoded = escaped_byte(b).ok_or(ScanError::NotJson("invalid escape in a string"))?;
         if text == Text::Member {
             self.name_push(&[decoded]);
         }
@@ -646,21 +663,13 @@ impl ResultScanner {
     ) -> Result<usize, ScanError> {
         let bytes: &[u8] = cx.piece;
         while let Some(&b) = bytes.get(at) {
-            num = match (num, b) {
-                (Num::Minus, b'0') => Num::Zero,
-                (Num::Minus | Num::Int, b'0'..=b'9') => Num::Int,
-                (Num::Zero | Num::Int, b'.') => Num::Dot,
-                (Num::Dot | Num::Frac, b'0'..=b'9') => Num::Frac,
-                (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') => Num::Exp,
-                (Num::Exp, b'+' | b'-') => Num::ExpSign,
-                (Num::Exp | Num::ExpSign | Num::ExpInt, b'0'..=b'9') => Num::ExpInt,
-                (Num::Zero | Num::Int | Num::Frac | Num::ExpInt, _) => {
+            num = match num.step(b) {
+                NumStep::Next(next) => next,
+                NumStep::End => {
                     self.end_value(cx, at)?;
                     return self.on_structure(cx, at);
                 }
-                (Num::Minus | Num::Dot | Num::Exp | Num::ExpSign, _) => {
-                    return Err(ScanError::NotJson("malformed number"));
-                }
+                NumStep::Malformed => return Err(ScanError::NotJson("malformed number")),
             };
             at += 1;
         }
@@ -778,9 +787,33 @@ impl ResultScanner {
     }
 }
 
+/// The byte a short escape stands for (RFC 8259 §7): `b` is the byte after the backslash,
+/// e.g. `n` gives a newline. `None` for `u` (a `\uXXXX` escape, decoded digit by digit) and
+/// for any byte that starts no escape.
+#[inline(always)]
+pub(super) fn escaped_byte(b: u8) -> Option<u8> {
+    match b {
+        b'"' | b'\\' | b'/' => Some(b),
+        b'b' => Some(0x08),
+        b'f' => Some(0x0c),
+        b'n' => Some(b'\n'),
+        b'r' => Some(b'\r'),
+        b't' => Some(b'\t'),
+        _ => None,
+    }
+}
+
+/// The code unit the four hex digits of a `\uXXXX` escape spell; `None` when one is no hex
+/// digit.
+#[inline(always)]
+pub(super) fn hex4(hex: &[u8; 4]) -> Option<u16> {
+    hex.iter()
+        .try_fold(0u16, |code, &b| Some(code << 4 | u16::from(hex_digit(b)?)))
+}
+
 /// The value of one hex digit of a `\uXXXX` escape; `None` for any other byte.
 #[inline(always)]
-fn hex_digit(b: u8) -> Option<u8> {
+pub(super) fn hex_digit(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),
         b'a'..=b'f' => Some(b - b'a' + 10),
@@ -914,4 +947,4 @@ pub(super) fn plain_run(bytes: &[u8]) -> usize {
 
 #[cfg(test)]
 #[path = "scan_tests.rs"]
-mod tests;
+pub(super) mod tests;

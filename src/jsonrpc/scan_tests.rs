@@ -1,7 +1,8 @@
 //! Tables of valid and malformed documents, each fed whole, split in two at every byte
 //! boundary and one byte per piece; a seeded round trip of random documents; a seeded
 //! differential against `serde_json` on mutated documents. The seed comes from
-//! `MCPYARD_SEED` when set and is printed in every assertion message.
+//! `MCPYARD_SEED` when set and is printed in every assertion message. The splitting and
+//! random-JSON helpers are shared with the list rewriter's tests (`items_tests.rs`).
 
 use super::*;
 use crate::testing::Rng;
@@ -67,22 +68,22 @@ fn scan_pieces(pieces: &[Bytes]) -> Result<Outcome, ScanError> {
     })
 }
 
-fn whole(doc: &[u8]) -> Vec<Bytes> {
+pub(in crate::jsonrpc) fn whole(doc: &[u8]) -> Vec<Bytes> {
     vec![Bytes::copy_from_slice(doc)]
 }
 
-fn split_at(doc: &[u8], cut: usize) -> Vec<Bytes> {
+pub(in crate::jsonrpc) fn split_at(doc: &[u8], cut: usize) -> Vec<Bytes> {
     let all = Bytes::copy_from_slice(doc);
     vec![all.slice(..cut), all.slice(cut..)]
 }
 
-fn bytewise(doc: &[u8]) -> Vec<Bytes> {
+pub(in crate::jsonrpc) fn bytewise(doc: &[u8]) -> Vec<Bytes> {
     let all = Bytes::copy_from_slice(doc);
     (0..all.len()).map(|i| all.slice(i..i + 1)).collect()
 }
 
 /// Every way the tables feed a document: whole, two pieces at every cut, one byte each.
-fn all_splits(doc: &[u8]) -> Vec<Vec<Bytes>> {
+pub(in crate::jsonrpc) fn all_splits(doc: &[u8]) -> Vec<Vec<Bytes>> {
     let mut splits = vec![whole(doc), bytewise(doc)];
     splits.extend((0..=doc.len()).map(|cut| split_at(doc, cut)));
     splits
@@ -619,7 +620,7 @@ const ROUNDS: usize = 400;
 /// Deepest random value (containers inside the result).
 const RANDOM_DEPTH_MAX: u32 = 6;
 
-fn ws(rng: &mut Rng, out: &mut String) {
+pub(in crate::jsonrpc) fn ws(rng: &mut Rng, out: &mut String) {
     if rng.chance(25) {
         for _ in 0..rng.below(3) + 1 {
             out.push(rng.pick(&[' ', '\n', '\t', '\r']));
@@ -627,7 +628,7 @@ fn ws(rng: &mut Rng, out: &mut String) {
     }
 }
 
-fn random_string(rng: &mut Rng, out: &mut String) {
+pub(in crate::jsonrpc) fn random_string(rng: &mut Rng, out: &mut String) {
     const PIECES: &[&str] = &[
         "a",
         "Z",
@@ -664,7 +665,7 @@ fn random_string(rng: &mut Rng, out: &mut String) {
     out.push('"');
 }
 
-fn random_number(rng: &mut Rng, out: &mut String) {
+pub(in crate::jsonrpc) fn random_number(rng: &mut Rng, out: &mut String) {
     if rng.chance(30) {
         out.push('-');
     }
@@ -692,7 +693,7 @@ fn random_number(rng: &mut Rng, out: &mut String) {
 }
 
 /// Appends a random JSON value (no surrounding whitespace) of nesting at most `depth`.
-fn random_value(rng: &mut Rng, depth: u32, out: &mut String) {
+pub(in crate::jsonrpc) fn random_value(rng: &mut Rng, depth: u32, out: &mut String) {
     let kinds = if depth == 0 { 5 } else { 7 };
     match rng.below(kinds) {
         0 => out.push_str(rng.pick(&["null", "true", "false"])),
@@ -797,7 +798,7 @@ fn random_document(rng: &mut Rng) -> (String, Outcome) {
 }
 
 /// Splits `doc` at random cuts: sometimes byte by byte, usually into a few pieces.
-fn random_pieces(rng: &mut Rng, doc: &[u8]) -> Vec<Bytes> {
+pub(in crate::jsonrpc) fn random_pieces(rng: &mut Rng, doc: &[u8]) -> Vec<Bytes> {
     let all = Bytes::copy_from_slice(doc);
     if rng.chance(10) {
         return bytewise(doc);
@@ -836,7 +837,7 @@ fn random_documents_round_trip() {
 const MUTATIONS: &[u8] = b"{}[]\",:\\ \n0123456789-+.eEtrufalsn/xu";
 
 /// Applies one to three ASCII edits at ASCII positions, so the text stays UTF-8.
-fn mutate(rng: &mut Rng, doc: &str) -> Vec<u8> {
+pub(in crate::jsonrpc) fn mutate(rng: &mut Rng, doc: &str) -> Vec<u8> {
     let mut bytes = doc.as_bytes().to_vec();
     for _ in 0..rng.below(3) + 1 {
         let ascii: Vec<usize> = (0..bytes.len())
