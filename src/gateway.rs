@@ -5,6 +5,7 @@
 use crate::binding::Exit;
 use crate::binding::client::Client;
 use crate::binding::demo::{Demo, DemoShared};
+use crate::binding::proxy::Proxy;
 use crate::binding::server::{Server, net};
 use crate::config::{Binding, Config};
 use crate::limits::{CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE};
@@ -49,12 +50,13 @@ pub fn run(config: Config) -> Result<(), String> {
                 config.source
             ));
         }
-        if matches!(binding, Binding::Proxy(_)) {
-            // TODO(#3): the client and proxy bindings.
+        if let Binding::Proxy(p) = binding
+            && p.cache.is_some()
+        {
+            // TODO(#13): the proxy cache on the shared store.
             return Err(format!(
-                "{}: bindings.{name}.kind: {} bindings are not available in this build yet; use kind: demo",
-                config.source,
-                binding.kind()
+                "{}: bindings.{name}.cache: the proxy cache is not available in this build yet; remove the cache key to forward every list request upstream",
+                config.source
             ));
         }
     }
@@ -183,26 +185,41 @@ async fn wait_for_signal() {
     }
 }
 
-/// Builds this worker's instance of the exit named `name`.
-fn build_exit(
-    name: &str,
-    plan: &WorkerPlan,
-    slots: &Rc<Slots>,
-    clients: &mut Vec<Rc<Client>>,
-) -> Option<Rc<dyn Exit>> {
-    match plan.config.bindings.get(name)? {
-        Binding::Demo(_) => {
-            let shared = plan.demos.get(name)?.clone();
-            let demo: Rc<dyn Exit> = Demo::new(shared);
-            Some(demo)
+/// This worker's exits, built once each however many bindings exit to them.
+struct Exits<'a> {
+    plan: &'a WorkerPlan,
+    slots: &'a Rc<Slots>,
+    built: BTreeMap<String, Rc<dyn Exit>>,
+    /// The client instances among them (drain waits for their sessions).
+    clients: Vec<Rc<Client>>,
+}
+
+impl Exits<'_> {
+    /// This worker's instance of the exit named `name` (built on first use); `None` if
+    /// the config has no such exit (validation rules that out).
+    fn get(&mut self, name: &str) -> Option<Rc<dyn Exit>> {
+        if let Some(exit) = self.built.get(name) {
+            return Some(exit.clone());
         }
-        Binding::Client(cfg) => {
-            let client = Client::new(name, cfg, plan.index as u8, plan.backend, slots.clone());
-            clients.push(client.clone());
-            let exit: Rc<dyn Exit> = client;
-            Some(exit)
-        }
-        _ => None,
+        let worker = self.plan.index as u8;
+        let exit: Rc<dyn Exit> = match self.plan.config.bindings.get(name)? {
+            Binding::Demo(_) => Demo::new(self.plan.demos.get(name)?.clone()),
+            Binding::Client(cfg) => {
+                let client = Client::new(name, cfg, worker, self.plan.backend, self.slots.clone());
+                self.clients.push(client.clone());
+                client
+            }
+            Binding::Proxy(cfg) => {
+                let mut routes = Vec::with_capacity(cfg.routes.len());
+                for route in &cfg.routes {
+                    routes.push(self.get(&route.exit)?);
+                }
+                Proxy::new(name, cfg, routes, worker)
+            }
+            Binding::Server(_) => return None,
+        };
+        self.built.insert(name.to_owned(), exit.clone());
+        Some(exit)
     }
 }
 
@@ -211,7 +228,12 @@ async fn worker(plan: WorkerPlan) {
     let slots = Rc::new(Slots::new(plan.backend == Backend::Uring, plan.registrable));
     let mut servers = Vec::new();
     let mut listeners = Vec::new();
-    let mut clients = Vec::new();
+    let mut exits = Exits {
+        plan: &plan,
+        slots: &slots,
+        built: BTreeMap::new(),
+        clients: Vec::new(),
+    };
     let configured: Vec<(String, crate::config::ServerBinding)> = plan
         .config
         .servers()
@@ -222,7 +244,7 @@ async fn worker(plan: WorkerPlan) {
         .enumerate()
         .zip(plan.listeners.iter())
     {
-        let Some(exit) = build_exit(&cfg.exit, &plan, &slots, &mut clients) else {
+        let Some(exit) = exits.get(&cfg.exit) else {
             log::error(format_args!(
                 "worker: binding {name}: exit {} cannot be built",
                 cfg.exit
@@ -258,6 +280,8 @@ async fn worker(plan: WorkerPlan) {
         listeners.push(listener);
         servers.push(server);
     }
+    let clients = std::mem::take(&mut exits.clients);
+    drop(exits);
     drop(plan.listeners);
     tokio::task::spawn_local(runtime::run_inbox(plan.inbox));
     runtime::drained(plan.drain.clone()).await;

@@ -157,6 +157,17 @@ pub const LIST_KEY_BYTES_MAX: usize = 8 * 1024;
 /// page, since the cursor must be held to ask for the next page.
 pub const LIST_CURSOR_BYTES_MAX: usize = 4 * 1024;
 
+/// Longest event id taken from an exit (an upstream's SSE `id`): longer ones are not
+/// handed on or resumed from.
+pub const EXIT_EVENT_ID_BYTES_MAX: usize = 512;
+
+/// Routes one proxy binding may have.
+pub const PROXY_ROUTES_MAX: usize = 64;
+
+/// Pages of one route's list a proxy follows for one list request; an upstream that
+/// hands out more cursors than this has the rest of its list left out (logged).
+pub const LIST_PAGES_MAX: usize = 10_000;
+
 const _: () = assert!(HEADER_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(REQUEST_TARGET_BYTES_MAX < HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < SLOT_BYTES);

@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod demo;
+pub mod proxy;
 pub mod server;
 
 use crate::stream::Callee;

@@ -93,8 +93,109 @@ pub struct WorkerMetrics {
     pub handoffs: u64,
     /// HTTP requests answered with a 4xx/5xx before reaching MCP handling.
     pub http_errors: u64,
+    /// GET streams resumed from an event no longer in the session's replay ring.
+    pub events_replay_missed: u64,
     /// The upstream side (`client` bindings).
     pub upstream: UpstreamMetrics,
+    /// The `proxy` bindings.
+    pub proxy: ProxyMetrics,
+    /// Per toolkit (proxy route): requests by method and outcome, and their latency.
+    /// Invariant: `len() <= TOOLKIT_LABELS_MAX`, names unique.
+    pub toolkits: Vec<ToolkitMetrics>,
+}
+
+/// Distinct toolkit labels kept per worker; more share the last entry's counts (config
+/// bounds routes far below this).
+const TOOLKIT_LABELS_MAX: usize = 256;
+
+/// Requests one toolkit (proxy route) served.
+#[derive(Clone)]
+pub struct ToolkitMetrics {
+    /// The toolkit's name.
+    pub toolkit: String,
+    /// By method label index (as `requests`): outcome counts and latency in µs, the
+    /// histogram allocated at a method's first request.
+    pub methods: Vec<([u64; 4], Option<Histogram<u64>>)>,
+}
+
+impl ToolkitMetrics {
+    fn new(toolkit: &str) -> Self {
+        ToolkitMetrics {
+            toolkit: toolkit.to_owned(),
+            methods: vec![([0; 4], None); METHODS],
+        }
+    }
+
+    fn merge(&mut self, o: &ToolkitMetrics) {
+        for (mine, theirs) in self.methods.iter_mut().zip(&o.methods) {
+            for (a, b) in mine.0.iter_mut().zip(theirs.0) {
+                *a += b;
+            }
+            match (&mut mine.1, &theirs.1) {
+                (Some(a), Some(b)) => {
+                    let _ = a.add(b);
+                }
+                (None, Some(b)) => mine.1 = Some(b.clone()),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Counters of the `proxy` bindings.
+#[derive(Clone, Default)]
+pub struct ProxyMetrics {
+    /// Routes skipped when a session was opened (they failed or challenged).
+    pub routes_skipped: u64,
+    /// Route sessions that ended on their own mid-session.
+    pub routes_ended: u64,
+    /// Routes left out of a merged list answer (failed or timed out).
+    pub list_omitted: u64,
+    /// List items dropped: not admitted by an allow-list, malformed or too large.
+    pub items_dropped: u64,
+    /// Agent answers to server-to-client requests whose route could not be found.
+    pub answers_unroutable: u64,
+}
+
+impl ProxyMetrics {
+    fn merge(&mut self, o: &ProxyMetrics) {
+        self.routes_skipped += o.routes_skipped;
+        self.routes_ended += o.routes_ended;
+        self.list_omitted += o.list_omitted;
+        self.items_dropped += o.items_dropped;
+        self.answers_unroutable += o.answers_unroutable;
+    }
+
+    /// (name, help, value) of every proxy counter.
+    fn series(&self) -> [(&'static str, &'static str, u64); 5] {
+        [
+            (
+                "mcpyard_proxy_routes_skipped_total",
+                "Routes skipped when a session opened (failed or challenged).",
+                self.routes_skipped,
+            ),
+            (
+                "mcpyard_proxy_routes_ended_total",
+                "Route sessions that ended on their own.",
+                self.routes_ended,
+            ),
+            (
+                "mcpyard_proxy_list_omitted_total",
+                "Routes left out of a merged list (failed or timed out).",
+                self.list_omitted,
+            ),
+            (
+                "mcpyard_proxy_items_dropped_total",
+                "List items dropped (allow-list, malformed, too large).",
+                self.items_dropped,
+            ),
+            (
+                "mcpyard_proxy_answers_unroutable_total",
+                "Agent answers whose route could not be found.",
+                self.answers_unroutable,
+            ),
+        ]
+    }
 }
 
 /// Counters of the upstream-facing `client` bindings.
@@ -275,7 +376,10 @@ impl WorkerMetrics {
             overload_rejections: 0,
             handoffs: 0,
             http_errors: 0,
+            events_replay_missed: 0,
             upstream: UpstreamMetrics::default(),
+            proxy: ProxyMetrics::default(),
+            toolkits: Vec::new(),
         }
     }
 
@@ -299,7 +403,19 @@ impl WorkerMetrics {
         self.overload_rejections += other.overload_rejections;
         self.handoffs += other.handoffs;
         self.http_errors += other.http_errors;
+        self.events_replay_missed += other.events_replay_missed;
         self.upstream.merge(&other.upstream);
+        self.proxy.merge(&other.proxy);
+        for theirs in &other.toolkits {
+            match self
+                .toolkits
+                .iter_mut()
+                .find(|t| t.toolkit == theirs.toolkit)
+            {
+                Some(mine) => mine.merge(theirs),
+                None => self.toolkits.push(theirs.clone()),
+            }
+        }
     }
 }
 
@@ -349,6 +465,34 @@ pub fn record_request(method: &str, outcome: Outcome, latency: Duration) {
         if let Some(h) = m.requests.get_mut(i) {
             h.saturating_record(micros(latency));
         }
+    });
+}
+
+/// Records one request a proxy route (`toolkit`) served, from the proxy's side.
+pub fn record_toolkit(toolkit: &str, method: &str, outcome: Outcome, latency: Duration) {
+    let index = method_index(method);
+    with(|m| {
+        let at = match m.toolkits.iter().position(|t| t.toolkit == toolkit) {
+            Some(at) => at,
+            None if m.toolkits.len() < TOOLKIT_LABELS_MAX => {
+                m.toolkits.push(ToolkitMetrics::new(toolkit));
+                m.toolkits.len() - 1
+            }
+            None => m.toolkits.len() - 1,
+        };
+        let Some((counts, latencies)) = m
+            .toolkits
+            .get_mut(at)
+            .and_then(|t| t.methods.get_mut(index))
+        else {
+            return;
+        };
+        if let Some(count) = counts.get_mut(outcome as usize) {
+            *count += 1;
+        }
+        latencies
+            .get_or_insert_with(|| histogram(LATENCY_US_MAX))
+            .saturating_record(micros(latency));
     });
 }
 
@@ -455,7 +599,7 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
     for (name, help, v) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
-    let counters: [(&str, &str, u64); 8] = [
+    let counters: [(&str, &str, u64); 9] = [
         (
             "mcpyard_window_stalls_slow_total",
             "Window stalls longer than 1 ms.",
@@ -496,8 +640,20 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
             "Requests answered with an HTTP error before MCP handling.",
             all.http_errors,
         ),
+        (
+            "mcpyard_events_replay_missed_total",
+            "GET streams resumed after an event the replay ring no longer held.",
+            all.events_replay_missed,
+        ),
     ];
     for (name, help, v) in counters {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
+    }
+    render_toolkits(&mut out, &all.toolkits);
+    for (name, help, v) in all.proxy.series() {
         let _ = writeln!(
             out,
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
@@ -511,6 +667,40 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
         );
     }
     out
+}
+
+/// The per-toolkit series: request counts by method and outcome, latency by method.
+fn render_toolkits(out: &mut String, toolkits: &[ToolkitMetrics]) {
+    if toolkits.is_empty() {
+        return;
+    }
+    out.push_str("# HELP mcpyard_toolkit_requests_total Requests a proxy route served, by toolkit, method and outcome.\n");
+    out.push_str("# TYPE mcpyard_toolkit_requests_total counter\n");
+    for t in toolkits {
+        for (i, (counts, _)) in t.methods.iter().enumerate() {
+            for (outcome, count) in Outcome::ALL.iter().zip(counts) {
+                if *count > 0 {
+                    let _ = writeln!(
+                        out,
+                        "mcpyard_toolkit_requests_total{{toolkit=\"{}\",method=\"{}\",outcome=\"{}\"}} {count}",
+                        t.toolkit,
+                        method_label(i),
+                        outcome.label()
+                    );
+                }
+            }
+        }
+    }
+    out.push_str("# HELP mcpyard_toolkit_seconds Latency of requests through a proxy route, by toolkit and method.\n");
+    out.push_str("# TYPE mcpyard_toolkit_seconds summary\n");
+    for t in toolkits {
+        for (i, (_, latency)) in t.methods.iter().enumerate() {
+            if let Some(h) = latency {
+                let labels = format!("toolkit=\"{}\",method=\"{}\"", t.toolkit, method_label(i));
+                write_summary(out, "mcpyard_toolkit_seconds", &labels, h, 1e6);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

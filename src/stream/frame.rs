@@ -23,6 +23,9 @@ pub enum Kind {
     ResourcesUnsubscribe,
     CompletionComplete,
     LoggingSetLevel,
+    /// Any other JSON-RPC request (`tasks/*`, a vendor method), named in [`Begin::method`];
+    /// only exits that advertise [`Caps::OTHER`] get these.
+    Other,
 }
 
 impl Kind {
@@ -74,6 +77,7 @@ impl Kind {
             Kind::ResourcesUnsubscribe => "resources/unsubscribe",
             Kind::CompletionComplete => "completion/complete",
             Kind::LoggingSetLevel => "logging/setLevel",
+            Kind::Other => "other",
         }
     }
 
@@ -90,6 +94,7 @@ impl Kind {
             Kind::ResourcesSubscribe => Caps::RESOURCES_SUBSCRIBE,
             Kind::CompletionComplete => Caps::COMPLETIONS,
             Kind::LoggingSetLevel => Caps::LOGGING,
+            Kind::Other => Caps::OTHER,
         }
     }
 }
@@ -108,6 +113,8 @@ impl Caps {
     pub const RESOURCES_LIST_CHANGED: Caps = Caps(1 << 6);
     pub const LOGGING: Caps = Caps(1 << 7);
     pub const COMPLETIONS: Caps = Caps(1 << 8);
+    /// The exit forwards requests of methods mcpyard does not know ([`Kind::Other`]).
+    pub const OTHER: Caps = Caps(1 << 9);
 
     /// No capability.
     pub const fn empty() -> Caps {
@@ -152,8 +159,14 @@ pub struct Begin {
     /// The exit-side session this stream belongs to (from the lifecycle reply); empty on
     /// the lifecycle stream itself.
     pub session: Rc<str>,
-    /// `params.name` (tools/call, prompts/get) or `params.uri` (resources/*), if any.
+    /// `params.name` (tools/call, prompts/get), `params.uri` (resources/*) or
+    /// `params.ref.name` / `params.ref.uri` (completion/complete), decoded, if any.
     pub target: Option<Rc<str>>,
+    /// Where `target` is written in the params DATA, so a proxy can rename it in flight
+    /// without scanning the params.
+    pub target_at: Option<TargetAt>,
+    /// [`Kind::Other`] only: the JSON-RPC method name.
+    pub method: Option<Rc<str>>,
     /// Exact byte length of the `params` DATA that follows (0 when there are none).
     pub params_len: u32,
     /// When the caller stops waiting for the reply.
@@ -165,6 +178,27 @@ pub struct Begin {
     /// The agent's `Authorization` header on this request, for exits that forward it
     /// (`authorization: forward`); the agent may renew it between requests.
     pub authorization: Option<Bytes>,
+}
+
+/// The raw JSON string lexeme of a [`Begin::target`] inside the params DATA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TargetAt {
+    /// Offset of the opening quote. Invariant: `start < end <= params_len`.
+    pub start: u32,
+    /// Offset just past the closing quote.
+    pub end: u32,
+    /// The target is a uri (resources, resource-template references), not a name.
+    pub uri: bool,
+}
+
+impl Begin {
+    /// The JSON-RPC method this stream carries (the named one for [`Kind::Other`]).
+    pub fn method_name(&self) -> &str {
+        match (&self.method, self.kind) {
+            (Some(method), Kind::Other) => method,
+            _ => self.kind.method(),
+        }
+    }
 }
 
 /// What the agent said about itself in `initialize` (lifecycle streams only).

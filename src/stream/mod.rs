@@ -36,7 +36,7 @@ mod window;
 
 pub use frame::{
     BearerChallenge, Begin, Caps, Challenge, ClientHello, Event, Flush, Frame, Kind, ListKind,
-    ReplyBegin, Reset,
+    ReplyBegin, Reset, TargetAt,
 };
 pub use pipe::{Callee, Caller, Gone, Receiver, Sender, Throttle, open};
 pub use window::Window;

@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::rc::Rc;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 /// The other end of a direction is gone (reset, or dropped without a frame).
@@ -189,18 +189,21 @@ impl Sender {
     /// The next RESET or CHALLENGE from the receiver; `None` once the receiver is gone
     /// and nothing is pending.
     pub async fn throttle(&self) -> Option<Throttle> {
-        poll_fn(|cx| {
-            let mut d = self.dir.borrow_mut();
-            if let Some(t) = d.throttles.pop_front() {
-                return Poll::Ready(Some(t));
-            }
-            if d.refused {
-                return Poll::Ready(None);
-            }
-            d.throttle_waker = Some(cx.waker().clone());
-            Poll::Pending
-        })
-        .await
+        poll_fn(|cx| self.poll_throttle(cx)).await
+    }
+
+    /// [`Sender::throttle`] as a poll, for a task that waits on several directions at
+    /// once (one task relaying many streams registers its one waker with each).
+    pub fn poll_throttle(&self, cx: &mut Context<'_>) -> Poll<Option<Throttle>> {
+        let mut d = self.dir.borrow_mut();
+        if let Some(t) = d.throttles.pop_front() {
+            return Poll::Ready(Some(t));
+        }
+        if d.refused {
+            return Poll::Ready(None);
+        }
+        d.throttle_waker = Some(cx.waker().clone());
+        Poll::Pending
     }
 
     /// A pending RESET or CHALLENGE, without waiting.
@@ -236,20 +239,22 @@ impl Receiver {
     /// The next frame; `None` after END or ABORT was taken (the direction is over).
     /// DATA must be acknowledged with [`Receiver::ack`] once consumed.
     pub async fn next(&self) -> Option<Frame> {
-        poll_fn(|cx| {
-            let mut d = self.dir.borrow_mut();
-            if let Some(f) = d.frames.pop_front() {
-                // The sender may be waiting for queue room.
-                wake(&mut d.send_waker);
-                return Poll::Ready(Some(f));
-            }
-            if d.half == Half::Closed || d.sender_dropped {
-                return Poll::Ready(None);
-            }
-            d.recv_waker = Some(cx.waker().clone());
-            Poll::Pending
-        })
-        .await
+        poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// [`Receiver::next`] as a poll, for a task that waits on several directions at once.
+    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Frame>> {
+        let mut d = self.dir.borrow_mut();
+        if let Some(f) = d.frames.pop_front() {
+            // The sender may be waiting for queue room.
+            wake(&mut d.send_waker);
+            return Poll::Ready(Some(f));
+        }
+        if d.half == Half::Closed || d.sender_dropped {
+            return Poll::Ready(None);
+        }
+        d.recv_waker = Some(cx.waker().clone());
+        Poll::Pending
     }
 
     /// A queued frame, without waiting.
@@ -356,6 +361,8 @@ mod tests {
             kind: Kind::ToolsCall,
             session: Rc::from(""),
             target: None,
+            target_at: None,
+            method: None,
             params_len: 0,
             deadline: Instant::now() + Duration::from_secs(1),
             progress_token: None,

@@ -78,6 +78,13 @@ impl Gateway {
     /// Like [`Gateway::start`], with `exit` (a YAML flow mapping) as the binding named
     /// `exit` that the server forwards to.
     pub fn start_with(mode: Mode, exit: &str) -> Gateway {
+        Gateway::start_bindings(mode, &format!("  exit: {exit}\n"))
+    }
+
+    /// Like [`Gateway::start`], with `bindings` (YAML lines indented by two spaces, under
+    /// `bindings:`) defining the binding named `exit` that the server forwards to and any
+    /// binding that one needs.
+    pub fn start_bindings(mode: Mode, bindings: &str) -> Gateway {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let stem = format!("mcpyard-rawtest-{}-{n}", std::process::id());
         let config = std::env::temp_dir().join(format!("{stem}.yaml"));
@@ -85,8 +92,8 @@ impl Gateway {
             "runtime: {{workers: {}, io: {}}}\n\
              telemetry: {{metrics: 127.0.0.1:0}}\n\
              bindings:\n  \
-               north: {{kind: server, listen: 127.0.0.1:0, path: /mcp, exit: exit}}\n  \
-               exit: {exit}\n",
+               north: {{kind: server, listen: 127.0.0.1:0, path: /mcp, exit: exit}}\n\
+             {bindings}",
             mode.workers, mode.io
         );
         std::fs::write(&config, yaml).expect("write config");

@@ -216,7 +216,7 @@ impl Exchange<'_> {
         prefix.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
         prefix.put_slice(self.id.as_bytes());
         prefix.put_slice(b",\"method\":");
-        jsonrpc::escape_str(begin.kind.method(), &mut prefix);
+        jsonrpc::escape_str(begin.method_name(), &mut prefix);
         if params_len > 0 {
             prefix.put_slice(b",\"params\":");
         }

@@ -15,7 +15,8 @@ use super::exchange::{self, BodyKind, Messages, Upward};
 use super::{Client, Outgoing, PROTOCOL_VERSION, UpErr};
 use crate::jsonrpc;
 use crate::limits::{
-    SESSIONS_PER_WORKER_MAX, UPSTREAM_OUTBOX_EVENTS_MAX, UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
+    EXIT_EVENT_ID_BYTES_MAX, SESSIONS_PER_WORKER_MAX, UPSTREAM_OUTBOX_EVENTS_MAX,
+    UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
 };
 use crate::log;
 use crate::metrics;
@@ -82,6 +83,10 @@ pub struct UpSession {
     outbox_room: Notify,
     /// The last upstream event id seen on the GET stream (resume point).
     last_event: RefCell<Option<Rc<str>>>,
+    /// The caller asked to resume from an earlier event id: the GET task drops its stream
+    /// and reopens it at once from `last_event`.
+    restart: Cell<bool>,
+    restarting: Notify,
 }
 
 impl UpSession {
@@ -218,6 +223,8 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         outbox_ready: Notify::new(),
         outbox_room: Notify::new(),
         last_event: RefCell::new(None),
+        restart: Cell::new(false),
+        restarting: Notify::new(),
     });
     // This task lives as long as the session, in `relay`: the larger futures of its
     // beginning and end (initialize, the reply's BEGIN, DELETE) are boxed so that its
@@ -242,7 +249,8 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
     };
     let begin = ReplyBegin {
         session: Some(session.id.clone()),
-        caps: init.caps,
+        // Methods mcpyard does not know are forwarded as they are.
+        caps: init.caps.union(Caps::OTHER),
         instructions: init.instructions,
     };
     if Box::pin(callee.reply.begin(begin)).await.is_ok() {
@@ -264,7 +272,9 @@ async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) {
         }
         tokio::select! {
             throttle = callee.reply.throttle() => match throttle {
-                Some(Throttle::Challenge(Challenge::Resume { .. })) => resume(client, session),
+                Some(Throttle::Challenge(Challenge::Resume { last_event_id })) => {
+                    resume(client, session, last_event_id)
+                }
                 Some(Throttle::Challenge(Challenge::Answer { id, result, error })) => {
                     tokio::task::spawn_local(answer(
                         client.clone(),
@@ -304,14 +314,43 @@ async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) {
     }
 }
 
-/// The agent opened (or reopened) its GET stream.
-fn resume(client: &Rc<Client>, session: &Rc<UpSession>) {
+/// The agent opened (or reopened) its GET stream. With an upstream event id, the events
+/// after it are wanted: the upstream replays them on a GET with that `Last-Event-ID`, and
+/// what this session had queued from the old stream is dropped (the replay repeats it).
+/// The answer (resumable or suspend) comes after every event of the old flow.
+fn resume(client: &Rc<Client>, session: &Rc<UpSession>, from: Option<Rc<str>>) {
+    let behind = from
+        .as_ref()
+        .is_some_and(|id| session.last_event.borrow().as_ref() != Some(id));
+    if from.is_some()
+        && from
+            .as_deref()
+            .is_some_and(|id| id.len() > EXIT_EVENT_ID_BYTES_MAX)
+    {
+        // Not an id this session could have handed out: resume from where it is.
+        return resume(client, session, None);
+    }
     match session.events.get() {
         Events::NotAsked => {
+            if behind {
+                *session.last_event.borrow_mut() = from;
+            }
             session.events.set(Events::Connecting);
             tokio::task::spawn_local(events_task(client.clone(), session.clone()));
         }
-        Events::Connecting => {} // the GET task will say
+        Events::Connecting => {
+            // The GET task will say; its next attempt starts from the id asked for.
+            if behind {
+                *session.last_event.borrow_mut() = from;
+            }
+        }
+        Events::Live if behind => {
+            *session.last_event.borrow_mut() = from;
+            session.outbox.borrow_mut().clear();
+            session.outbox_room.notify_waiters();
+            session.restart.set(true);
+            session.restarting.notify_waiters();
+        }
         Events::Live => session.post_now(Flush {
             id: None,
             event: Event::Resumable,
@@ -585,6 +624,7 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
         let generation = session.ids.borrow().generation;
         // Boxed, as is re-initializing: both are far larger than following the stream,
         // where this task spends its life (once per session with a GET stream).
+        let resumed_from = session.last_event.borrow().clone();
         let mut opened = Box::pin(open_events(&client, &session)).await;
         // Matched by reference: moving the response out would keep a second copy of it
         // in this task's state for as long as the stream is followed.
@@ -607,8 +647,21 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
                     return;
                 }
                 failures = 0;
-                if let Some(asked) = follow(&session, response).await {
+                let followed = follow(&session, response).await;
+                if let Some(asked) = followed.retry {
                     retry = asked;
+                }
+                if !followed.seen && resumed_from.is_some() {
+                    // An upstream that does not know the id ends such a stream at once
+                    // (nothing to replay, nothing live): start afresh next time.
+                    let mut last = session.last_event.borrow_mut();
+                    if *last == resumed_from {
+                        *last = None;
+                    }
+                }
+                if session.restart.replace(false) {
+                    // The caller wants an earlier point: reopen at once from it.
+                    continue;
                 }
                 // The stream ended (or broke): reconnect after `retry`.
             }
@@ -702,26 +755,50 @@ async fn open_events(client: &Client, session: &UpSession) -> Opened {
     }
 }
 
-/// Relays one open GET stream until it ends; returns the upstream's last `retry:`.
-async fn follow(session: &UpSession, response: &mut exchange::Response) -> Option<Duration> {
+/// How a followed GET stream went.
+struct Followed {
+    /// The upstream's last `retry:`.
+    retry: Option<Duration>,
+    /// Some event (a priming one counts) arrived before the stream ended.
+    seen: bool,
+}
+
+/// Relays one open GET stream until it ends.
+async fn follow(session: &UpSession, response: &mut exchange::Response) -> Followed {
     let mut messages = Messages::new(BodyKind::Sse);
-    let mut retry = None;
+    let mut out = Followed {
+        retry: None,
+        seen: false,
+    };
     loop {
+        let restarting = session.restarting.notified();
+        if session.restart.get() {
+            response.lease.link.wire().close();
+            return out;
+        }
         let next = tokio::select! {
             m = exchange::next_message(response, &mut messages) => m,
             () = session.closed() => {
                 response.lease.link.wire().close();
-                return retry;
+                return out;
             }
+            () = restarting => continue,
         };
         let incoming = match next {
             Ok(Some(incoming)) => incoming,
-            Ok(None) | Err(_) => return retry,
+            Ok(None) | Err(_) => return out,
         };
+        out.seen = true;
+        let retry = &mut out.retry;
         if let Some(ms) = incoming.retry_ms {
-            retry = Some(Duration::from_millis(ms).min(UPSTREAM_RETRY_MAX));
+            *retry = Some(Duration::from_millis(ms).min(UPSTREAM_RETRY_MAX));
         }
-        let id: Option<Rc<str>> = incoming.event_id.as_deref().map(Rc::from);
+        // An id too long to hand on is not one to resume from either.
+        let id: Option<Rc<str>> = incoming
+            .event_id
+            .as_deref()
+            .filter(|id| id.len() <= EXIT_EVENT_ID_BYTES_MAX)
+            .map(Rc::from);
         if let Some(id) = &id {
             *session.last_event.borrow_mut() = Some(id.clone());
         }
@@ -734,10 +811,14 @@ async fn follow(session: &UpSession, response: &mut exchange::Response) -> Optio
                 continue;
             }
         };
+        if session.restart.get() {
+            // Read before the restart: the replay brings it again.
+            continue;
+        }
         // Boxed: rare next to the wait above, and as large.
         if !Box::pin(session.post(Flush { id, event })).await {
             response.lease.link.wire().close();
-            return retry;
+            return out;
         }
     }
 }

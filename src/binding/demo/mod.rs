@@ -347,6 +347,10 @@ async fn dispatch(cx: &Cx<'_>, mut params: Vec<u8>) -> Result<Bytes, Halt> {
             cx.session.set_level(level);
             Bytes::from_static(b"{}")
         }
+        Kind::Other => {
+            // The demo does not advertise Caps::OTHER, so a server never sends these.
+            return Err(Failure::new(crate::jsonrpc::METHOD_NOT_FOUND, "Method not found").into());
+        }
         Kind::Lifecycle => {
             // Exit::open sends lifecycle streams elsewhere; a caller cannot reach this.
             let failure = Failure::new(INTERNAL_ERROR, "Unreachable: lifecycle as request");

@@ -24,6 +24,8 @@ fn begin(kind: Kind, session: &str, params_len: usize, token: Option<&'static st
         kind,
         session: Rc::from(session),
         target: None,
+        target_at: None,
+        method: None,
         params_len: u32::try_from(params_len).expect("small params"),
         deadline: Instant::now() + Duration::from_secs(30),
         progress_token: token.map(|t| Bytes::from_static(t.as_bytes())),

@@ -14,8 +14,9 @@ use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
 use crate::limits::{REQUESTS_PER_SESSION_MAX, SESSIONS_PER_WORKER_MAX};
 use crate::metrics::{self, Outcome};
 
-use crate::stream::{self, Begin, Caps, ClientHello, Frame, Kind, Reset, Throttle};
+use crate::stream::{self, Begin, Caps, ClientHello, Frame, Kind, Reset, TargetAt, Throttle};
 use bytes::{Bytes, BytesMut};
+use serde_json::value::RawValue;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -231,6 +232,8 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
         kind: Kind::Lifecycle,
         session: Rc::from(""),
         target: None,
+        target_at: None,
+        method: None,
         params_len: 0,
         deadline: Instant::now() + server.cfg.request_timeout,
         progress_token: None,
@@ -389,6 +392,10 @@ async fn request(
     }
     let kind = match Kind::from_method(method) {
         Some(k) if session.caps.contains(k.capability()) => k,
+        // A method mcpyard does not know goes to an exit that forwards such methods.
+        None if session.caps.contains(Caps::OTHER) && !method.starts_with("notifications/") => {
+            Kind::Other
+        }
         _ => {
             metrics::record_request("other", Outcome::Rejected, started.elapsed());
             return rpc_error(
@@ -401,35 +408,20 @@ async fn request(
             .await;
         }
     };
-    let target_key = match kind {
-        Kind::ToolsCall | Kind::PromptsGet => Some("name"),
-        Kind::ResourcesRead | Kind::ResourcesSubscribe | Kind::ResourcesUnsubscribe => Some("uri"),
-        _ => None,
+    let target = match target_of(kind, env.params) {
+        Ok(target) => target,
+        Err(message) => {
+            metrics::record_request(method, Outcome::Rejected, started.elapsed());
+            return rpc_error(
+                sink,
+                id.raw,
+                jsonrpc::INVALID_PARAMS,
+                message,
+                Some(&session.id),
+            )
+            .await;
+        }
     };
-    let target = match (target_key, env.params) {
-        (None, _) => None,
-        (Some(key), Some(p)) => match jsonrpc::param_str(p, key) {
-            Ok(Some(v)) => Some(Rc::from(v.as_ref())),
-            _ => None,
-        },
-        (Some(_), None) => None,
-    };
-    if target_key.is_some() && target.is_none() {
-        let message = if target_key == Some("name") {
-            "Invalid params: name must be a string"
-        } else {
-            "Invalid params: uri must be a string"
-        };
-        metrics::record_request(method, Outcome::Rejected, started.elapsed());
-        return rpc_error(
-            sink,
-            id.raw,
-            jsonrpc::INVALID_PARAMS,
-            message,
-            Some(&session.id),
-        )
-        .await;
-    }
     if session.request_count() >= REQUESTS_PER_SESSION_MAX {
         metrics::with(|m| m.overload_rejections += 1);
         metrics::record_request(method, Outcome::Rejected, started.elapsed());
@@ -450,10 +442,13 @@ async fn request(
         .params
         .and_then(jsonrpc::progress_token)
         .map(|t| req.body.slice_ref(t.get().as_bytes()));
+    let (target, target_at) = target.unzip();
     let begin = Begin {
         kind,
         session: session.exit_session.clone(),
         target,
+        target_at,
+        method: (kind == Kind::Other).then(|| Rc::from(method)),
         params_len: params.len() as u32,
         deadline: Instant::now() + server.cfg.request_timeout,
         progress_token: progress_token.clone(),
@@ -476,4 +471,66 @@ async fn request(
     .await;
     session.unregister(&inflight);
     metrics::record_request(kind.method(), outcome, started.elapsed());
+}
+
+/// The name or uri a request acts on, decoded, and where its raw lexeme sits in `params`:
+/// `params.name` (tools/call, prompts/get), `params.uri` (resources/read, subscribe,
+/// unsubscribe), `params.ref.name` or `params.ref.uri` (completion/complete, by the
+/// reference's type). `Err` names what is wrong when a required target is missing or
+/// not a string; completion references are left to the exit to judge.
+fn target_of(
+    kind: Kind,
+    params: Option<&RawValue>,
+) -> Result<Option<(Rc<str>, TargetAt)>, &'static str> {
+    let (holder, key, uri) = match (kind, params) {
+        (Kind::ToolsCall | Kind::PromptsGet, Some(p)) => (p, "name", false),
+        (Kind::ToolsCall | Kind::PromptsGet, None) => {
+            return Err("Invalid params: name must be a string");
+        }
+        (Kind::ResourcesRead | Kind::ResourcesSubscribe | Kind::ResourcesUnsubscribe, Some(p)) => {
+            (p, "uri", true)
+        }
+        (Kind::ResourcesRead | Kind::ResourcesSubscribe | Kind::ResourcesUnsubscribe, None) => {
+            return Err("Invalid params: uri must be a string");
+        }
+        (Kind::CompletionComplete, Some(p)) => {
+            let Some(reference) = jsonrpc::param_raw(p, "ref") else {
+                return Ok(None);
+            };
+            match jsonrpc::param_str(reference, "type") {
+                Ok(Some(t)) if t == "ref/prompt" => (reference, "name", false),
+                Ok(Some(t)) if t == "ref/resource" => (reference, "uri", true),
+                _ => return Ok(None),
+            }
+        }
+        _ => return Ok(None),
+    };
+    let required = kind != Kind::CompletionComplete;
+    let missing = if uri {
+        "Invalid params: uri must be a string"
+    } else {
+        "Invalid params: name must be a string"
+    };
+    let value = match jsonrpc::param_str(holder, key) {
+        Ok(Some(v)) => Rc::<str>::from(v.as_ref()),
+        _ if required => return Err(missing),
+        _ => return Ok(None),
+    };
+    let Some(raw) = jsonrpc::param_raw(holder, key) else {
+        return Err(missing);
+    };
+    // Both are slices of the same request body: the lexeme's offset in `params` is the
+    // distance between their starts.
+    let Some(whole) = params else {
+        return Ok(None);
+    };
+    let start = raw.get().as_ptr() as usize - whole.get().as_ptr() as usize;
+    let end = start + raw.get().len();
+    assert!(end <= whole.get().len());
+    let at = TargetAt {
+        start: start as u32,
+        end: end as u32,
+        uri,
+    };
+    Ok(Some((value, at)))
 }

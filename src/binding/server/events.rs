@@ -56,6 +56,9 @@ struct State {
     get_generation: u64,
     get_live: bool,
     support: Support,
+    /// Control events (resumable, suspend) seen from the exit: how a GET knows the exit
+    /// has answered the resume it just asked for.
+    acks: u64,
     last_exit_event: Option<Rc<str>>,
     answers: HashMap<IdKey, AnswerTo>,
 }
@@ -111,6 +114,7 @@ impl Session {
                 get_generation: 0,
                 get_live: false,
                 support: Support::Unknown,
+                acks: 0,
                 last_exit_event: None,
                 answers: HashMap::new(),
             }),
@@ -241,12 +245,18 @@ impl Session {
         };
     }
 
-    /// Appends a notification to the GET stream's ring and wakes the live GET.
-    fn push_event(&self, json: &[u8]) {
+    /// Appends a notification to the GET stream's ring and wakes the live GET. Its id is
+    /// `0.<seq>`, followed by `:<exit id>` when the exit named its position (an upstream's
+    /// event id, or a proxy's aggregate of its routes' ids): the agent's Last-Event-ID then
+    /// says where every exit was even after the ring has moved on.
+    fn push_event(&self, json: &[u8], exit_id: Option<&str>) {
         let mut st = self.st.borrow_mut();
         let seq = st.next_seq;
         st.next_seq += 1;
-        let Some(out) = data_event(&format!("0.{seq}"), json) else {
+        let out = exit_id
+            .and_then(|exit| data_event(&format!("0.{seq}:{exit}"), json))
+            .or_else(|| data_event(&format!("0.{seq}"), json));
+        let Some(out) = out else {
             return;
         };
         st.ring.push_back((seq, out));
@@ -359,7 +369,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
         match frame {
             Some(Frame::Flush(Flush { id, event })) => {
                 if id.is_some() {
-                    session.st.borrow_mut().last_exit_event = id;
+                    session.st.borrow_mut().last_exit_event = id.clone();
                 }
                 match &event {
                     Event::Resumable | Event::Suspend { retry_ms: 0.. } => {
@@ -381,7 +391,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
                     _ => {}
                 }
                 if let Some(json) = render_event(&event) {
-                    session.push_event(&json);
+                    session.push_event(&json, id.as_deref());
                 }
             }
             Some(Frame::Data(d)) => session.lifecycle.reply.ack(d.len() as u32),
@@ -393,7 +403,10 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
 }
 
 fn set_support(session: &Session, support: Support) {
-    session.st.borrow_mut().support = support;
+    let mut st = session.st.borrow_mut();
+    st.support = support;
+    st.acks += 1;
+    drop(st);
     session.changed.notify_waiters();
 }
 
@@ -409,11 +422,42 @@ fn expiry(session: &Session, timeout: Duration) -> (bool, Instant) {
     (now >= due, due)
 }
 
-/// `Last-Event-ID` of our own format: (stream, seq).
-fn parse_event_id(raw: &[u8]) -> Option<(u32, u64)> {
+/// A `Last-Event-ID` as the agent sent it back.
+#[derive(Debug, PartialEq, Eq)]
+enum LastEvent<'a> {
+    /// One of ours: `<stream>.<seq>`, and for the GET stream (0) perhaps `:<exit id>`.
+    Ours {
+        stream: u32,
+        seq: u64,
+        exit: Option<&'a str>,
+    },
+    /// Not ours: an id only the exit may know (e.g. a proxy's aggregate).
+    Foreign(&'a str),
+}
+
+/// Reads a `Last-Event-ID`; `None` when it is not UTF-8 or empty.
+fn parse_event_id(raw: &[u8]) -> Option<LastEvent<'_>> {
     let text = std::str::from_utf8(raw).ok()?.trim();
-    let (stream, seq) = text.split_once('.')?;
-    Some((stream.parse().ok()?, seq.parse().ok()?))
+    if text.is_empty() {
+        return None;
+    }
+    let (ours, exit) = match text.split_once(':') {
+        Some((ours, exit)) => (ours, Some(exit).filter(|e| !e.is_empty())),
+        None => (text, None),
+    };
+    let parsed = ours.split_once('.').and_then(|(stream, seq)| {
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(stream) || !digits(seq) {
+            return None;
+        }
+        Some((stream.parse::<u32>().ok()?, seq.parse::<u64>().ok()?))
+    });
+    Some(match parsed {
+        Some((stream, seq)) if stream == 0 || exit.is_none() => {
+            LastEvent::Ours { stream, seq, exit }
+        }
+        _ => LastEvent::Foreign(text),
+    })
 }
 
 /// GET: opens (or resumes) the session's event stream, or resumes a request's stream.
@@ -436,34 +480,57 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         .headers
         .get("last-event-id")
         .and_then(parse_event_id);
-    if let Some((stream, seq)) = last
-        && stream != 0
-    {
-        let inflight = session
-            .st
-            .borrow()
-            .streams
-            .get(&stream)
-            .and_then(Weak::upgrade);
-        let Some(inflight) = inflight else {
-            return http_error(
-                sink,
-                400,
-                "Bad Request: Last-Event-ID names no live stream",
-                None,
-            )
-            .await;
-        };
-        let old = inflight.attach.borrow_mut().replace((sink, seq));
-        drop(old); // a resume that never got picked up: its connection is aborted
-        inflight.wake.notify_one();
-        return;
-    }
-    let resume = session.st.borrow().last_exit_event.clone();
-    let _ = session.lifecycle.reply.challenge(Challenge::Resume {
-        last_event_id: resume,
-    });
-    if !wait_support(&session).await {
+    let resume = match last {
+        Some(LastEvent::Ours { stream, seq, .. }) if stream != 0 => {
+            let inflight = session
+                .st
+                .borrow()
+                .streams
+                .get(&stream)
+                .and_then(Weak::upgrade);
+            let Some(inflight) = inflight else {
+                return http_error(
+                    sink,
+                    400,
+                    "Bad Request: Last-Event-ID names no live stream",
+                    None,
+                )
+                .await;
+            };
+            let old = inflight.attach.borrow_mut().replace((sink, seq));
+            drop(old); // a resume that never got picked up: its connection is aborted
+            inflight.wake.notify_one();
+            return;
+        }
+        Some(LastEvent::Ours { seq, exit, .. }) => match replayable(&session, seq) {
+            true => Resume::Ring(seq),
+            false => {
+                metrics::with(|m| m.events_replay_missed += 1);
+                match exit {
+                    Some(exit) => Resume::Exit(Rc::from(exit)),
+                    None => Resume::Now,
+                }
+            }
+        },
+        Some(LastEvent::Foreign(id)) => Resume::Exit(Rc::from(id)),
+        None => Resume::Now,
+    };
+    let asked = session.st.borrow().acks;
+    let last_event_id = match &resume {
+        Resume::Exit(id) => Some(id.clone()),
+        Resume::Ring(_) | Resume::Now => None,
+    };
+    let _ = session
+        .lifecycle
+        .reply
+        .challenge(Challenge::Resume { last_event_id });
+    // Resuming the exit from its own id: what it queued before answering belongs to the
+    // old flow (the exit replays from the id), so the stream starts after its answer.
+    let answered = match resume {
+        Resume::Exit(_) => Some(asked),
+        Resume::Ring(_) | Resume::Now => None,
+    };
+    if !wait_support(&session, answered).await {
         return http_error(
             sink,
             405,
@@ -472,9 +539,9 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         )
         .await;
     }
-    let cursor = match last {
-        Some((0, seq)) => seq,
-        _ => session.st.borrow().next_seq - 1,
+    let cursor = match resume {
+        Resume::Ring(seq) => seq,
+        Resume::Exit(_) | Resume::Now => session.st.borrow().next_seq - 1,
     };
     // The stream gets its own small task: the one answering this request is sized for
     // every kind of request (POST is the largest) and would be held for the stream's
@@ -483,16 +550,40 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
     tokio::task::spawn_local(serve_get(session, sink, cursor));
 }
 
+/// Where a GET stream starts.
+enum Resume {
+    /// After this seq, from the ring.
+    Ring(u64),
+    /// After this exit event id, replayed by the exit; the ring is not used.
+    Exit(Rc<str>),
+    /// From now on.
+    Now,
+}
+
+/// True if every GET event after `seq` is still in the ring (or none has come yet).
+fn replayable(session: &Session, seq: u64) -> bool {
+    let st = session.st.borrow();
+    let latest = st.next_seq - 1;
+    let oldest = st.ring.front().map_or(st.next_seq, |(first, _)| *first);
+    seq <= latest && seq + 1 >= oldest
+}
+
 /// Waits (bounded) for the exit to say whether it has an event stream; true = serve it.
-async fn wait_support(session: &Session) -> bool {
+/// With `answered`, waits for an answer counted after that many (the answer to the resume
+/// just asked for), not for one the exit gave earlier.
+async fn wait_support(session: &Session, answered: Option<u64>) -> bool {
     let probe = tokio::time::sleep(EVENTS_PROBE_TIMEOUT);
     tokio::pin!(probe);
     loop {
         let n = session.changed.notified();
-        match session.st.borrow().support {
-            Support::Yes => return true,
-            Support::No => return false,
-            Support::Unknown => {}
+        let (support, fresh) = {
+            let st = session.st.borrow();
+            (st.support, answered.is_none_or(|before| st.acks > before))
+        };
+        match support {
+            Support::Yes if fresh => return true,
+            Support::No if fresh => return false,
+            _ => {}
         }
         tokio::select! {
             () = n => {}
@@ -521,7 +612,7 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
         .is_err();
     if !gone && session.version >= "2025-11-25" {
         let mut out = BytesMut::with_capacity(32);
-        let id = format!("0.{cursor}");
+        let id = priming_id(&session, cursor);
         let priming = sse::Event {
             id: Some(&id),
             event: None,
@@ -583,6 +674,19 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
         let _ = Box::pin(sink.finish()).await;
     } else if current {
         let _ = session.lifecycle.reply.challenge(Challenge::Suspended);
+    }
+}
+
+/// The id of a GET stream's priming event at `cursor`: the exit's position too when the
+/// cursor is the latest event (an older cursor is followed at once by replayed events,
+/// which carry their own).
+fn priming_id(session: &Session, cursor: u64) -> String {
+    let st = session.st.borrow();
+    match &st.last_exit_event {
+        Some(exit) if cursor + 1 == st.next_seq && !exit.contains(['\r', '\n', '\0']) => {
+            format!("0.{cursor}:{exit}")
+        }
+        _ => format!("0.{cursor}"),
     }
 }
 
@@ -1144,21 +1248,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn event_ids_parse_only_in_our_format() {
-        assert_eq!(parse_event_id(b"0.17"), Some((0, 17)));
-        assert_eq!(parse_event_id(b" 3.0 "), Some((3, 0)));
-        for bad in [
-            &b""[..],
-            b"3",
-            b"a.b",
-            b"3.",
-            b".4",
-            b"-1.2",
-            b"1.2.3",
-            b"\xff.1",
+    fn event_ids_are_ours_or_the_exits() {
+        let ours = |stream, seq, exit| Some(LastEvent::Ours { stream, seq, exit });
+        assert_eq!(parse_event_id(b"0.17"), ours(0, 17, None));
+        assert_eq!(parse_event_id(b" 3.0 "), ours(3, 0, None));
+        assert_eq!(
+            parse_event_id(b"0.5:2=200;S=101"),
+            ours(0, 5, Some("2=200;S=101"))
+        );
+        assert_eq!(parse_event_id(b"0.5:"), ours(0, 5, None));
+        // An exit's own id after `:` keeps every byte, colons included.
+        assert_eq!(parse_event_id(b"0.5:a:b"), ours(0, 5, Some("a:b")));
+        for foreign in [
+            "3",
+            "a.b",
+            "3.",
+            ".4",
+            "-1.2",
+            "1.2.3",
+            "2=200;S=101",
+            "4.1:x",
         ] {
-            assert_eq!(parse_event_id(bad), None, "{bad:?}");
+            assert_eq!(
+                parse_event_id(foreign.as_bytes()),
+                Some(LastEvent::Foreign(foreign)),
+                "{foreign:?}"
+            );
         }
+        assert_eq!(parse_event_id(b""), None);
+        assert_eq!(parse_event_id(b"  "), None);
+        assert_eq!(parse_event_id(b"\xff.1"), None);
     }
 
     #[test]

@@ -6,8 +6,11 @@ so every list really has several pages and `nextCursor`s), progress, elicitation
 subscriptions, list_changed on the GET stream, cancellation that the test can observe from
 the upstream's side, and an SSE stream the upstream drops on purpose (resumable mode).
 
-Run: `python sdk_upstream.py --mode json|sse|sse-resumable`. It binds 127.0.0.1 port 0 and
-prints one line, `listening http://127.0.0.1:<port>/mcp`, once connections are accepted.
+Run: `python sdk_upstream.py --mode json|sse|sse-resumable [--name NAME] [--token TOKEN]`.
+It binds 127.0.0.1 port 0 and prints one line, `listening http://127.0.0.1:<port>/mcp`,
+once connections are accepted. `--name` is what the `whoami` tool answers (proxy tests run
+several of these side by side); `--token` makes every request need
+`Authorization: Bearer TOKEN`, and answers any other request 401 with a Bearer challenge.
 
 Modes:
 - `json`: every POST is answered with one `application/json` body; request-scoped
@@ -159,6 +162,7 @@ class Paused:
 @dataclass
 class State:
     mode: str
+    name: str = "sdk-upstream"
     sessions: dict[str, ServerSession] = field(default_factory=dict)
     log_levels: dict[str, str] = field(default_factory=dict)
     subscriptions: dict[str, set[str]] = field(default_factory=dict)
@@ -256,6 +260,16 @@ STATIC_TOOLS: list[types.Tool] = [
         name="fail",
         description="Answers with the JSON-RPC error given.",
         input_schema=obj_schema({"code": INT, "message": STR, "data": {}}, ["code", "message"]),
+    ),
+    types.Tool(
+        name="whoami",
+        description="The name this upstream was started with, and the Authorization it was sent.",
+        input_schema=obj_schema({}, []),
+    ),
+    types.Tool(
+        name="sample",
+        description="Asks the client's model (sampling/createMessage) and returns its text; `via` is `request` or `standalone`.",
+        input_schema=obj_schema({"prompt": STR, "via": {"type": "string", "enum": ["request", "standalone"]}}, ["prompt"]),
     ),
     types.Tool(
         name="upstream_stats",
@@ -647,6 +661,32 @@ async def tool_fail(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
     raise MCPError(code=arg(args, "code", int), message=arg(args, "message", str), data=args.get("data"))
 
 
+async def tool_whoami(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
+    request = ctx.request
+    auth = request.headers.get("authorization") if request is not None else None
+    body = {"name": STATE.name, "authorization": auth}
+    return text_result(STATE.name, structured=body)
+
+
+async def tool_sample(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
+    prompt = arg(args, "prompt", str)
+    via = arg(args, "via", str, "request")
+    if via == "standalone":
+        await STATE.get_streams.wait_open(session_id_of(ctx))
+    related = ctx.request_id if via == "request" else None
+    try:
+        answer = await ctx.session.create_message(
+            messages=[types.SamplingMessage(role="user", content=types.TextContent(text=prompt))],
+            max_tokens=32,
+            related_request_id=related,
+        )
+    except MCPError as e:
+        return text_result(f"sampling failed: {e.code} {e.message}", error=True)
+    content = answer.content
+    text = content.text if isinstance(content, types.TextContent) else str(content)
+    return text_result(f"{STATE.name} heard: {text}", structured={"text": text, "model": answer.model})
+
+
 async def tool_upstream_stats(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
     awaited = set(arg(args, "await_deleted", list, []))
     wait_s = arg(args, "wait_s", (int, float), 0)
@@ -670,6 +710,8 @@ TOOLS: dict[str, Callable[[Any, dict[str, Any]], Awaitable[types.CallToolResult]
     "log": tool_log,
     "fail": tool_fail,
     "upstream_stats": tool_upstream_stats,
+    "whoami": tool_whoami,
+    "sample": tool_sample,
 }
 
 
@@ -706,9 +748,9 @@ class UpstreamServer(Server):
 
 def build_server() -> Server:
     return UpstreamServer(
-        "sdk-upstream",
+        STATE.name,
         version="1.0.0",
-        instructions="Test upstream for the mcpyard gateway tests.",
+        instructions=f"Test upstream {STATE.name} for the mcpyard gateway tests.",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_list_prompts=list_prompts,
@@ -721,6 +763,39 @@ def build_server() -> Server:
         on_completion=complete,
         on_set_logging_level=set_level,
     )
+
+
+def require_token(app: Any, token: str) -> Any:
+    """ASGI wrapper that answers every request without `Authorization: Bearer <token>`
+    with 401 and a Bearer challenge (RFC 6750), as a protected MCP server does."""
+    expected = f"Bearer {token}"
+
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            if headers.get("authorization") != expected:
+                error = "invalid_token" if "authorization" in headers else "invalid_request"
+                challenge = (
+                    f'Bearer realm="{STATE.name}", error="{error}", '
+                    f'resource_metadata="http://127.0.0.1/.well-known/oauth-protected-resource/{STATE.name}"'
+                )
+                body = json.dumps({"error": error}).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", challenge.encode()),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    return wrapped
 
 
 def observe(app: Any) -> Any:
@@ -767,8 +842,11 @@ def main() -> None:
     global STATE
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=["json", "sse", "sse-resumable"], required=True)
-    mode = parser.parse_args().mode
-    STATE = State(mode=mode)
+    parser.add_argument("--name", default="sdk-upstream")
+    parser.add_argument("--token", default=None)
+    args = parser.parse_args()
+    mode = args.mode
+    STATE = State(mode=mode, name=args.name)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     server = build_server()
@@ -786,7 +864,8 @@ def main() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)  # connections queue from now on, so the URL is usable once printed
     port = sock.getsockname()[1]
-    config = uvicorn.Config(observe(app), log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
+    served = observe(app) if args.token is None else require_token(observe(app), args.token)
+    config = uvicorn.Config(served, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
     print(f"listening http://127.0.0.1:{port}{PATH}", flush=True)
     uvicorn.Server(config).run(sockets=[sock])
 

@@ -1,0 +1,196 @@
+//! Aggregate event ids: one resumable position for a session whose events come from
+//! several routes, each numbering its events its own way.
+//!
+//! Every route of a proxy with more than one route has a short event prefix (from the
+//! config: the CRC32C of its toolkit name, URL-safe base64, cut to the shortest length at
+//! which all routes differ). The aggregate id lists each route's last event id as
+//! `<prefix>=<id>` pairs sorted by prefix and joined by `;`, e.g. `2=200;S=101`. When the
+//! agent resumes with it, [`decode`] splits it back so each route resumes from its own id.
+//!
+//! Route ids are opaque upstream bytes, so the three bytes that structure the aggregate
+//! (`%`, `;`, `=`) and control bytes are percent-escaped inside them; decoding undoes it.
+
+use std::fmt::Write;
+use std::rc::Rc;
+
+/// The routes' event prefixes in aggregate order.
+#[derive(Debug)]
+pub struct Prefixes {
+    /// (prefix, route index), sorted by prefix. Invariant: prefixes are unique.
+    sorted: Vec<(Rc<str>, usize)>,
+}
+
+impl Prefixes {
+    /// `prefixes[i]` is route i's prefix; `None` entries take no part (a proxy with one
+    /// route has none at all, and then ids pass through unchanged).
+    pub fn new(prefixes: &[Option<&str>]) -> Prefixes {
+        let mut sorted: Vec<(Rc<str>, usize)> = prefixes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| p.map(|p| (Rc::from(p), i)))
+            .collect();
+        sorted.sort();
+        for pair in sorted.windows(2) {
+            if let [a, b] = pair {
+                assert!(a.0 != b.0, "event prefixes are unique (config validation)");
+            }
+        }
+        Prefixes { sorted }
+    }
+
+    /// True if this proxy aggregates (it has route prefixes).
+    pub fn aggregating(&self) -> bool {
+        !self.sorted.is_empty()
+    }
+
+    /// The aggregate of the routes' last ids (`ids[i]` is route i's); `None` while no route
+    /// has an id.
+    pub fn encode(&self, ids: &[Option<Rc<str>>]) -> Option<String> {
+        let mut out = String::new();
+        for (prefix, route) in &self.sorted {
+            let Some(Some(id)) = ids.get(*route) else {
+                continue;
+            };
+            if !out.is_empty() {
+                out.push(';');
+            }
+            out.push_str(prefix);
+            out.push('=');
+            escape_into(id, &mut out);
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
+    /// Splits an aggregate into (route index, that route's id) pairs. Pairs with an
+    /// unknown prefix, without `=`, with an empty id or a broken escape are skipped; a
+    /// prefix given twice keeps its last id.
+    pub fn decode(&self, aggregate: &str) -> Vec<(usize, Rc<str>)> {
+        let mut out: Vec<(usize, Rc<str>)> = Vec::new();
+        for pair in aggregate.split(';') {
+            let Some((prefix, id)) = pair.split_once('=') else {
+                continue;
+            };
+            let Ok(at) = self.sorted.binary_search_by(|(p, _)| (**p).cmp(prefix)) else {
+                continue;
+            };
+            let Some((_, route)) = self.sorted.get(at) else {
+                continue;
+            };
+            let Some(id) = unescape(id).filter(|id| !id.is_empty()) else {
+                continue;
+            };
+            out.retain(|(r, _)| r != route);
+            out.push((*route, Rc::from(id.as_str())));
+        }
+        out
+    }
+}
+
+/// True for a byte that must be escaped inside a route's id.
+fn reserved(b: u8) -> bool {
+    matches!(b, b'%' | b';' | b'=') || b < 0x20 || b == 0x7f
+}
+
+/// Appends `id` with its reserved bytes as `%XX`.
+fn escape_into(id: &str, out: &mut String) {
+    let mut plain_from = 0;
+    for (at, b) in id.bytes().enumerate() {
+        if reserved(b) {
+            out.push_str(id.get(plain_from..at).unwrap_or_default());
+            let _ = write!(out, "%{b:02X}");
+            plain_from = at + 1;
+        }
+    }
+    out.push_str(id.get(plain_from..).unwrap_or_default());
+}
+
+/// Undoes [`escape_into`]; `None` for a `%` not followed by two hex digits or a result
+/// that is not UTF-8.
+fn unescape(text: &str) -> Option<String> {
+    if !text.contains('%') {
+        return Some(text.to_owned());
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while let Some(&b) = bytes.get(at) {
+        if b == b'%' {
+            let hex = bytes.get(at + 1..at + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            at += 3;
+        } else {
+            out.push(b);
+            at += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(list: &[Option<&str>]) -> Vec<Option<Rc<str>>> {
+        list.iter().map(|i| i.map(Rc::from)).collect()
+    }
+
+    #[test]
+    fn pairs_are_sorted_by_prefix_and_name_each_routes_last_id() {
+        // Route 0 is bluesky (`S`), route 1 quartz (`2`): `2` sorts first.
+        let p = Prefixes::new(&[Some("S"), Some("2")]);
+        assert!(p.aggregating());
+        assert_eq!(p.encode(&ids(&[None, None])), None);
+        assert_eq!(
+            p.encode(&ids(&[Some("101"), None])).as_deref(),
+            Some("S=101")
+        );
+        assert_eq!(
+            p.encode(&ids(&[Some("101"), Some("200")])).as_deref(),
+            Some("2=200;S=101")
+        );
+    }
+
+    #[test]
+    fn aggregates_split_back_and_skip_what_they_do_not_know() {
+        let p = Prefixes::new(&[Some("S"), Some("2")]);
+        let got = |text: &str| -> Vec<(usize, String)> {
+            p.decode(text)
+                .into_iter()
+                .map(|(r, id)| (r, id.to_string()))
+                .collect()
+        };
+        assert_eq!(got("2=200;S=100"), [(1, "200".into()), (0, "100".into())]);
+        assert_eq!(
+            got("X=7;S=100"),
+            [(0, "100".into())],
+            "unknown prefix ignored"
+        );
+        assert_eq!(got("S=100;garbage;=5;2="), [(0, "100".into())]);
+        assert_eq!(got("S=1;S=2"), [(0, "2".into())], "the last one wins");
+        assert_eq!(got(""), []);
+        assert_eq!(got("S=%zz;2=%4"), [], "broken escapes");
+    }
+
+    #[test]
+    fn reserved_bytes_in_route_ids_survive_a_round_trip() {
+        let p = Prefixes::new(&[Some("a"), Some("b"), Some("c")]);
+        let nasty = ["x;y=z%w", "%3B", "tab\there", "ünï=cödé;", "plain/17"];
+        for id in nasty {
+            let encoded = p.encode(&ids(&[Some(id), Some("1"), None])).unwrap();
+            let pairs: Vec<&str> = encoded.split(';').collect();
+            assert_eq!(pairs.len(), 2, "no stray separators in {encoded}");
+            assert!(!encoded.contains('\t'));
+            let back = p.decode(&encoded);
+            assert_eq!(back, [(0, Rc::from(id)), (1, Rc::from("1"))], "{encoded}");
+        }
+    }
+
+    #[test]
+    fn a_single_route_does_not_aggregate() {
+        let p = Prefixes::new(&[None]);
+        assert!(!p.aggregating());
+        assert_eq!(p.encode(&ids(&[Some("5")])), None);
+        assert!(p.decode("S=5").is_empty());
+    }
+}

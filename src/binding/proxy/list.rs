@@ -1,0 +1,362 @@
+//! List requests through the proxy: every serving route is asked at once, each followed
+//! through all its pages, and their items are merged into one answer as they stream in.
+//!
+//! Each route gets a fetch task ([`fetch`]) that pages through the route's list and runs
+//! every page's result through an [`ItemRewriter`]: items come out whole, renamed
+//! (`<toolkit>__name`, `<toolkit>+uri`) and filtered by the route's allow-list, never
+//! parsed into a tree. The task hands them on over an internal stream of its own, so a
+//! route that runs ahead of the merge is held by that stream's credit window (one slot),
+//! and memory stays bounded however long the lists are. The merge ([`serve`]) takes the
+//! routes in config order, so the merged list is deterministic, and writes
+//! `{"tools":[` + items + `]}` to the caller.
+//!
+//! A route that fails or times out is left out of the answer (one log line, a counter);
+//! items it already gave stay (they are whole). Only when every route fails does the
+//! caller get an error, the first bearer challenge if there is one.
+
+use super::request::read_params;
+use super::session::{ProxySession, describe};
+use super::{Family, Proxy, Route, fail, internal, rpc_error};
+use crate::jsonrpc::{self, ItemMode, ItemRewriter, ItemRules, ItemSink};
+use crate::limits::LIST_PAGES_MAX;
+use crate::log;
+use crate::metrics::{self, Outcome};
+use crate::stream::{self, Begin, Callee, Caller, Frame, Kind, ReplyBegin, Reset, Throttle};
+use bytes::{BufMut, Bytes, BytesMut};
+use std::rc::Rc;
+use std::time::Instant;
+
+/// What a list kind's result holds: the array member and each item's name member.
+fn shape(kind: Kind) -> Option<(Family, &'static [u8], &'static [u8])> {
+    Some(match kind {
+        Kind::ToolsList => (Family::Tools, b"tools", b"name"),
+        Kind::PromptsList => (Family::Prompts, b"prompts", b"name"),
+        Kind::ResourcesList => (Family::Resources, b"resources", b"uri"),
+        Kind::ResourcesTemplatesList => (Family::Resources, b"resourceTemplates", b"uriTemplate"),
+        _ => return None,
+    })
+}
+
+/// Serves one list request: fan out, merge, answer.
+pub async fn serve(proxy: &Rc<Proxy>, session: &Rc<ProxySession>, callee: &Callee) {
+    let Some((family, array, _)) = shape(callee.begin.kind) else {
+        return fail(callee, internal("Unreachable: not a list"));
+    };
+    let Some(params) = read_params(callee).await else {
+        return fail(callee, internal("Params not received"));
+    };
+    if has_cursor(&params) {
+        // The merged list is one page: no cursor was ever handed out.
+        return fail(callee, rpc_error(jsonrpc::INVALID_PARAMS, "Invalid cursor"));
+    }
+    let serving: Vec<&Route> = proxy
+        .routes
+        .iter()
+        .filter(|route| route.serves(family) && serves_kind(session, route, callee.begin.kind))
+        .collect();
+    let feeds: Vec<(&Route, Caller)> = serving
+        .into_iter()
+        .map(|route| {
+            let (caller, feed) = stream::open(callee.begin.clone());
+            tokio::task::spawn_local(fetch(proxy.clone(), session.clone(), route.index, feed));
+            (route, caller)
+        })
+        .collect();
+    let mut merge = Merge {
+        callee,
+        array,
+        begun: false,
+        items: false,
+        succeeded: false,
+        failures: Vec::new(),
+    };
+    merge.run(&feeds).await;
+}
+
+/// True unless the route is known not to serve this list (a route not open yet counts as
+/// serving: its fetch opens it or is left out).
+fn serves_kind(session: &ProxySession, route: &Route, kind: Kind) -> bool {
+    let caps = session
+        .open_caps(route.index)
+        .unwrap_or_else(|| route.known_caps.get());
+    caps == crate::stream::Caps::empty() || caps.contains(kind.capability())
+}
+
+/// True if list params carry a `cursor` (other members, `_meta`, are fine).
+fn has_cursor(params: &[u8]) -> bool {
+    if params.is_empty() {
+        return false;
+    }
+    let Ok(raw) = serde_json::from_slice::<&serde_json::value::RawValue>(params) else {
+        return false;
+    };
+    jsonrpc::param_raw(raw, "cursor").is_some_and(|c| c.get() != "null")
+}
+
+/// The merge of the routes' feeds into the caller's reply.
+struct Merge<'a> {
+    callee: &'a Callee,
+    array: &'static [u8],
+    /// The reply and `{"<array>":[` have gone out.
+    begun: bool,
+    /// An item has gone out (the next route's first needs a comma).
+    items: bool,
+    /// A route gave its whole list.
+    succeeded: bool,
+    failures: Vec<Reset>,
+}
+
+impl Merge<'_> {
+    /// Takes the feeds in route order; returns how the request ended.
+    async fn run(&mut self, feeds: &[(&Route, Caller)]) -> Outcome {
+        for (_, feed) in feeds {
+            match self.route(feed).await {
+                Ok(()) => {}
+                Err(outcome) => return outcome,
+            }
+        }
+        if !self.begun {
+            if !self.succeeded && !self.failures.is_empty() {
+                // Every route failed: the first bearer challenge, else the first failure.
+                let reset = std::mem::take(&mut self.failures)
+                    .into_iter()
+                    .min_by_key(|r| !matches!(r, Reset::Bearer(_)));
+                fail(self.callee, reset.unwrap_or(Reset::Plain));
+                return Outcome::Error;
+            }
+            if self.begin().await.is_err() {
+                return Outcome::Cancelled;
+            }
+        }
+        if self
+            .callee
+            .reply
+            .data(Bytes::from_static(b"]}"))
+            .await
+            .is_err()
+        {
+            return Outcome::Cancelled;
+        }
+        self.callee.reply.end();
+        Outcome::Ok
+    }
+
+    /// Opens the reply with `{"<array>":[`.
+    async fn begin(&mut self) -> Result<(), stream::Gone> {
+        self.begun = true;
+        self.callee.reply.begin(ReplyBegin::default()).await?;
+        let mut head = BytesMut::with_capacity(self.array.len() + 5);
+        head.put_slice(b"{\"");
+        head.put_slice(self.array);
+        head.put_slice(b"\":[");
+        self.callee.reply.data(head.freeze()).await
+    }
+
+    /// Copies one route's feed to the caller. `Err` if the caller went away.
+    async fn route(&mut self, feed: &Caller) -> Result<(), Outcome> {
+        let mut first = true;
+        loop {
+            let frame = tokio::select! {
+                biased;
+                throttle = self.callee.reply.throttle() => match throttle {
+                    // No challenge means anything to a list; a RESET is the caller giving up.
+                    Some(Throttle::Challenge(_)) => continue,
+                    Some(Throttle::Reset(_)) | None => return Err(Outcome::Cancelled),
+                },
+                frame = feed.reply.next() => frame,
+            };
+            match frame {
+                Some(Frame::Data(piece)) => {
+                    let len = piece.len() as u32;
+                    if !self.begun && self.begin().await.is_err() {
+                        return Err(Outcome::Cancelled);
+                    }
+                    if first && self.items {
+                        let comma = Bytes::from_static(b",");
+                        if self.callee.reply.data(comma).await.is_err() {
+                            return Err(Outcome::Cancelled);
+                        }
+                    }
+                    first = false;
+                    self.items = true;
+                    if self.callee.reply.data(piece).await.is_err() {
+                        return Err(Outcome::Cancelled);
+                    }
+                    feed.reply.ack(len);
+                }
+                Some(Frame::Begin(_) | Frame::Flush(_)) => {}
+                Some(Frame::End) => {
+                    self.succeeded = true;
+                    return Ok(());
+                }
+                Some(Frame::Abort) | None => {
+                    if let Some(Throttle::Reset(reset)) = feed.initial.try_throttle() {
+                        self.failures.push(reset);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Pages through route `index`'s list, handing renamed, admitted items to `feed` (whose
+/// reader is the merge). Fails `feed` (RESET + ABORT) if the route fails.
+async fn fetch(proxy: Rc<Proxy>, session: Rc<ProxySession>, index: usize, feed: Callee) {
+    let Some(route) = proxy.routes.get(index) else {
+        return fail(&feed, internal("Unreachable: no such route"));
+    };
+    let started = Instant::now();
+    let kind = feed.begin.kind;
+    let outcome = match pages(&proxy, &session, route, &feed).await {
+        Ok(()) => {
+            feed.reply.end();
+            Outcome::Ok
+        }
+        Err(None) => Outcome::Cancelled,
+        Err(Some(reset)) => {
+            metrics::with(|m| m.proxy.list_omitted += 1);
+            log::warn(format_args!(
+                "proxy {}: toolkit {} left out of {}: {}",
+                proxy.name,
+                route.label,
+                kind.method(),
+                describe(&reset)
+            ));
+            fail(&feed, reset);
+            Outcome::Error
+        }
+    };
+    metrics::record_toolkit(&route.label, kind.method(), outcome, started.elapsed());
+}
+
+/// The pages of one route's list. `Err(Some(reset))` if the route failed, `Err(None)` if
+/// the merge went away.
+async fn pages(
+    proxy: &Proxy,
+    session: &Rc<ProxySession>,
+    route: &Route,
+    feed: &Callee,
+) -> Result<(), Option<Reset>> {
+    let begin = &feed.begin;
+    let Some((family, array, key)) = shape(begin.kind) else {
+        return Err(Some(internal("Unreachable: not a list")));
+    };
+    let life = session
+        .route(proxy, route.index, false, begin.deadline)
+        .await
+        .map_err(Some)?;
+    let mut sink = ItemSink::default();
+    let mut cursor: Option<Bytes> = None;
+    for _ in 0..LIST_PAGES_MAX {
+        let params = match &cursor {
+            Some(c) => {
+                let mut p = BytesMut::with_capacity(c.len() + 12);
+                p.put_slice(b"{\"cursor\":");
+                p.put_slice(c);
+                p.put_slice(b"}");
+                p.freeze()
+            }
+            None => Bytes::new(),
+        };
+        let up = Begin {
+            kind: begin.kind,
+            session: life.session.clone(),
+            target: None,
+            target_at: None,
+            method: None,
+            params_len: params.len() as u32,
+            deadline: begin.deadline,
+            progress_token: None,
+            client: None,
+            authorization: begin.authorization.clone(),
+        };
+        let rules = ItemRules {
+            array,
+            key,
+            prefix: route.prefix(family).clone(),
+        };
+        let next = page(route, family, up, params, rules, &mut sink, feed).await?;
+        metrics::with(|m| m.proxy.items_dropped += std::mem::take(&mut sink.dropped));
+        match next {
+            Some(next) if cursor.as_ref() != Some(&next) => cursor = Some(next),
+            // No cursor, or the same one again (which would never end): the list is whole.
+            _ => return Ok(()),
+        }
+    }
+    log::warn(format_args!(
+        "proxy {}: toolkit {} gave more than {LIST_PAGES_MAX} pages of {}; the rest is left out",
+        proxy.name,
+        route.label,
+        begin.kind.method()
+    ));
+    Ok(())
+}
+
+/// One page: asks the route, renames its items into `feed`; returns its `nextCursor`.
+async fn page(
+    route: &Route,
+    family: Family,
+    up: Begin,
+    params: Bytes,
+    rules: ItemRules,
+    sink: &mut ItemSink,
+    feed: &Callee,
+) -> Result<Option<Bytes>, Option<Reset>> {
+    let (caller, callee) = stream::open(up);
+    route.exit.open(callee);
+    if !params.is_empty() && caller.initial.data(params).await.is_err() {
+        caller.initial.abort();
+    }
+    let mut rewriter = ItemRewriter::new(rules, ItemMode::Items);
+    let mut admit = |name: &str| route.admits(family, name);
+    loop {
+        let frame = tokio::select! {
+            biased;
+            throttle = feed.reply.throttle() => match throttle {
+                Some(Throttle::Challenge(_)) => continue,
+                Some(Throttle::Reset(_)) | None => {
+                    caller.reply.reset(Reset::Plain);
+                    caller.initial.abort();
+                    return Err(None);
+                }
+            },
+            frame = caller.reply.next() => frame,
+        };
+        match frame {
+            Some(Frame::Data(piece)) => {
+                let len = piece.len() as u32;
+                let fed = rewriter.feed(piece, &mut admit, sink);
+                caller.reply.ack(len);
+                if let Err(e) = fed {
+                    caller.reply.reset(Reset::Plain);
+                    caller.initial.abort();
+                    return Err(Some(internal(&format!(
+                        "Toolkit sent a malformed list: {e}"
+                    ))));
+                }
+                for part in sink.parts.drain(..) {
+                    if feed.reply.data(part).await.is_err() {
+                        caller.reply.reset(Reset::Plain);
+                        caller.initial.abort();
+                        return Err(None);
+                    }
+                }
+            }
+            Some(Frame::Begin(_) | Frame::Flush(_)) => {}
+            Some(Frame::End) => {
+                caller.initial.end();
+                return rewriter
+                    .finish()
+                    .map_err(|e| Some(internal(&format!("Toolkit sent a malformed list: {e}"))));
+            }
+            Some(Frame::Abort) | None => {
+                caller.initial.abort();
+                return Err(Some(match caller.initial.try_throttle() {
+                    Some(Throttle::Reset(reset)) => reset,
+                    _ => internal("Toolkit failed the list request"),
+                }));
+            }
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! The `proxy` binding: many MCP servers ("toolkits") behind one endpoint.
+//!
+//! A proxy sits between a `server` and its routes' exits (clients or demos) and speaks the
+//! internal stream protocol on both sides. Per agent session it keeps one lifecycle stream
+//! to every route ([`session`]); per request it either relays one stream to the route that
+//! owns the named item ([`request`]) or fans a list out to every route and merges the
+//! answers as they stream in ([`list`]).
+//!
+//! Names: tools and prompts appear as `<toolkit>__<name>`, resources and templates as
+//! `<toolkit>+<uri>`; a proxy whose only route has no toolkit adds nothing. Inbound names
+//! are resolved against the routes in order ([`Proxy::resolve`]) and renamed inside the
+//! streamed params bytes ([`rename`]); event ids from several routes are merged into one
+//! aggregate id ([`event_id`]).
+//!
+//! Everything here lives on one worker: the binding is built once per worker, and its
+//! sessions and streams stay there.
+
+mod event_id;
+mod list;
+mod rename;
+mod request;
+mod session;
+
+use crate::binding::Exit;
+use crate::config::{AllowList, ProxyBinding};
+use crate::limits::SESSIONS_PER_WORKER_MAX;
+use crate::metrics;
+use crate::stream::{Callee, Caps, Kind, Reset};
+use bytes::Bytes;
+use event_id::Prefixes;
+use session::ProxySession;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::rc::{Rc, Weak};
+use std::task::Poll;
+
+/// Which of a route's allow-lists an item is checked against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Tools,
+    Prompts,
+    /// Resources and resource templates (matched by uri / uri template).
+    Resources,
+}
+
+/// One route of this worker's proxy: where a toolkit's streams go and how its names read.
+pub struct Route {
+    pub index: usize,
+    /// The toolkit name, for logs and metrics labels (the exit's name for an unnamed route).
+    pub label: Rc<str>,
+    /// The toolkit name, if the route has one (a lone route may not).
+    pub toolkit: Option<Rc<str>>,
+    /// `<toolkit>__` (empty for an unnamed route): prepended to tool and prompt names.
+    pub name_prefix: Bytes,
+    /// `<toolkit>+` (empty for an unnamed route): prepended to resource uris and templates.
+    pub uri_prefix: Bytes,
+    tools: Option<AllowList>,
+    prompts: Option<AllowList>,
+    resources: Option<AllowList>,
+    pub exit: Rc<dyn Exit>,
+    /// What the route served the last time a session of this worker opened it; stands in
+    /// for a route a new session could not reach, so its capabilities are still announced.
+    pub known_caps: Cell<Caps>,
+}
+
+impl Route {
+    /// The prefix of names of `family` (`<toolkit>__` or `<toolkit>+`).
+    pub fn prefix(&self, family: Family) -> &Bytes {
+        match family {
+            Family::Tools | Family::Prompts => &self.name_prefix,
+            Family::Resources => &self.uri_prefix,
+        }
+    }
+
+    /// True if the route's allow-list for `family` admits `name` (the upstream's name,
+    /// without the prefix). No allow-list admits everything.
+    pub fn admits(&self, family: Family, name: &str) -> bool {
+        let list = match family {
+            Family::Tools => &self.tools,
+            Family::Prompts => &self.prompts,
+            Family::Resources => &self.resources,
+        };
+        list.as_ref().is_none_or(|l| l.admits(name))
+    }
+
+    /// True unless the route's allow-list for `family` is empty (it then serves none).
+    pub fn serves(&self, family: Family) -> bool {
+        let list = match family {
+            Family::Tools => &self.tools,
+            Family::Prompts => &self.prompts,
+            Family::Resources => &self.resources,
+        };
+        list.as_ref().is_none_or(|l| !l.globs().is_empty())
+    }
+
+    /// `caps` without what this route's allow-lists exclude.
+    fn mask(&self, caps: Caps) -> Caps {
+        let mut bits = caps.0;
+        if !self.serves(Family::Tools) {
+            bits &= !(Caps::TOOLS.0 | Caps::TOOLS_LIST_CHANGED.0);
+        }
+        if !self.serves(Family::Prompts) {
+            bits &= !(Caps::PROMPTS.0 | Caps::PROMPTS_LIST_CHANGED.0);
+        }
+        if !self.serves(Family::Resources) {
+            bits &=
+                !(Caps::RESOURCES.0 | Caps::RESOURCES_SUBSCRIBE.0 | Caps::RESOURCES_LIST_CHANGED.0);
+        }
+        Caps(bits)
+    }
+}
+
+/// One worker's instance of a proxy binding.
+pub struct Proxy {
+    me: Weak<Proxy>,
+    /// The binding's name, for logs.
+    pub name: Rc<str>,
+    /// Routes in config order (resolution order).
+    pub routes: Vec<Route>,
+    /// The routes' aggregate event-id prefixes.
+    prefixes: Prefixes,
+    /// Live sessions of this worker, by the id handed to the caller.
+    /// Invariant: `len() <= SESSIONS_PER_WORKER_MAX`.
+    sessions: RefCell<HashMap<Rc<str>, Rc<ProxySession>>>,
+    worker: u8,
+    /// Session ids minted on this worker so far.
+    minted: Cell<u64>,
+}
+
+impl Proxy {
+    /// Builds the worker-local instance; `exits[i]` serves route i.
+    pub fn new(name: &str, cfg: &ProxyBinding, exits: Vec<Rc<dyn Exit>>, worker: u8) -> Rc<Proxy> {
+        assert!(exits.len() == cfg.routes.len());
+        let routes: Vec<Route> = cfg
+            .routes
+            .iter()
+            .zip(exits)
+            .enumerate()
+            .map(|(index, (r, exit))| {
+                let toolkit: Option<Rc<str>> = r.toolkit.as_deref().map(Rc::from);
+                let (name_prefix, uri_prefix) = match &toolkit {
+                    Some(t) => (Bytes::from(format!("{t}__")), Bytes::from(format!("{t}+"))),
+                    None => (Bytes::new(), Bytes::new()),
+                };
+                Route {
+                    index,
+                    label: toolkit.clone().unwrap_or_else(|| Rc::from(r.exit.as_str())),
+                    toolkit,
+                    name_prefix,
+                    uri_prefix,
+                    tools: r.tools.clone(),
+                    prompts: r.prompts.clone(),
+                    resources: r.resources.clone(),
+                    exit,
+                    known_caps: Cell::new(Caps::empty()),
+                }
+            })
+            .collect();
+        let prefixes: Vec<Option<&str>> = cfg
+            .routes
+            .iter()
+            .map(|r| r.event_prefix.as_deref())
+            .collect();
+        Rc::new_cyclic(|me| Proxy {
+            me: me.clone(),
+            name: Rc::from(name),
+            prefixes: Prefixes::new(&prefixes),
+            routes,
+            sessions: RefCell::new(HashMap::new()),
+            worker,
+            minted: Cell::new(0),
+        })
+    }
+
+    /// Sessions open on this worker.
+    pub fn sessions(&self) -> usize {
+        self.sessions.borrow().len()
+    }
+
+    /// A fresh id for a session of this worker (`p<worker>-<n>`, unique per process).
+    fn mint_session_id(&self) -> Rc<str> {
+        let n = self.minted.get() + 1;
+        self.minted.set(n);
+        Rc::from(format!("p{:02x}-{n}", self.worker))
+    }
+
+    /// True if this proxy merges several routes' event ids (more than one route).
+    fn aggregating(&self) -> bool {
+        self.prefixes.aggregating()
+    }
+
+    /// The route serving the item `target` of `family` and the item's name upstream: the
+    /// first route, in config order, whose prefix starts the name and whose allow-list
+    /// admits the rest. `None` if no route does.
+    pub fn resolve<'t>(&self, family: Family, target: &'t str) -> Option<(&Route, &'t str)> {
+        self.routes.iter().find_map(|route| {
+            let prefix = route.prefix(family);
+            let rest = target.as_bytes().strip_prefix(&prefix[..])?;
+            if rest.is_empty() {
+                return None;
+            }
+            // The prefix is ASCII, so what follows it starts on a character boundary.
+            let rest = target.get(prefix.len()..)?;
+            route.admits(family, rest).then_some((route, rest))
+        })
+    }
+}
+
+impl Exit for Proxy {
+    fn open(&self, callee: Callee) {
+        let Some(proxy) = self.me.upgrade() else {
+            return; // the worker is shutting down: dropping the callee aborts the stream
+        };
+        if callee.begin.kind == Kind::Lifecycle {
+            if self.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
+                metrics::with(|m| m.overload_rejections += 1);
+                fail(&callee, internal("Too many proxy sessions"));
+                return;
+            }
+            tokio::task::spawn_local(session::serve(proxy, callee));
+        } else {
+            tokio::task::spawn_local(request::serve(proxy, callee));
+        }
+    }
+}
+
+/// Fails a stream before its reply began: RESET of the initial, then ABORT of the reply
+/// (the caller renders the RESET).
+fn fail(callee: &Callee, reset: Reset) {
+    callee.initial.reset(reset);
+    callee.reply.abort();
+}
+
+/// A JSON-RPC error with `code` and `message`.
+fn rpc_error(code: i32, message: &str) -> Reset {
+    Reset::Error {
+        code,
+        message: Rc::from(message),
+        data: None,
+    }
+}
+
+/// JSON-RPC -32603 with `message`.
+fn internal(message: &str) -> Reset {
+    rpc_error(crate::jsonrpc::INTERNAL_ERROR, message)
+}
+
+/// Runs `futures` concurrently on the current task and returns their outputs in order.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_some() {
+                continue;
+            }
+            match future.as_mut().poll(cx) {
+                Poll::Ready(value) => *output = Some(value),
+                Poll::Pending => pending = true,
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,864 @@
+//! Proxy sessions: one agent session, and one lifecycle stream to each of its routes.
+//!
+//! [`serve`] opens every route's session in parallel when the agent initializes, answers
+//! with the union of what the routes serve, and then runs the session's one relay task:
+//! it reads every open route's lifecycle reply (events), the caller's challenges (resume,
+//! suspended, answers to server-to-client requests) and the caller's initial direction
+//! (the agent's notifications, the end of the session), polling all of them from one
+//! `poll_fn` so a session costs one task however many routes it has. It is also the only
+//! task that sends on the caller's lifecycle reply.
+//!
+//! A route that fails to open is skipped; the session works without it and the next
+//! request that needs it opens it again ([`ProxySession::route`]). A route that comes back
+//! later makes the agent re-list (`list_changed`).
+//!
+//! Events: with several routes every event id becomes the aggregate of the routes' last
+//! ids ([`super::event_id`]); a resume is split back into per-route resumes and answered
+//! once every asked route has answered, so the caller's stream starts after all of the
+//! old flow.
+
+use super::rename;
+use super::{Proxy, Route, fail, internal, join_all};
+use crate::limits::EXIT_EVENT_ID_BYTES_MAX;
+use crate::log;
+use crate::metrics;
+use crate::stream::{
+    self, Begin, Callee, Caller, Caps, Challenge, ClientHello, Event, Flush, Frame, ListKind,
+    ReplyBegin, Reset, Throttle,
+};
+use bytes::Bytes;
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// A route that failed is not reopened by list requests or resumes for this long (an item
+/// request for it always tries again).
+const ROUTE_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Where one route of a session is.
+enum RouteState {
+    /// Not open: never tried, failed (`failure`, at `since`), or its session ended.
+    Closed {
+        failure: Option<Reset>,
+        since: Option<Instant>,
+    },
+    /// Being opened by some task; others wait on `ProxySession::changed`.
+    Opening,
+    Open(Rc<RouteLife>),
+}
+
+/// An open route session.
+pub struct RouteLife {
+    /// The route exit's id for this session (sent in request `Begin`s).
+    pub session: Rc<str>,
+    /// What the route serves.
+    pub caps: Caps,
+    instructions: Option<Bytes>,
+    /// The lifecycle stream to the route.
+    caller: Caller,
+}
+
+/// The state of a resume (the agent opening its GET stream) across the routes.
+#[derive(Default)]
+struct Round {
+    /// `waiting[i]`: route i was asked and has not answered yet.
+    waiting: Vec<bool>,
+    /// Some route answered that it has an event stream.
+    any_yes: bool,
+    /// The caller has had its answer for this round.
+    answered: bool,
+    /// What the caller was told last: `Some(true)` resumable, `Some(false)` no event
+    /// stream, `None` before the first resume.
+    told: Option<bool>,
+}
+
+/// One agent session of the proxy.
+pub struct ProxySession {
+    pub id: Rc<str>,
+    /// The agent's raw capabilities and protocol version, for every route session.
+    capabilities: Bytes,
+    version: &'static str,
+    /// The agent's latest `Authorization` header (renewed by its requests), for routes
+    /// whose client forwards it. Never logged.
+    authorization: RefCell<Option<Bytes>>,
+    routes: Vec<RefCell<RouteState>>,
+    /// Each route's last event id: the parts of the aggregate id.
+    event_ids: RefCell<Vec<Option<Rc<str>>>>,
+    /// The id the caller's events carry now: the aggregate of `event_ids` (several routes)
+    /// or the one route's last id.
+    aggregate: RefCell<Option<Rc<str>>>,
+    /// `pending_resume[i]`: resume route i from this id once it opens.
+    pending_resume: RefCell<Vec<Option<Option<Rc<str>>>>>,
+    round: RefCell<Round>,
+    /// The caller has been answered: routes opened from now on are news to the agent.
+    answered: Cell<bool>,
+    closed: Cell<bool>,
+    /// Woken when a route's state changes (tasks waiting for an opening route).
+    changed: Notify,
+    /// The relay task's waker, and what other tasks asked of it.
+    task: RefCell<Option<Waker>>,
+    poked: Cell<bool>,
+    /// Lists to announce as changed (a route came back).
+    list_changed: Cell<[bool; 3]>,
+}
+
+impl ProxySession {
+    fn new(id: Rc<str>, hello: &ClientHello, routes: usize) -> ProxySession {
+        ProxySession {
+            id,
+            capabilities: hello.capabilities.clone(),
+            version: hello.protocol_version,
+            authorization: RefCell::new(hello.authorization.clone()),
+            routes: (0..routes)
+                .map(|_| {
+                    RefCell::new(RouteState::Closed {
+                        failure: None,
+                        since: None,
+                    })
+                })
+                .collect(),
+            event_ids: RefCell::new(vec![None; routes]),
+            aggregate: RefCell::new(None),
+            pending_resume: RefCell::new(vec![None; routes]),
+            round: RefCell::new(Round::default()),
+            answered: Cell::new(false),
+            closed: Cell::new(false),
+            changed: Notify::new(),
+            task: RefCell::new(None),
+            poked: Cell::new(false),
+            list_changed: Cell::new([false; 3]),
+        }
+    }
+
+    /// Keeps the agent's latest `Authorization` header for routes opened from now on.
+    pub fn renew_authorization(&self, header: Option<&Bytes>) {
+        if let Some(header) = header {
+            *self.authorization.borrow_mut() = Some(header.clone());
+        }
+    }
+
+    /// Wakes the relay task.
+    fn poke(&self) {
+        self.poked.set(true);
+        if let Some(waker) = self.task.borrow_mut().take() {
+            waker.wake();
+        }
+    }
+
+    /// The open session of route `index`, opening it first if it is not open. `force`
+    /// tries a route that failed moments ago again (item requests); otherwise such a route
+    /// answers with its last failure. Bounded by `deadline`.
+    pub async fn route(
+        self: &Rc<Self>,
+        proxy: &Proxy,
+        index: usize,
+        force: bool,
+        deadline: Instant,
+    ) -> Result<Rc<RouteLife>, Reset> {
+        loop {
+            let changed = self.changed.notified();
+            if self.closed.get() {
+                return Err(internal("Session closed"));
+            }
+            let Some(slot) = self.routes.get(index) else {
+                return Err(internal("Unreachable: no such route"));
+            };
+            match &*slot.borrow() {
+                RouteState::Open(life) => return Ok(life.clone()),
+                RouteState::Opening => {}
+                RouteState::Closed { failure, since } => {
+                    let recent = since.is_some_and(|t| t.elapsed() < ROUTE_RETRY_BACKOFF);
+                    if recent && !force {
+                        let failure = failure.clone();
+                        return Err(failure.unwrap_or_else(|| internal("Toolkit unavailable")));
+                    }
+                }
+            }
+            if matches!(&*slot.borrow(), RouteState::Opening) {
+                if tokio::time::timeout_at(deadline.into(), changed)
+                    .await
+                    .is_err()
+                {
+                    return Err(internal("Timed out waiting for the toolkit's session"));
+                }
+                continue;
+            }
+            return self.open(proxy, index, deadline).await;
+        }
+    }
+
+    /// Opens route `index`'s session (its state must not be `Opening`).
+    async fn open(
+        self: &Rc<Self>,
+        proxy: &Proxy,
+        index: usize,
+        deadline: Instant,
+    ) -> Result<Rc<RouteLife>, Reset> {
+        let (Some(slot), Some(route)) = (self.routes.get(index), proxy.routes.get(index)) else {
+            return Err(internal("Unreachable: no such route"));
+        };
+        *slot.borrow_mut() = RouteState::Opening;
+        let authorization = self.authorization.borrow().clone();
+        let begin = Begin {
+            kind: stream::Kind::Lifecycle,
+            session: Rc::from(""),
+            target: None,
+            target_at: None,
+            method: None,
+            params_len: 0,
+            deadline,
+            progress_token: None,
+            client: Some(ClientHello {
+                capabilities: self.capabilities.clone(),
+                protocol_version: self.version,
+                authorization: authorization.clone(),
+            }),
+            authorization,
+        };
+        let (caller, callee) = stream::open(begin);
+        route.exit.open(callee);
+        let first = tokio::time::timeout_at(deadline.into(), caller.reply.next()).await;
+        let opened = match first {
+            Ok(Some(Frame::Begin(reply))) => Ok(Rc::new(RouteLife {
+                session: reply.session.unwrap_or_else(|| Rc::from("")),
+                caps: reply.caps,
+                instructions: reply.instructions,
+                caller,
+            })),
+            Ok(_) => {
+                let reset = match caller.initial.try_throttle() {
+                    Some(Throttle::Reset(Reset::Plain)) | None => {
+                        internal(&format!("Toolkit {} ended its session", route.label))
+                    }
+                    Some(Throttle::Reset(reset)) => reset,
+                    Some(Throttle::Challenge(_)) => internal("Unreachable: challenge at open"),
+                };
+                caller.initial.abort();
+                Err(reset)
+            }
+            Err(_) => {
+                caller.initial.abort();
+                Err(internal(&format!(
+                    "Toolkit {} did not answer initialize in time",
+                    route.label
+                )))
+            }
+        };
+        let result = match opened {
+            Ok(life) if self.closed.get() => {
+                // The agent went away meanwhile: end what was just opened.
+                life.caller.initial.end();
+                Err(internal("Session closed"))
+            }
+            Ok(life) => {
+                route.known_caps.set(life.caps);
+                *slot.borrow_mut() = RouteState::Open(life.clone());
+                self.on_opened(route, &life);
+                Ok(life)
+            }
+            Err(reset) => {
+                *slot.borrow_mut() = RouteState::Closed {
+                    failure: Some(reset.clone()),
+                    since: Some(Instant::now()),
+                };
+                set_waiting(self, index, false);
+                Err(reset)
+            }
+        };
+        self.changed.notify_waiters();
+        self.poke();
+        result
+    }
+
+    /// A route opened: resume its events if the agent has asked for them, and once the
+    /// agent was answered, tell it the lists may have grown.
+    fn on_opened(&self, route: &Route, life: &RouteLife) {
+        let pending = self
+            .pending_resume
+            .borrow_mut()
+            .get_mut(route.index)
+            .and_then(Option::take);
+        let asked = self.round.borrow().told.is_some() || pending.is_some();
+        if asked {
+            let last_event_id = pending.flatten();
+            if let Some(w) = self.round.borrow_mut().waiting.get_mut(route.index) {
+                *w = true;
+            }
+            let _ = life
+                .caller
+                .reply
+                .challenge(Challenge::Resume { last_event_id });
+        }
+        if self.answered.get() {
+            let mut lists = self.list_changed.get();
+            let caps = route.mask(life.caps);
+            lists[0] |= caps.contains(Caps::TOOLS);
+            lists[1] |= caps.contains(Caps::PROMPTS);
+            lists[2] |= caps.contains(Caps::RESOURCES);
+            self.list_changed.set(lists);
+        }
+    }
+
+    /// The capabilities the agent is told: the union over routes (the last known ones for
+    /// routes not open), minus what allow-lists exclude; `listChanged` wherever a route can
+    /// change a list, which includes a route coming back.
+    fn caps(&self, proxy: &Proxy) -> Caps {
+        let mut caps = Caps::empty();
+        let mut missing = false;
+        for (slot, route) in self.routes.iter().zip(&proxy.routes) {
+            let route_caps = match &*slot.borrow() {
+                RouteState::Open(life) => life.caps,
+                _ => {
+                    missing = true;
+                    route.known_caps.get()
+                }
+            };
+            caps = caps.union(route.mask(route_caps));
+        }
+        if proxy.routes.len() > 1 {
+            // Methods mcpyard does not know can only go where exactly one route serves.
+            caps = Caps(caps.0 & !Caps::OTHER.0);
+        }
+        if missing {
+            for (list, changed) in [
+                (Caps::TOOLS, Caps::TOOLS_LIST_CHANGED),
+                (Caps::PROMPTS, Caps::PROMPTS_LIST_CHANGED),
+                (Caps::RESOURCES, Caps::RESOURCES_LIST_CHANGED),
+            ] {
+                if caps.contains(list) {
+                    caps = caps.union(changed);
+                }
+            }
+        }
+        caps
+    }
+
+    /// What route `index` serves, if it is open.
+    pub fn open_caps(&self, index: usize) -> Option<Caps> {
+        match &*self.routes.get(index)?.borrow() {
+            RouteState::Open(life) => Some(life.caps),
+            _ => None,
+        }
+    }
+
+    /// The open routes, with their index.
+    fn open_routes(&self) -> Vec<(usize, Rc<RouteLife>)> {
+        self.routes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| match &*slot.borrow() {
+                RouteState::Open(life) => Some((i, life.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Ends the session: every open route's lifecycle ends (its upstream session is
+    /// deleted), routes still opening end theirs when they finish.
+    fn close(&self) {
+        self.closed.set(true);
+        for slot in &self.routes {
+            let state = std::mem::replace(
+                &mut *slot.borrow_mut(),
+                RouteState::Closed {
+                    failure: None,
+                    since: None,
+                },
+            );
+            match state {
+                RouteState::Open(life) => life.caller.initial.end(),
+                RouteState::Opening => *slot.borrow_mut() = RouteState::Opening,
+                RouteState::Closed { .. } => {}
+            }
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+/// Keeps a session in its proxy's table while its lifecycle task runs.
+struct Registration {
+    proxy: Rc<Proxy>,
+    id: Rc<str>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.proxy.sessions.borrow_mut().remove(&*self.id);
+    }
+}
+
+/// Serves one lifecycle stream from the agent's `initialize` to the session's end.
+pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
+    let Some(hello) = callee.begin.client.as_ref() else {
+        return fail(
+            &callee,
+            internal("Lifecycle stream without the agent's hello"),
+        );
+    };
+    let session = Rc::new(ProxySession::new(
+        proxy.mint_session_id(),
+        hello,
+        proxy.routes.len(),
+    ));
+    proxy
+        .sessions
+        .borrow_mut()
+        .insert(session.id.clone(), session.clone());
+    let _registration = Registration {
+        proxy: proxy.clone(),
+        id: session.id.clone(),
+    };
+    let deadline = callee.begin.deadline;
+    // Boxed: the opening fan-out is far larger than the relay the task then lives in.
+    let opens = (0..proxy.routes.len()).map(|i| session.open(&proxy, i, deadline));
+    let opened = Box::pin(join_all(opens.collect())).await;
+    for (route, result) in proxy.routes.iter().zip(&opened) {
+        if let Err(reset) = result {
+            metrics::with(|m| m.proxy.routes_skipped += 1);
+            log::warn(format_args!(
+                "proxy {}: toolkit {} skipped at initialize: {}",
+                proxy.name,
+                route.label,
+                describe(reset)
+            ));
+        }
+    }
+    if opened.iter().all(Result::is_err) {
+        // Nothing to serve: the agent gets the reason, a bearer challenge first (it can
+        // act on that one), else the first route's.
+        let reset = opened
+            .into_iter()
+            .filter_map(Result::err)
+            .min_by_key(|r| !matches!(r, Reset::Bearer(_)));
+        session.close();
+        return fail(&callee, reset.unwrap_or_else(|| internal("No toolkit")));
+    }
+    let reply = ReplyBegin {
+        session: Some(session.id.clone()),
+        caps: session.caps(&proxy),
+        instructions: instructions(&proxy, &session),
+    };
+    session.answered.set(true);
+    if Box::pin(callee.reply.begin(reply)).await.is_ok() {
+        relay(&proxy, &session, &callee).await;
+    }
+    session.close();
+    callee.reply.end();
+}
+
+/// The routes' `instructions`: one route's as they are; several joined, each under its
+/// toolkit's name (a JSON string lexeme either way).
+fn instructions(proxy: &Proxy, session: &ProxySession) -> Option<Bytes> {
+    let given: Vec<(Rc<str>, Bytes)> = session
+        .open_routes()
+        .into_iter()
+        .filter_map(|(i, life)| {
+            Some((
+                proxy.routes.get(i)?.label.clone(),
+                life.instructions.clone()?,
+            ))
+        })
+        .collect();
+    match given.as_slice() {
+        [] => None,
+        [(_, one)] => Some(one.clone()),
+        several => {
+            let text: Vec<String> = several
+                .iter()
+                .filter_map(|(label, raw)| {
+                    let text: String = serde_json::from_slice(raw).ok()?;
+                    Some(format!("{label}: {text}"))
+                })
+                .collect();
+            Some(rename::lexeme(&text.join("\n\n")))
+        }
+    }
+}
+
+/// One thing the relay task woke up for.
+enum Step {
+    /// The caller's initial direction (the agent's notifications, the session's end).
+    Initial(Option<Frame>),
+    /// A challenge (or the end) from the caller.
+    Throttle(Option<Throttle>),
+    /// Route `.0`'s lifecycle reply.
+    Route(usize, Rc<RouteLife>, Option<Frame>),
+    /// Another task changed something (a route opened, lists to announce).
+    Poke,
+}
+
+/// Relays until the caller ends the session.
+async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
+    let mut turn = 0usize;
+    loop {
+        for flush in pending_flushes(session) {
+            if Box::pin(callee.reply.flush(flush)).await.is_err() {
+                return;
+            }
+        }
+        let step = poll_fn(|cx| {
+            if let Poll::Ready(frame) = callee.initial.poll_next(cx) {
+                return Poll::Ready(Step::Initial(frame));
+            }
+            if let Poll::Ready(throttle) = callee.reply.poll_throttle(cx) {
+                return Poll::Ready(Step::Throttle(throttle));
+            }
+            // Routes are polled round-robin, so a busy one cannot starve the others.
+            let count = session.routes.len();
+            for k in 0..count {
+                let i = (turn + k) % count;
+                let Some(slot) = session.routes.get(i) else {
+                    continue;
+                };
+                let RouteState::Open(life) = &*slot.borrow() else {
+                    continue;
+                };
+                if let Poll::Ready(frame) = life.caller.reply.poll_next(cx) {
+                    turn = i + 1;
+                    return Poll::Ready(Step::Route(i, life.clone(), frame));
+                }
+            }
+            if session.poked.replace(false) {
+                return Poll::Ready(Step::Poke);
+            }
+            *session.task.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        match step {
+            Step::Initial(Some(Frame::Flush(Flush {
+                event: Event::Notification { method, params },
+                ..
+            }))) => {
+                // The agent's own notifications (roots/list_changed, ...) go to every route.
+                for (_, life) in session.open_routes() {
+                    let flush = Flush {
+                        id: None,
+                        event: Event::Notification {
+                            method: method.clone(),
+                            params: params.clone(),
+                        },
+                    };
+                    if !life.caller.initial.try_flush(flush) {
+                        metrics::with(|m| m.overload_rejections += 1);
+                    }
+                }
+            }
+            Step::Initial(Some(Frame::Data(piece))) => callee.initial.ack(piece.len() as u32),
+            Step::Initial(Some(Frame::Begin(_) | Frame::Flush(_))) => {}
+            Step::Initial(Some(Frame::End | Frame::Abort) | None) => return,
+            Step::Throttle(Some(Throttle::Challenge(challenge))) => {
+                on_challenge(proxy, session, challenge);
+            }
+            Step::Throttle(Some(Throttle::Reset(_)) | None) => return,
+            Step::Route(i, life, frame) => {
+                let out = on_route_frame(proxy, session, i, &life, frame);
+                if let Some(flush) = out
+                    && Box::pin(callee.reply.flush(flush)).await.is_err()
+                {
+                    return;
+                }
+            }
+            Step::Poke => {}
+        }
+    }
+}
+
+/// Flushes other tasks asked for: lists that changed, a resume round that completed.
+fn pending_flushes(session: &ProxySession) -> Vec<Flush> {
+    let mut out = Vec::new();
+    if let Some(answer) = round_answer(session) {
+        out.push(answer);
+    }
+    let lists = session.list_changed.replace([false; 3]);
+    for (changed, kind) in
+        lists
+            .into_iter()
+            .zip([ListKind::Tools, ListKind::Prompts, ListKind::Resources])
+    {
+        if changed {
+            out.push(Flush {
+                id: None,
+                event: Event::ListChanged(kind),
+            });
+        }
+    }
+    out
+}
+
+/// A challenge from the caller on the lifecycle.
+fn on_challenge(proxy: &Proxy, session: &Rc<ProxySession>, challenge: Challenge) {
+    match challenge {
+        Challenge::Resume { last_event_id } => resume(proxy, session, last_event_id),
+        Challenge::Suspended => {
+            for (_, life) in session.open_routes() {
+                let _ = life.caller.reply.challenge(Challenge::Suspended);
+            }
+        }
+        Challenge::Answer { id, result, error } => {
+            let target = if proxy.aggregating() {
+                rename::unwrap_id(&id).and_then(|(toolkit, raw)| {
+                    let route = proxy
+                        .routes
+                        .iter()
+                        .position(|r| r.toolkit.as_deref() == Some(toolkit.as_str()))?;
+                    Some((route, raw))
+                })
+            } else {
+                Some((0, id))
+            };
+            let Some((route, id)) = target else {
+                metrics::with(|m| m.proxy.answers_unroutable += 1);
+                return;
+            };
+            let life = session
+                .routes
+                .get(route)
+                .and_then(|slot| match &*slot.borrow() {
+                    RouteState::Open(life) => Some(life.clone()),
+                    _ => None,
+                });
+            match life {
+                Some(life) => {
+                    let answer = Challenge::Answer { id, result, error };
+                    let _ = life.caller.reply.challenge(answer);
+                }
+                None => metrics::with(|m| m.proxy.answers_unroutable += 1),
+            }
+        }
+    }
+}
+
+/// The agent opened its GET stream (`last_event_id`: where it was). Each route is resumed
+/// from its own part of the id; routes not open are opened first (unless they failed
+/// moments ago); the caller is answered once every asked route has answered.
+fn resume(proxy: &Proxy, session: &Rc<ProxySession>, last_event_id: Option<Rc<str>>) {
+    let count = proxy.routes.len();
+    let mut from: Vec<Option<Rc<str>>> = vec![None; count];
+    if proxy.aggregating() {
+        if let Some(aggregate) = &last_event_id {
+            let mut ids = session.event_ids.borrow_mut();
+            for (route, id) in proxy.prefixes.decode(aggregate) {
+                // The next aggregate still names where the agent is for routes that say
+                // nothing new.
+                if let Some(slot) = ids.get_mut(route) {
+                    *slot = Some(id.clone());
+                }
+                if let Some(slot) = from.get_mut(route) {
+                    *slot = Some(id);
+                }
+            }
+        }
+    } else if let Some(first) = from.first_mut() {
+        *first = last_event_id;
+    }
+    {
+        let mut round = session.round.borrow_mut();
+        round.waiting = vec![false; count];
+        round.any_yes = false;
+        round.answered = false;
+    }
+    for (i, id) in from.into_iter().enumerate() {
+        let Some(slot) = session.routes.get(i) else {
+            continue;
+        };
+        let state = match &*slot.borrow() {
+            RouteState::Open(life) => Ok(life.clone()),
+            RouteState::Opening => Err(true),
+            RouteState::Closed { since, .. } => {
+                Err(since.is_none_or(|t| t.elapsed() >= ROUTE_RETRY_BACKOFF))
+            }
+        };
+        match state {
+            Ok(life) => {
+                let asked = life
+                    .caller
+                    .reply
+                    .challenge(Challenge::Resume { last_event_id: id });
+                set_waiting(session, i, asked.is_ok());
+            }
+            Err(false) => {}
+            Err(true) => {
+                // Opening (or to be opened): resumed as soon as it is open.
+                if let Some(slot) = session.pending_resume.borrow_mut().get_mut(i) {
+                    *slot = Some(id);
+                }
+                set_waiting(session, i, true);
+                if !matches!(&*slot.borrow(), RouteState::Opening) {
+                    let (session, proxy_rc) = (session.clone(), proxy.me.upgrade());
+                    if let Some(proxy_rc) = proxy_rc {
+                        let deadline = Instant::now() + ROUTE_RESUME_OPEN_TIMEOUT;
+                        tokio::task::spawn_local(async move {
+                            let _ = session.route(&proxy_rc, i, false, deadline).await;
+                        });
+                    }
+                }
+            }
+        }
+    }
+    session.poke();
+}
+
+/// How long a resume waits for a route it had to open.
+const ROUTE_RESUME_OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn set_waiting(session: &ProxySession, route: usize, waiting: bool) {
+    if let Some(w) = session.round.borrow_mut().waiting.get_mut(route) {
+        *w = waiting;
+    }
+}
+
+/// The caller's answer to the current resume, once no asked route is still to answer; and
+/// later, the news that events flow after all (a route answered yes after all said no).
+fn round_answer(session: &ProxySession) -> Option<Flush> {
+    let mut round = session.round.borrow_mut();
+    if !round.answered {
+        if round.waiting.iter().any(|w| *w) || round.waiting.is_empty() {
+            return None;
+        }
+        round.answered = true;
+        round.told = Some(round.any_yes);
+        let event = if round.any_yes {
+            Event::Resumable
+        } else {
+            Event::Suspend { retry_ms: -1 }
+        };
+        drop(round);
+        return Some(Flush {
+            id: aggregate_id(session),
+            event,
+        });
+    }
+    if round.any_yes && round.told == Some(false) {
+        round.told = Some(true);
+        drop(round);
+        return Some(Flush {
+            id: aggregate_id(session),
+            event: Event::Resumable,
+        });
+    }
+    None
+}
+
+/// The id the caller's next event carries (see `ProxySession::aggregate`).
+fn aggregate_id(session: &ProxySession) -> Option<Rc<str>> {
+    session.aggregate.borrow().clone()
+}
+
+/// One frame of route `index`'s lifecycle reply: what (if anything) goes to the caller.
+fn on_route_frame(
+    proxy: &Proxy,
+    session: &ProxySession,
+    index: usize,
+    life: &RouteLife,
+    frame: Option<Frame>,
+) -> Option<Flush> {
+    let route = proxy.routes.get(index)?;
+    let flush = match frame {
+        Some(Frame::Flush(flush)) => flush,
+        Some(Frame::Data(piece)) => {
+            life.caller.reply.ack(piece.len() as u32);
+            return None;
+        }
+        Some(Frame::Begin(_)) => return None,
+        Some(Frame::End | Frame::Abort) | None => {
+            route_ended(proxy, session, route, life);
+            return None;
+        }
+    };
+    let Flush { id, event } = flush;
+    let id = id.filter(|id| id.len() <= EXIT_EVENT_ID_BYTES_MAX);
+    let out_id = if proxy.aggregating() {
+        if let Some(id) = &id
+            && let Some(slot) = session.event_ids.borrow_mut().get_mut(index)
+        {
+            *slot = Some(id.clone());
+        }
+        let encoded = proxy
+            .prefixes
+            .encode(&session.event_ids.borrow())
+            .map(|s| Rc::from(s.as_str()));
+        *session.aggregate.borrow_mut() = encoded.clone();
+        encoded
+    } else {
+        if id.is_some() {
+            *session.aggregate.borrow_mut() = id.clone();
+        }
+        id
+    };
+    let event = match event {
+        Event::Resumable | Event::Suspend { .. } => {
+            let yes = !matches!(event, Event::Suspend { retry_ms: ..0 });
+            {
+                let mut round = session.round.borrow_mut();
+                if let Some(w) = round.waiting.get_mut(index) {
+                    *w = false;
+                }
+                round.any_yes |= yes;
+            }
+            return round_answer(session);
+        }
+        Event::Request { id, method, params } if proxy.aggregating() => Event::Request {
+            id: rename::wrap_id(&route.label, &id),
+            method,
+            params,
+        },
+        Event::ResourcesUpdated { params } if !route.uri_prefix.is_empty() => {
+            match rename::prefix_member(&params, "uri", &route.uri_prefix) {
+                Some(params) => Event::ResourcesUpdated { params },
+                None => Event::ResourcesUpdated { params },
+            }
+        }
+        Event::Notification { method, params }
+            if proxy.aggregating() && &*method == "notifications/cancelled" =>
+        {
+            // The route gave up on one of its server-to-client requests: name it the way
+            // the agent knows it.
+            let params =
+                params.map(|p| rename::wrap_member_id(&p, "requestId", &route.label).unwrap_or(p));
+            Event::Notification { method, params }
+        }
+        other => other,
+    };
+    Some(Flush { id: out_id, event })
+}
+
+/// Route `route`'s lifecycle ended on its own: the route is closed, and the next request
+/// that needs it opens it again.
+fn route_ended(proxy: &Proxy, session: &ProxySession, route: &Route, life: &RouteLife) {
+    life.caller.initial.abort();
+    if let Some(slot) = session.routes.get(route.index) {
+        let ours = matches!(&*slot.borrow(), RouteState::Open(l) if std::ptr::eq(&**l, life));
+        if ours {
+            *slot.borrow_mut() = RouteState::Closed {
+                failure: Some(internal(&format!(
+                    "Session of toolkit {} ended",
+                    route.label
+                ))),
+                since: Some(Instant::now()),
+            };
+        }
+    }
+    set_waiting(session, route.index, false);
+    metrics::with(|m| m.proxy.routes_ended += 1);
+    log::warn(format_args!(
+        "proxy {}: toolkit {} ended its session",
+        proxy.name, route.label
+    ));
+    session.changed.notify_waiters();
+    session.poke();
+}
+
+/// A RESET as a log reason (never a credential).
+pub fn describe(reset: &Reset) -> String {
+    match reset {
+        Reset::Error { code, message, .. } => {
+            format!("error {code} {}", log::field(message.as_bytes()))
+        }
+        Reset::Bearer(c) => format!("bearer challenge ({})", c.status),
+        Reset::Plain => "gone".to_owned(),
+    }
+}

@@ -1,0 +1,724 @@
+//! Binding tests for the proxy: the test plays the caller (a server binding) on internal
+//! streams, and the proxy's routes are scripted fake exits that record what reached them.
+//! No sockets: what is asserted is the frames on both sides of the proxy.
+
+use super::*;
+use crate::config::{AllowList, Glob, ProxyBinding, Route as RouteCfg, event_prefixes};
+use crate::stream::{
+    Begin, Caller, Challenge, ClientHello, Event, Flush, Frame, ListKind, ReplyBegin, TargetAt,
+    Throttle, open,
+};
+use bytes::{BufMut, BytesMut};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio::time::timeout;
+
+/// Longest a test waits for a frame.
+const WAIT: Duration = Duration::from_secs(5);
+
+fn run<F: std::future::Future>(f: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("test runtime");
+    tokio::task::LocalSet::new().block_on(&rt, f)
+}
+
+/// A scripted route exit: it records what reaches it and lets the test emit lifecycle
+/// events.
+struct Fake {
+    name: &'static str,
+    /// What reached the fake, one line per thing, in order.
+    log: RefCell<Vec<String>>,
+    /// Events the test wants sent on the lifecycle reply.
+    events: RefCell<VecDeque<Flush>>,
+    ready: Notify,
+    /// Refuse `initialize` with this.
+    refuse: RefCell<Option<Reset>>,
+    /// The tools/list result this fake answers with.
+    tools: &'static str,
+}
+
+impl Fake {
+    fn new(name: &'static str, tools: &'static str) -> Rc<Fake> {
+        Rc::new(Fake {
+            name,
+            log: RefCell::new(Vec::new()),
+            events: RefCell::new(VecDeque::new()),
+            ready: Notify::new(),
+            refuse: RefCell::new(None),
+            tools,
+        })
+    }
+
+    fn note(&self, line: String) {
+        self.log.borrow_mut().push(line);
+    }
+
+    /// Queues an event for the lifecycle reply.
+    fn emit(&self, id: Option<&str>, event: Event) {
+        self.events.borrow_mut().push_back(Flush {
+            id: id.map(Rc::from),
+            event,
+        });
+        self.ready.notify_one();
+    }
+
+    /// Waits until the log has `line`.
+    async fn saw(&self, line: &str) {
+        timeout(WAIT, async {
+            while !self.log.borrow().iter().any(|l| l == line) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} never saw {line:?}; saw {:?}",
+                self.name,
+                self.log.borrow()
+            )
+        });
+    }
+}
+
+struct FakeExit(Rc<Fake>);
+
+impl Exit for FakeExit {
+    fn open(&self, callee: Callee) {
+        let fake = self.0.clone();
+        if callee.begin.kind == Kind::Lifecycle {
+            tokio::task::spawn_local(fake_lifecycle(fake, callee));
+        } else {
+            tokio::task::spawn_local(fake_request(fake, callee));
+        }
+    }
+}
+
+async fn fake_lifecycle(fake: Rc<Fake>, callee: Callee) {
+    if let Some(reset) = fake.refuse.borrow_mut().take() {
+        fake.note("initialize refused".into());
+        return fail(&callee, reset);
+    }
+    let auth = callee
+        .begin
+        .authorization
+        .as_ref()
+        .map(|a| String::from_utf8_lossy(a).into_owned());
+    fake.note(format!("initialize auth={auth:?}"));
+    let reply = ReplyBegin {
+        session: Some(Rc::from(format!("{}-s", fake.name))),
+        caps: Caps(Caps::TOOLS.0 | Caps::TOOLS_LIST_CHANGED.0 | Caps::RESOURCES.0),
+        instructions: Some(Bytes::from(format!("\"I am {}\"", fake.name))),
+    };
+    if callee.reply.begin(reply).await.is_err() {
+        return;
+    }
+    loop {
+        loop {
+            let Some(flush) = fake.events.borrow_mut().pop_front() else {
+                break;
+            };
+            if callee.reply.flush(flush).await.is_err() {
+                return;
+            }
+        }
+        // Initial first: a proxy that ends a route drops its reply end at once, and the
+        // END queued before that must be seen.
+        tokio::select! {
+            biased;
+            frame = callee.initial.next() => match frame {
+                Some(Frame::Flush(Flush { event: Event::Notification { method, .. }, .. })) => {
+                    fake.note(format!("notification {method}"));
+                }
+                Some(Frame::End) => {
+                    fake.note("end".into());
+                    callee.reply.end();
+                    return;
+                }
+                Some(Frame::Abort) | None => return,
+                Some(_) => {}
+            },
+            throttle = callee.reply.throttle() => match throttle {
+                Some(Throttle::Challenge(Challenge::Resume { last_event_id })) => {
+                    fake.note(format!("resume {}", last_event_id.as_deref().unwrap_or("-")));
+                    let flush = Flush { id: None, event: Event::Resumable };
+                    if callee.reply.flush(flush).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Throttle::Challenge(Challenge::Answer { id, .. })) => {
+                    fake.note(format!("answer {}", String::from_utf8_lossy(&id)));
+                }
+                Some(Throttle::Challenge(Challenge::Suspended)) => fake.note("suspended".into()),
+                Some(Throttle::Reset(_)) | None => return,
+            },
+            () = fake.ready.notified() => {}
+        }
+    }
+}
+
+async fn fake_request(fake: Rc<Fake>, callee: Callee) {
+    let mut params = Vec::new();
+    while params.len() < callee.begin.params_len as usize {
+        match callee.initial.next().await {
+            Some(Frame::Data(piece)) => {
+                callee.initial.ack(piece.len() as u32);
+                params.extend_from_slice(&piece);
+            }
+            _ => return,
+        }
+    }
+    let begin = &callee.begin;
+    fake.note(format!(
+        "{} session={} target={} at={:?} params={}",
+        begin.kind.method(),
+        begin.session,
+        begin.target.as_deref().unwrap_or("-"),
+        begin.target_at.map(|a| (a.start, a.end)),
+        String::from_utf8_lossy(&params)
+    ));
+    let result = match begin.kind {
+        Kind::ToolsList => Bytes::from_static(fake.tools.as_bytes()),
+        Kind::ResourcesRead => Bytes::from_static(
+            br#"{"contents":[{"uri":"file:///a","text":"x"},{"uri":"file:///b","blob":"AA=="}]}"#,
+        ),
+        Kind::ToolsCall if begin.target.as_deref() == Some("elicit") => {
+            let ask = Flush {
+                id: None,
+                event: Event::Request {
+                    id: Bytes::from_static(b"7"),
+                    method: Rc::from("elicitation/create"),
+                    params: None,
+                },
+            };
+            if callee.reply.begin(ReplyBegin::default()).await.is_err()
+                || callee.reply.flush(ask).await.is_err()
+            {
+                return;
+            }
+            match callee.reply.throttle().await {
+                Some(Throttle::Challenge(Challenge::Answer { id, .. })) => {
+                    fake.note(format!("answer {}", String::from_utf8_lossy(&id)));
+                }
+                other => fake.note(format!("no answer: {other:?}")),
+            }
+            Bytes::from_static(b"{\"content\":[]}")
+        }
+        _ => Bytes::from(format!("{{\"from\":\"{}\"}}", fake.name)),
+    };
+    if callee.reply.begin(ReplyBegin::default()).await.is_ok()
+        && callee.reply.data(result).await.is_ok()
+    {
+        callee.reply.end();
+    }
+}
+
+/// A proxy over `fakes`, routed as `toolkits` (event prefixes as the config computes them).
+fn proxy(fakes: &[(&str, &Rc<Fake>)], tools: Option<Vec<&str>>) -> Rc<Proxy> {
+    let names: Vec<&str> = fakes.iter().map(|(t, _)| *t).collect();
+    let prefixes = event_prefixes(&names).expect("distinct toolkits");
+    let routes = fakes
+        .iter()
+        .zip(prefixes)
+        .enumerate()
+        .map(|(i, ((toolkit, fake), prefix))| RouteCfg {
+            toolkit: Some((*toolkit).to_owned()),
+            exit: fake.name.to_owned(),
+            tools: if i == 0 {
+                tools
+                    .clone()
+                    .map(|g| AllowList::new(g.into_iter().map(Glob::new).collect()))
+            } else {
+                None
+            },
+            prompts: None,
+            resources: None,
+            event_prefix: (fakes.len() > 1).then_some(prefix),
+        })
+        .collect();
+    let exits: Vec<Rc<dyn Exit>> = fakes
+        .iter()
+        .map(|(_, f)| Rc::new(FakeExit((*f).clone())) as Rc<dyn Exit>)
+        .collect();
+    Proxy::new(
+        "tools",
+        &ProxyBinding {
+            cache: None,
+            routes,
+        },
+        exits,
+        0,
+    )
+}
+
+fn begin(kind: Kind, session: &str, params_len: usize) -> Begin {
+    Begin {
+        kind,
+        session: Rc::from(session),
+        target: None,
+        target_at: None,
+        method: None,
+        params_len: params_len as u32,
+        deadline: Instant::now() + WAIT,
+        progress_token: None,
+        client: None,
+        authorization: None,
+    }
+}
+
+/// Opens a session through the proxy; returns the lifecycle and the reply's header.
+async fn connect(proxy: &Proxy, auth: Option<&'static str>) -> (Caller, ReplyBegin) {
+    let mut b = begin(Kind::Lifecycle, "", 0);
+    b.client = Some(ClientHello {
+        capabilities: Bytes::from_static(b"{}"),
+        protocol_version: "2025-11-25",
+        authorization: auth.map(|a| Bytes::from_static(a.as_bytes())),
+    });
+    b.authorization = auth.map(|a| Bytes::from_static(a.as_bytes()));
+    let (caller, callee) = open(b);
+    proxy.open(callee);
+    match timeout(WAIT, caller.reply.next()).await.expect("an answer") {
+        Some(Frame::Begin(reply)) => (caller, reply),
+        other => panic!(
+            "expected the lifecycle reply, got {other:?} / {:?}",
+            caller.initial.try_throttle()
+        ),
+    }
+}
+
+/// The next FLUSH on `caller`'s reply (BEGIN is skipped, DATA acknowledged and skipped).
+async fn next_flush(caller: &Caller) -> Flush {
+    loop {
+        match timeout(WAIT, caller.reply.next())
+            .await
+            .expect("a frame in time")
+        {
+            Some(Frame::Flush(flush)) => return flush,
+            Some(Frame::Data(d)) => caller.reply.ack(d.len() as u32),
+            Some(Frame::Begin(_)) => {}
+            other => panic!("expected a FLUSH, got {other:?}"),
+        }
+    }
+}
+
+/// Sends a request through the proxy and collects its result (or its RESET).
+async fn call(
+    proxy: &Proxy,
+    session: &str,
+    kind: Kind,
+    target: Option<(&str, TargetAt)>,
+    params: &[u8],
+    piece: usize,
+) -> Result<String, Reset> {
+    let mut b = begin(kind, session, params.len());
+    if let Some((name, at)) = target {
+        b.target = Some(Rc::from(name));
+        b.target_at = Some(at);
+    }
+    let (caller, callee) = open(b);
+    proxy.open(callee);
+    for chunk in params.chunks(piece.max(1)) {
+        if caller
+            .initial
+            .data(Bytes::copy_from_slice(chunk))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    loop {
+        match timeout(WAIT, caller.reply.next())
+            .await
+            .expect("a frame in time")
+        {
+            Some(Frame::Data(d)) => {
+                caller.reply.ack(d.len() as u32);
+                out.extend_from_slice(&d);
+            }
+            Some(Frame::Begin(_) | Frame::Flush(_)) => {}
+            Some(Frame::End) => {
+                caller.initial.end();
+                return Ok(String::from_utf8(out).expect("utf-8"));
+            }
+            Some(Frame::Abort) | None => {
+                caller.initial.abort();
+                return Err(match caller.initial.try_throttle() {
+                    Some(Throttle::Reset(r)) => r,
+                    other => panic!("an abort without a reset: {other:?}"),
+                });
+            }
+        }
+    }
+}
+
+/// Params `{"name":<name>,...}` and where the name's lexeme is.
+fn named_params(name: &str, rest: &str) -> (Vec<u8>, TargetAt) {
+    let mut p = BytesMut::new();
+    p.put_slice(b"{\"arguments\":{\"q\":\"bluesky__x\"},\"name\":");
+    let start = p.len() as u32;
+    crate::jsonrpc::escape_str(name, &mut p);
+    let end = p.len() as u32;
+    p.put_slice(rest.as_bytes());
+    p.put_slice(b"}");
+    (
+        p.to_vec(),
+        TargetAt {
+            start,
+            end,
+            uri: false,
+        },
+    )
+}
+
+#[test]
+fn event_ids_aggregate_and_resumes_split_per_route() {
+    run(async {
+        let (a, b) = (Fake::new("a", "{}"), Fake::new("b", "{}"));
+        // bluesky's prefix is S, quartz's 2 (the pull request's vectors).
+        let p = proxy(&[("bluesky", &a), ("quartz", &b)], None);
+        let (life, reply) = connect(&p, None).await;
+        assert!(reply.caps.contains(Caps::TOOLS));
+        assert!(
+            !reply.caps.contains(Caps::OTHER),
+            "several routes: no pass-through"
+        );
+        let text: String = serde_json::from_slice(&reply.instructions.unwrap()).unwrap();
+        assert_eq!(text, "bluesky: I am a\n\nquartz: I am b");
+
+        life.reply
+            .challenge(Challenge::Resume {
+                last_event_id: None,
+            })
+            .unwrap();
+        a.saw("resume -").await;
+        b.saw("resume -").await;
+        let ack = next_flush(&life).await;
+        assert!(
+            matches!(ack.event, Event::Resumable),
+            "one answer once both answered"
+        );
+
+        a.emit(Some("101"), Event::ListChanged(ListKind::Tools));
+        assert_eq!(next_flush(&life).await.id.as_deref(), Some("S=101"));
+        b.emit(Some("200"), Event::ListChanged(ListKind::Tools));
+        assert_eq!(next_flush(&life).await.id.as_deref(), Some("2=200;S=101"));
+        // An event without an id still names every route's position.
+        b.emit(None, Event::ListChanged(ListKind::Tools));
+        assert_eq!(next_flush(&life).await.id.as_deref(), Some("2=200;S=101"));
+
+        // A resume: each route from its own id, unknown prefixes ignored.
+        let agg = Rc::from("2=150;X=9;S=90");
+        life.reply
+            .challenge(Challenge::Resume {
+                last_event_id: Some(agg),
+            })
+            .unwrap();
+        a.saw("resume 90").await;
+        b.saw("resume 150").await;
+        assert!(matches!(next_flush(&life).await.event, Event::Resumable));
+        // The aggregate starts from the resumed positions.
+        a.emit(Some("91"), Event::ListChanged(ListKind::Tools));
+        assert_eq!(next_flush(&life).await.id.as_deref(), Some("2=150;S=91"));
+
+        // A route with no pair in the id resumes from where it is.
+        a.log.borrow_mut().clear();
+        b.log.borrow_mut().clear();
+        life.reply
+            .challenge(Challenge::Resume {
+                last_event_id: Some(Rc::from("S=5")),
+            })
+            .unwrap();
+        a.saw("resume 5").await;
+        b.saw("resume -").await;
+        assert!(matches!(next_flush(&life).await.event, Event::Resumable));
+
+        // Route ids with the aggregate's own separators are escaped, and come back whole.
+        a.emit(Some("x;y=z%"), Event::ListChanged(ListKind::Tools));
+        let id = next_flush(&life).await.id.unwrap();
+        assert_eq!(&*id, "2=150;S=x%3By%3Dz%25");
+        a.log.borrow_mut().clear();
+        life.reply
+            .challenge(Challenge::Resume {
+                last_event_id: Some(id),
+            })
+            .unwrap();
+        a.saw("resume x;y=z%").await;
+        assert!(matches!(next_flush(&life).await.event, Event::Resumable));
+
+        life.initial.end();
+        a.saw("end").await;
+        b.saw("end").await;
+    });
+}
+
+#[test]
+fn server_to_client_requests_carry_their_toolkit_and_answers_find_the_route() {
+    run(async {
+        let (a, b) = (Fake::new("a", "{}"), Fake::new("b", "{}"));
+        let p = proxy(&[("bluesky", &a), ("quartz", &b)], None);
+        let (life, reply) = connect(&p, None).await;
+        let session = reply.session.unwrap();
+        b.emit(
+            None,
+            Event::Request {
+                id: Bytes::from_static(b"7"),
+                method: Rc::from("sampling/createMessage"),
+                params: None,
+            },
+        );
+        let flush = next_flush(&life).await;
+        let Event::Request { id, .. } = flush.event else {
+            panic!("a request, got {:?}", flush.event);
+        };
+        assert_eq!(&id[..], b"\"quartz~7\"");
+        let answer = Challenge::Answer {
+            id,
+            result: Some(Bytes::from_static(b"{}")),
+            error: None,
+        };
+        life.reply.challenge(answer).unwrap();
+        b.saw("answer 7").await;
+        assert!(!a.log.borrow().iter().any(|l| l.starts_with("answer")));
+
+        // The same on a request's own stream.
+        let (params, at) = named_params("bluesky__elicit", "");
+        let mut bg = begin(Kind::ToolsCall, &session, params.len());
+        bg.target = Some(Rc::from("bluesky__elicit"));
+        bg.target_at = Some(at);
+        let (caller, callee) = open(bg);
+        p.open(callee);
+        caller.initial.data(Bytes::from(params)).await.unwrap();
+        let flush = next_flush(&caller).await;
+        let Event::Request { id, .. } = flush.event else {
+            panic!("a request, got {:?}", flush.event);
+        };
+        assert_eq!(&id[..], b"\"bluesky~7\"");
+        caller
+            .reply
+            .challenge(Challenge::Answer {
+                id,
+                result: None,
+                error: None,
+            })
+            .unwrap();
+        a.saw("answer 7").await;
+    });
+}
+
+#[test]
+fn names_lose_their_prefix_going_up_wherever_the_params_split() {
+    run(async {
+        let (a, b) = (Fake::new("a", "{}"), Fake::new("b", "{}"));
+        let p = proxy(&[("bluesky", &a), ("quartz", &b)], None);
+        let (_life, reply) = connect(&p, None).await;
+        let session = reply.session.unwrap();
+        let (params, at) = named_params("quartz__search", ",\"x\":1");
+        let want_params = String::from_utf8(params.clone())
+            .unwrap()
+            .replace("\"quartz__search\"", "\"search\"");
+        for piece in [1, 2, 3, 7, 64] {
+            b.log.borrow_mut().clear();
+            let got = call(
+                &p,
+                &session,
+                Kind::ToolsCall,
+                Some(("quartz__search", at)),
+                &params,
+                piece,
+            )
+            .await
+            .expect("a result");
+            assert_eq!(got, "{\"from\":\"b\"}");
+            let seen = b.log.borrow().join("\n");
+            let start = at.start;
+            let end = start + "\"search\"".len() as u32;
+            assert_eq!(
+                seen,
+                format!(
+                    "tools/call session=b-s target=search at=Some(({start}, {end})) params={want_params}"
+                ),
+                "params cut every {piece} bytes"
+            );
+        }
+        // An escaped name is matched decoded and sent plain.
+        let (params, at) = named_params("quartz\\u005f_search", "");
+        let got = call(
+            &p,
+            &session,
+            Kind::ToolsCall,
+            Some(("quartz__search", at)),
+            &params,
+            5,
+        )
+        .await;
+        assert!(got.is_ok());
+        assert!(
+            b.log
+                .borrow()
+                .last()
+                .unwrap()
+                .contains("\"name\":\"search\"}")
+        );
+        // Unknown toolkits and names no route admits are refused like an unknown tool.
+        let (params, at) = named_params("nope__search", "");
+        let err = call(
+            &p,
+            &session,
+            Kind::ToolsCall,
+            Some(("nope__search", at)),
+            &params,
+            5,
+        )
+        .await;
+        match err {
+            Err(Reset::Error { code, message, .. }) => {
+                assert_eq!(code, crate::jsonrpc::INVALID_PARAMS);
+                assert_eq!(&*message, "Unknown tool: nope__search");
+            }
+            other => panic!("expected an error, got {other:?}"),
+        }
+    });
+}
+
+#[test]
+fn lists_merge_in_route_order_and_allow_lists_filter() {
+    run(async {
+        let a = Fake::new(
+            "a",
+            r#"{"tools":[{"name":"get_x","d":1},{"name":"del_x"}],"nextCursor":null}"#,
+        );
+        let b = Fake::new("b", r#"{"tools":[{"name":"get_x"}]}"#);
+        let p = proxy(&[("bluesky", &a), ("quartz", &b)], Some(vec!["get_*"]));
+        let (_life, reply) = connect(&p, None).await;
+        let session = reply.session.unwrap();
+        let got = call(&p, &session, Kind::ToolsList, None, b"", 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            got,
+            r#"{"tools":[{"name":"bluesky__get_x","d":1},{"name":"quartz__get_x"}]}"#
+        );
+        // What the allow-list hides cannot be called either.
+        let (params, at) = named_params("bluesky__del_x", "");
+        assert!(
+            call(
+                &p,
+                &session,
+                Kind::ToolsCall,
+                Some(("bluesky__del_x", at)),
+                &params,
+                9
+            )
+            .await
+            .is_err()
+        );
+        // resources/read results get their uris back under the prefix.
+        let uri = "quartz+file:///a";
+        let mut params = BytesMut::new();
+        params.put_slice(b"{\"uri\":");
+        let start = params.len() as u32;
+        crate::jsonrpc::escape_str(uri, &mut params);
+        let end = params.len() as u32;
+        params.put_slice(b"}");
+        let at = TargetAt {
+            start,
+            end,
+            uri: true,
+        };
+        let got = call(
+            &p,
+            &session,
+            Kind::ResourcesRead,
+            Some((uri, at)),
+            &params,
+            3,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            got,
+            r#"{"contents":[{"uri":"quartz+file:///a","text":"x"},{"uri":"quartz+file:///b","blob":"AA=="}]}"#
+        );
+        assert!(
+            b.log
+                .borrow()
+                .last()
+                .unwrap()
+                .ends_with("params={\"uri\":\"file:///a\"}")
+        );
+    });
+}
+
+#[test]
+fn a_route_refusing_initialize_is_skipped_unless_it_is_the_only_one() {
+    run(async {
+        let challenge = Reset::Bearer(crate::stream::BearerChallenge {
+            status: 401,
+            realm: Some("b".into()),
+            ..Default::default()
+        });
+        let (a, b) = (Fake::new("a", "{\"tools\":[]}"), Fake::new("b", "{}"));
+        *b.refuse.borrow_mut() = Some(challenge.clone());
+        let p = proxy(&[("bluesky", &a), ("quartz", &b)], None);
+        let (_life, reply) = connect(&p, Some("Bearer t")).await;
+        assert!(
+            a.log
+                .borrow()
+                .contains(&"initialize auth=Some(\"Bearer t\")".to_owned())
+        );
+        b.saw("initialize refused").await;
+        // An item request for it opens it again, and gets its answer: the challenge.
+        let session = reply.session.unwrap();
+        *b.refuse.borrow_mut() = Some(challenge.clone());
+        let (params, at) = named_params("quartz__x", "");
+        match call(
+            &p,
+            &session,
+            Kind::ToolsCall,
+            Some(("quartz__x", at)),
+            &params,
+            4,
+        )
+        .await
+        {
+            Err(Reset::Bearer(c)) => assert_eq!(c.realm.as_deref(), Some("b")),
+            other => panic!("expected the challenge, got {other:?}"),
+        }
+        // And once it lets the agent in, the call goes through.
+        let got = call(
+            &p,
+            &session,
+            Kind::ToolsCall,
+            Some(("quartz__x", at)),
+            &params,
+            4,
+        )
+        .await;
+        assert_eq!(got.unwrap(), "{\"from\":\"b\"}");
+
+        // Alone, the route's refusal is the agent's answer.
+        let c = Fake::new("c", "{}");
+        *c.refuse.borrow_mut() = Some(challenge);
+        let p = proxy(&[("solo", &c)], None);
+        let mut b = begin(Kind::Lifecycle, "", 0);
+        b.client = Some(ClientHello {
+            capabilities: Bytes::from_static(b"{}"),
+            protocol_version: "2025-11-25",
+            authorization: None,
+        });
+        let (caller, callee) = open(b);
+        p.open(callee);
+        assert!(matches!(
+            timeout(WAIT, caller.reply.next()).await.unwrap(),
+            Some(Frame::Abort)
+        ));
+        assert!(matches!(
+            caller.initial.try_throttle(),
+            Some(Throttle::Reset(Reset::Bearer(_)))
+        ));
+    });
+}
