@@ -151,11 +151,53 @@ def _spawn(argv: list[str], prefix: str, what: str, workdir: Path, env: dict[str
     return Child(proc=proc, address=address, log=log)
 
 
-def start_upstream(mode: str, workdir: Path) -> Child:
-    """Starts the SDK upstream in `mode`; `address` is its MCP endpoint URL."""
-    return _spawn(
-        [sys.executable, str(UPSTREAM_SCRIPT), "--mode", mode], "listening ", f"upstream-{mode}", workdir, None
-    )
+def start_upstream(mode: str, workdir: Path, *, name: str | None = None, token: str | None = None) -> Child:
+    """Starts the SDK upstream in `mode` (named `name`, needing `Bearer <token>` when a token
+    is given); `address` is its MCP endpoint URL."""
+    argv = [sys.executable, str(UPSTREAM_SCRIPT), "--mode", mode]
+    if name is not None:
+        argv += ["--name", name]
+    if token is not None:
+        argv += ["--token", token]
+    return _spawn(argv, "listening ", f"upstream-{name or mode}", workdir, None)
+
+
+EVERYTHING = ROOT / "tests" / "js" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_everything(workdir: Path) -> Child:
+    """Starts the reference `@modelcontextprotocol/server-everything` (Streamable HTTP) from
+    tests/js/node_modules (tests/py/run.sh installs it); `address` is its MCP endpoint URL.
+    It takes its port from PORT only, so a free one is picked first (once more if that one
+    was taken meanwhile)."""
+    if not EVERYTHING.exists():
+        raise AssertionError(f"{EVERYTHING} is missing: run `npm ci` in tests/js (tests/py/run.sh does)")
+    for attempt in range(2):
+        port = _free_port()
+        try:
+            # It announces itself on stderr: merged into stdout, where _spawn waits.
+            child = _spawn(
+                ["sh", "-c", 'exec node "$0" streamableHttp 2>&1', str(EVERYTHING)],
+                "MCP Streamable HTTP Server listening on port ",
+                f"everything-{attempt}",
+                workdir,
+                {"PORT": str(port)},
+            )
+        except AssertionError:
+            if attempt == 1:
+                raise
+            continue
+        child.address = f"http://127.0.0.1:{port}/mcp"
+        return child
+    raise AssertionError("unreachable")
 
 
 def stop_upstream(child: Child) -> None:

@@ -9,6 +9,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/py/requirements.txt
 
+# The proxy tests put the reference server-everything (an npm package) beside the SDK
+# upstreams; it comes from tests/js's lock file.
+if [ ! -f tests/js/node_modules/@modelcontextprotocol/server-everything/dist/index.js ]; then
+  (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 if [ ! -x target/release/mcpyard ]; then
   cargo build --release --bin mcpyard
 fi

@@ -19,7 +19,7 @@
 
 use super::rename;
 use super::{Proxy, Route, fail, internal, join_all};
-use crate::limits::EXIT_EVENT_ID_BYTES_MAX;
+use crate::limits::{EVENTS_PROBE_TIMEOUT, EXIT_EVENT_ID_BYTES_MAX};
 use crate::log;
 use crate::metrics;
 use crate::stream::{
@@ -28,7 +28,7 @@ use crate::stream::{
 };
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -73,6 +73,17 @@ struct Round {
     /// What the caller was told last: `Some(true)` resumable, `Some(false)` no event
     /// stream, `None` before the first resume.
     told: Option<bool>,
+    /// A route that has not answered by then is answered for (as without events).
+    deadline: Option<Instant>,
+}
+
+impl Round {
+    /// True while some asked route has yet to answer. Meanwhile only those routes are
+    /// read: events of a route that answered wait in its stream, since they belong after
+    /// the caller's answer (the caller's stream starts there).
+    fn open(&self) -> bool {
+        !self.answered && self.waiting.iter().any(|w| *w)
+    }
 }
 
 /// One agent session of the proxy.
@@ -488,11 +499,15 @@ enum Step {
     Route(usize, Rc<RouteLife>, Option<Frame>),
     /// Another task changed something (a route opened, lists to announce).
     Poke,
+    /// The resume round's deadline passed.
+    RoundTimeout,
 }
 
 /// Relays until the caller ends the session.
 async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
     let mut turn = 0usize;
+    // The resume round's deadline (boxed: the relay task lives as long as the session).
+    let mut round_timer = Box::pin(tokio::time::sleep(EVENTS_PROBE_TIMEOUT));
     loop {
         for flush in pending_flushes(session) {
             if Box::pin(callee.reply.flush(flush)).await.is_err() {
@@ -506,10 +521,24 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
             if let Poll::Ready(throttle) = callee.reply.poll_throttle(cx) {
                 return Poll::Ready(Step::Throttle(throttle));
             }
+            let round = session.round.borrow();
+            let open_round = round.open();
+            if open_round && let Some(deadline) = round.deadline {
+                let deadline = tokio::time::Instant::from_std(deadline);
+                if round_timer.deadline() != deadline {
+                    round_timer.as_mut().reset(deadline);
+                }
+                if round_timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Step::RoundTimeout);
+                }
+            }
             // Routes are polled round-robin, so a busy one cannot starve the others.
             let count = session.routes.len();
             for k in 0..count {
                 let i = (turn + k) % count;
+                if open_round && round.waiting.get(i) != Some(&true) {
+                    continue;
+                }
                 let Some(slot) = session.routes.get(i) else {
                     continue;
                 };
@@ -521,6 +550,7 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
                     return Poll::Ready(Step::Route(i, life.clone(), frame));
                 }
             }
+            drop(round);
             if session.poked.replace(false) {
                 return Poll::Ready(Step::Poke);
             }
@@ -561,6 +591,12 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
                 {
                     return;
                 }
+            }
+            Step::RoundTimeout => {
+                // Routes that have not answered yet count as without events for this
+                // round; their answer, should it come, still tells the caller.
+                let mut round = session.round.borrow_mut();
+                round.waiting.iter_mut().for_each(|w| *w = false);
             }
             Step::Poke => {}
         }
@@ -660,6 +696,7 @@ fn resume(proxy: &Proxy, session: &Rc<ProxySession>, last_event_id: Option<Rc<st
         round.waiting = vec![false; count];
         round.any_yes = false;
         round.answered = false;
+        round.deadline = Some(Instant::now() + EVENTS_PROBE_TIMEOUT);
     }
     for (i, id) in from.into_iter().enumerate() {
         let Some(slot) = session.routes.get(i) else {

@@ -59,6 +59,9 @@ struct State {
     /// Control events (resumable, suspend) seen from the exit: how a GET knows the exit
     /// has answered the resume it just asked for.
     acks: u64,
+    /// The ring's last seq when the latest of them came: a stream resumed by the exit
+    /// starts after it (what the exit sent before its answer belongs to the old flow).
+    acked_at: u64,
     last_exit_event: Option<Rc<str>>,
     answers: HashMap<IdKey, AnswerTo>,
 }
@@ -115,6 +118,7 @@ impl Session {
                 get_live: false,
                 support: Support::Unknown,
                 acks: 0,
+                acked_at: 0,
                 last_exit_event: None,
                 answers: HashMap::new(),
             }),
@@ -406,6 +410,7 @@ fn set_support(session: &Session, support: Support) {
     let mut st = session.st.borrow_mut();
     st.support = support;
     st.acks += 1;
+    st.acked_at = st.next_seq - 1;
     drop(st);
     session.changed.notify_waiters();
 }
@@ -539,9 +544,13 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         )
         .await;
     }
-    let cursor = match resume {
-        Resume::Ring(seq) => seq,
-        Resume::Exit(_) | Resume::Now => session.st.borrow().next_seq - 1,
+    let cursor = {
+        let st = session.st.borrow();
+        match resume {
+            Resume::Ring(seq) => seq,
+            Resume::Exit(_) if st.acks > asked => st.acked_at,
+            Resume::Exit(_) | Resume::Now => st.next_seq - 1,
+        }
     };
     // The stream gets its own small task: the one answering this request is sized for
     // every kind of request (POST is the largest) and would be held for the stream's
