@@ -262,6 +262,11 @@ STATIC_TOOLS: list[types.Tool] = [
         input_schema=obj_schema({"code": INT, "message": STR, "data": {}}, ["code", "message"]),
     ),
     types.Tool(
+        name="upstream_stats",
+        description="The session ids opened and deleted so far, in order; waits up to `wait_s` until every id in `await_deleted` was deleted.",
+        input_schema=obj_schema({"await_deleted": {"type": "array", "items": STR}, "wait_s": NUM}, []),
+    ),
+    types.Tool(
         name="whoami",
         description="The name this upstream was started with, and the Authorization it was sent.",
         input_schema=obj_schema({}, []),
@@ -270,11 +275,6 @@ STATIC_TOOLS: list[types.Tool] = [
         name="sample",
         description="Asks the client's model (sampling/createMessage) and returns its text; `via` is `request` or `standalone`.",
         input_schema=obj_schema({"prompt": STR, "via": {"type": "string", "enum": ["request", "standalone"]}}, ["prompt"]),
-    ),
-    types.Tool(
-        name="upstream_stats",
-        description="The session ids opened and deleted so far, in order; waits up to `wait_s` until every id in `await_deleted` was deleted.",
-        input_schema=obj_schema({"await_deleted": {"type": "array", "items": STR}, "wait_s": NUM}, []),
     ),
 ]
 
@@ -750,7 +750,9 @@ def build_server() -> Server:
     return UpstreamServer(
         STATE.name,
         version="1.0.0",
-        instructions=f"Test upstream {STATE.name} for the mcpyard gateway tests.",
+        instructions="Test upstream for the mcpyard gateway tests."
+        if STATE.name == "sdk-upstream"
+        else f"Test upstream {STATE.name} for the mcpyard gateway tests.",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_list_prompts=list_prompts,
