@@ -53,7 +53,8 @@ export function configYaml({ workers = 2, progressInterval = '20ms', exitYaml } 
 }
 
 /**
- * Writes the config to a temp file, spawns the gateway and waits (no sleep) for its
+ * Writes the config (`options.yaml`, or `configYaml(options)`) to a temp file, spawns the
+ * gateway and waits (no sleep) for its
  * `listening north 127.0.0.1:PORT` line. Resolves with { url, port, metrics, stop, output }.
  */
 export async function startGateway(options = {}) {
@@ -62,7 +63,7 @@ export async function startGateway(options = {}) {
   }
   const dir = mkdtempSync(join(tmpdir(), 'mcpyard-js-'));
   const config = join(dir, 'mcpyard.yaml');
-  writeFileSync(config, configYaml(options));
+  writeFileSync(config, options.yaml ?? configYaml(options));
 
   const child = spawn(BINARY, ['--config', config], {
     stdio: ['ignore', 'pipe', 'pipe'],

@@ -27,6 +27,12 @@ else
   fi
 fi
 
+# proxy.test.mjs runs the Python SDK upstream (tests/py/upstreams) beside server-everything.
+if [ ! -x "$root/.venv/bin/python" ]; then
+  python3 -m venv "$root/.venv"
+fi
+"$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/tests/py/requirements.txt"
+
 cd "$root"
 status=0
 node --test --test-timeout=120000 tests/js/*.test.mjs || status=$?

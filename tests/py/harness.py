@@ -196,8 +196,27 @@ def start_everything(workdir: Path) -> Child:
                 raise
             continue
         child.address = f"http://127.0.0.1:{port}/mcp"
-        return child
+        # Express calls its listen callback on a bind error too (the line is printed, then
+        # it exits): only a GET without a session answered 400 proves it serves there.
+        if _answers_400(child.address) and child.alive():
+            return child
+        stop_upstream(child)
+        if attempt == 1:
+            raise AssertionError(f"server-everything did not serve on port {port}:\n{child.stderr()[-3000:]}")
     raise AssertionError("unreachable")
+
+
+def _answers_400(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url, timeout=STARTUP_TIMEOUT_S)
+    except urllib.error.HTTPError as e:
+        return e.code == 400
+    except OSError:
+        return False
+    return False
 
 
 def stop_upstream(child: Child) -> None:
