@@ -3,6 +3,8 @@
 # server scenarios against
 #   direct   the reference server (reference-server.mjs, official TS SDK),
 #   through  the same reference server behind mcpyard (server -> client bindings),
+#   proxy    the same reference server behind a one-route mcpyard proxy
+#            (server -> proxy -> client),
 #   demo     mcpyard with its embedded demo toolkit (informational),
 # and writes results/summary.md. Exits 1 only when some scenario has more
 # failed checks through mcpyard than directly (or mcpyard could not be started
@@ -172,6 +174,29 @@ else
     log "mcpyard did not start as a gateway: $why"
     through_failed_to_start=1
   fi
+fi
+# -------- reference server through a one-route mcpyard proxy
+mkdir -p "$RAW/proxy"
+cat >"$RAW/proxy.yaml" <<EOF
+telemetry: { metrics: 127.0.0.1:0 }
+bindings:
+  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: tools }
+  tools: { kind: proxy, routes: [ { exit: up } ] }
+  up: { kind: client, server: "$REF_URL" }
+EOF
+if start_mcpyard proxy "$RAW/proxy.yaml"; then
+  log "mcpyard proxy at $MY_URL -> $REF_URL; running the suite through it"
+  note="$(run_suites proxy "$MY_URL")"
+  stop "$MY_PID"
+  echo "proxy $MY_URL -> $REF_URL" >>"$RAW/urls.txt"
+  echo "ran$note; mcpyard $STOPPED on SIGTERM" >"$RAW/proxy/status"
+else
+  stop "$MY_PID"
+  why="$(cat "$RAW/proxy.mcpyard.out" "$RAW/proxy.mcpyard.err" | grep -v ' INFO ' | tr '\n' ' ' |
+    sed -e "s#$RAW/#results/raw/#g" -e 's/ *$//')"
+  echo "failed: mcpyard did not start as a proxy (${why:-no message})" >"$RAW/proxy/status"
+  log "mcpyard did not start as a proxy: $why"
+  through_failed_to_start=1
 fi
 stop "$REF_PID"
 

@@ -1,17 +1,18 @@
-// Reads the conformance suite's per-scenario checks.json files for the three
-// targets run by run.sh and writes a Markdown summary.
+// Reads the conformance suite's per-scenario checks.json files for the targets
+// run by run.sh and writes a Markdown summary.
 //
 //   node summarize.mjs RAW_DIR OUT_MD
 //
-// RAW_DIR holds, per target (direct, through, demo):
+// RAW_DIR holds, per target (direct, through, proxy, demo):
 //   <target>/status            "ran", or "skipped: <reason>"
 //   <target>/{active,pending}/server-<scenario>-<timestamp>/checks.json
 // and scenarios.txt (every server scenario, one per line, in the suite's order).
 //
 // A scenario passes when none of its checks is a FAILURE (the suite's own rule);
 // WARNING and INFO checks do not fail it. Exit status: 1 when some scenario has
-// more FAILURE checks through mcpyard than directly (or did not run through
-// mcpyard while it ran directly), else 0. The demo column never affects it.
+// more FAILURE checks through mcpyard (as a gateway, or as a one-route proxy)
+// than directly (or did not run through it while it ran directly), else 0. The
+// demo column never affects it.
 
 import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -25,8 +26,11 @@ if (!rawDir || !outMd) {
 const TARGETS = [
   { key: 'direct', title: 'reference direct' },
   { key: 'through', title: 'reference through mcpyard' },
+  { key: 'proxy', title: 'reference through a one-route mcpyard proxy' },
   { key: 'demo', title: 'mcpyard demo' },
 ];
+/** The targets that put mcpyard in front of the reference: each must do as well as direct. */
+const GATEWAYS = TARGETS.filter((t) => t.key === 'through' || t.key === 'proxy');
 
 const scenarios = readFileSync(join(rawDir, 'scenarios.txt'), 'utf8').split('\n').map((s) => s.trim()).filter(Boolean);
 const TS = /-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z$/;
@@ -79,12 +83,14 @@ function statusById(r) {
   return m;
 }
 
-const worse = [];
-const differs = [];
-if (data.through.status.startsWith('ran') && data.direct.status.startsWith('ran')) {
+/** Scenarios worse through `key` than direct, and checks whose status differs. */
+function compare(key) {
+  const worse = [];
+  const differs = [];
+  if (!data[key].status.startsWith('ran') || !data.direct.status.startsWith('ran')) return { worse, differs };
   for (const name of scenarios) {
     const d = tally(data.direct.results.get(name));
-    const t = tally(data.through.results.get(name));
+    const t = tally(data[key].results.get(name));
     if (!d) continue;
     if (!t) {
       worse.push({ name, why: 'did not run through mcpyard' });
@@ -92,7 +98,7 @@ if (data.through.status.startsWith('ran') && data.direct.status.startsWith('ran'
     }
     if (t.fail > d.fail) worse.push({ name, why: `${t.fail} failed check(s) through mcpyard, ${d.fail} direct` });
     const dm = statusById(data.direct.results.get(name));
-    const tm = statusById(data.through.results.get(name));
+    const tm = statusById(data[key].results.get(name));
     for (const id of new Set([...dm.keys(), ...tm.keys()])) {
       const a = dm.get(id);
       const b = tm.get(id);
@@ -107,7 +113,10 @@ if (data.through.status.startsWith('ran') && data.direct.status.startsWith('ran'
       }
     }
   }
+  return { worse, differs };
 }
+const compared = Object.fromEntries(GATEWAYS.map((t) => [t.key, compare(t.key)]));
+const worse = GATEWAYS.flatMap((t) => compared[t.key].worse.map((w) => ({ ...w, via: t.title })));
 
 const lines = [];
 const meta = existsSync(join(rawDir, 'meta.txt')) ? readFileSync(join(rawDir, 'meta.txt'), 'utf8').trim() : '';
@@ -138,26 +147,29 @@ lines.push(
 );
 lines.push('');
 
-lines.push('## Through mcpyard vs. direct', '');
-if (!data.through.status.startsWith('ran')) {
-  lines.push(`Not compared: the through-mcpyard run was ${data.through.status}.`);
-} else if (!data.direct.status.startsWith('ran')) {
-  lines.push(`Not compared: the direct run was ${data.direct.status}.`);
-} else {
-  if (worse.length === 0) lines.push('No scenario is worse through mcpyard than direct.');
-  else {
-    lines.push('Worse through mcpyard (this makes run.sh exit 1):', '');
-    for (const w of worse) lines.push(`- ${w.name}: ${w.why}`);
+for (const g of GATEWAYS) {
+  const { worse: gWorse, differs } = compared[g.key];
+  lines.push(`## ${g.title} vs. direct`, '');
+  if (!data[g.key].status.startsWith('ran')) {
+    lines.push(`Not compared: the run was ${data[g.key].status}.`);
+  } else if (!data.direct.status.startsWith('ran')) {
+    lines.push(`Not compared: the direct run was ${data.direct.status}.`);
+  } else {
+    if (gWorse.length === 0) lines.push('No scenario is worse through mcpyard than direct.');
+    else {
+      lines.push('Worse through mcpyard (this makes run.sh exit 1):', '');
+      for (const w of gWorse) lines.push(`- ${w.name}: ${w.why}`);
+    }
+    lines.push('');
+    if (differs.length === 0) lines.push('Every SUCCESS, WARNING and FAILURE check has the same status in both runs.');
+    else {
+      lines.push('Checks whose status differs (— = check absent; INFO-only changes left out):', '');
+      lines.push('| scenario | check | direct | through mcpyard | message |', '|---|---|---|---|---|');
+      for (const d of differs) lines.push(`| ${d.name} | ${d.id} | ${d.direct} | ${d.through} | ${d.msg} |`);
+    }
   }
   lines.push('');
-  if (differs.length === 0) lines.push('Every SUCCESS, WARNING and FAILURE check has the same status in both runs.');
-  else {
-    lines.push('Checks whose status differs (— = check absent; INFO-only changes left out):', '');
-    lines.push('| scenario | check | direct | through mcpyard | message |', '|---|---|---|---|---|');
-    for (const d of differs) lines.push(`| ${d.name} | ${d.id} | ${d.direct} | ${d.through} | ${d.msg} |`);
-  }
 }
-lines.push('');
 
 function reasons(key, title) {
   const t = data[key];
@@ -194,6 +206,6 @@ for (const t of TARGETS) {
   console.log(`${t.title}: ${data[t.key].status.startsWith('ran') ? `${c.pass} passed, ${c.fail} failed` : data[t.key].status}`);
 }
 if (worse.length > 0) {
-  console.log(`worse through mcpyard than direct: ${worse.map((w) => w.name).join(', ')}`);
+  console.log(`worse through mcpyard than direct: ${worse.map((w) => `${w.name} (${w.via})`).join(', ')}`);
   process.exit(1);
 }
