@@ -761,10 +761,12 @@ fn shipped_example_files_load() {
     assert_eq!(
         routes,
         [
-            (Some("github"), Some("G"), true),
+            (Some("github"), Some("G"), false),
             (Some("time"), Some("C"), true)
         ]
     );
+    let github = proxy(&example, "tools").routes.first().and_then(|r| r.tools.as_ref());
+    assert!(github.is_some_and(|t| t.admits("search_code") && !t.admits("delete_repo")));
 }
 
 #[test]
