@@ -765,7 +765,10 @@ fn shipped_example_files_load() {
             (Some("time"), Some("C"), true)
         ]
     );
-    let github = proxy(&example, "tools").routes.first().and_then(|r| r.tools.as_ref());
+    let github = proxy(&example, "tools")
+        .routes
+        .first()
+        .and_then(|r| r.tools.as_ref());
     assert!(github.is_some_and(|t| t.admits("search_code") && !t.admits("delete_repo")));
 }
 
@@ -895,5 +898,24 @@ fn allow_lists_are_capped_in_entries_and_bytes() {
             "gw.yaml: bindings.tools.routes[0].resources[0]: found \"{shown}\"…, \
              expected a resource URI glob of at most 1024 bytes"
         )
+    );
+}
+
+#[test]
+fn routes_are_capped() {
+    let routes = |n: usize| {
+        let lines: Vec<String> = (0..n)
+            .map(|i| format!("      - toolkit: t{i}\n        exit: github\n"))
+            .collect();
+        with_routes(&lines.concat())
+    };
+    let config = load_ok(&routes(crate::limits::PROXY_ROUTES_MAX));
+    assert_eq!(
+        proxy(&config, "tools").routes.len(),
+        crate::limits::PROXY_ROUTES_MAX
+    );
+    assert_eq!(
+        load_err(&routes(crate::limits::PROXY_ROUTES_MAX + 1)),
+        "gw.yaml: bindings.tools.routes: found 65 routes, expected at most 64"
     );
 }

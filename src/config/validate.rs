@@ -19,7 +19,7 @@ use super::model::{
     ServerBinding, Store, Telemetry,
 };
 use super::raw::{Kind, RawBinding, RawConfig, RawStore, quote, render};
-use crate::limits::{REQUEST_TIMEOUT_DEFAULT, SESSION_IDLE_TIMEOUT_MAX};
+use crate::limits::{PROXY_ROUTES_MAX, REQUEST_TIMEOUT_DEFAULT, SESSION_IDLE_TIMEOUT_MAX};
 
 /// Where a check failed and what it found, before the file name is added.
 #[derive(Debug)]
@@ -237,6 +237,15 @@ fn validate_proxy(cx: &Cx<'_>, raw: RawBinding) -> Result<ProxyBinding, Fault> {
         return Err(fault(
             cx.key("routes"),
             "found an empty list, expected at least one route",
+        ));
+    }
+    if raw_routes.len() > PROXY_ROUTES_MAX {
+        return Err(fault(
+            cx.key("routes"),
+            format!(
+                "found {} routes, expected at most {PROXY_ROUTES_MAX}",
+                raw_routes.len()
+            ),
         ));
     }
     let single = raw_routes.len() == 1;
