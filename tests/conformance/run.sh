@@ -148,35 +148,37 @@ start_mcpyard() {
   MY_URL="http://${line#listening north }/mcp"
 }
 
-mkdir -p "$RAW/through"
+# in_front TARGET WHAT CONFIG: runs the suites through mcpyard started with CONFIG (in front
+# of the reference server) and records TARGET's status; a start that fails fails the run.
 through_failed_to_start=0
+in_front() {
+  local target=$1 what=$2 cfg=$3 why note
+  mkdir -p "$RAW/$target"
+  if start_mcpyard "$target" "$cfg"; then
+    log "mcpyard $what at $MY_URL -> $REF_URL; running the suite through it"
+    note="$(run_suites "$target" "$MY_URL")"
+    stop "$MY_PID"
+    echo "$target $MY_URL -> $REF_URL" >>"$RAW/urls.txt"
+    echo "ran$note; mcpyard $STOPPED on SIGTERM" >"$RAW/$target/status"
+  else
+    stop "$MY_PID"
+    why="$(cat "$RAW/$target.mcpyard.out" "$RAW/$target.mcpyard.err" | grep -v ' INFO ' | tr '\n' ' ' |
+      sed -e "s#$RAW/#results/raw/#g" -e 's/ *$//')"
+    echo "failed: mcpyard did not start as a $what (${why:-no message})" >"$RAW/$target/status"
+    log "mcpyard did not start as a $what: $why"
+    through_failed_to_start=1
+  fi
+}
+
 cat >"$RAW/gateway.yaml" <<EOF
 telemetry: { metrics: 127.0.0.1:0 }
 bindings:
   north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up }
   up: { kind: client, server: "$REF_URL" }
 EOF
-if start_mcpyard through "$RAW/gateway.yaml"; then
-  log "mcpyard gateway at $MY_URL -> $REF_URL; running the suite through it"
-  note="$(run_suites through "$MY_URL")"
-  stop "$MY_PID"
-  echo "through $MY_URL -> $REF_URL" >>"$RAW/urls.txt"
-  echo "ran$note; mcpyard $STOPPED on SIGTERM" >"$RAW/through/status"
-else
-  stop "$MY_PID"
-  why="$(cat "$RAW/through.mcpyard.out" "$RAW/through.mcpyard.err" | grep -v ' INFO ' | tr '\n' ' ' |
-    sed -e "s#$RAW/#results/raw/#g" -e 's/ *$//')"
-  if grep -q 'not available in this build' "$RAW/through.mcpyard.out" "$RAW/through.mcpyard.err"; then
-    echo "skipped: mcpyard refused the gateway config (${why:-no message})" >"$RAW/through/status"
-    log "through-mcpyard run skipped: the client binding is not in this build"
-  else
-    echo "failed: mcpyard did not start as a gateway (${why:-no message})" >"$RAW/through/status"
-    log "mcpyard did not start as a gateway: $why"
-    through_failed_to_start=1
-  fi
-fi
+in_front through gateway "$RAW/gateway.yaml"
+
 # -------- reference server through a one-route mcpyard proxy
-mkdir -p "$RAW/proxy"
 cat >"$RAW/proxy.yaml" <<EOF
 telemetry: { metrics: 127.0.0.1:0 }
 bindings:
@@ -184,20 +186,7 @@ bindings:
   tools: { kind: proxy, routes: [ { exit: up } ] }
   up: { kind: client, server: "$REF_URL" }
 EOF
-if start_mcpyard proxy "$RAW/proxy.yaml"; then
-  log "mcpyard proxy at $MY_URL -> $REF_URL; running the suite through it"
-  note="$(run_suites proxy "$MY_URL")"
-  stop "$MY_PID"
-  echo "proxy $MY_URL -> $REF_URL" >>"$RAW/urls.txt"
-  echo "ran$note; mcpyard $STOPPED on SIGTERM" >"$RAW/proxy/status"
-else
-  stop "$MY_PID"
-  why="$(cat "$RAW/proxy.mcpyard.out" "$RAW/proxy.mcpyard.err" | grep -v ' INFO ' | tr '\n' ' ' |
-    sed -e "s#$RAW/#results/raw/#g" -e 's/ *$//')"
-  echo "failed: mcpyard did not start as a proxy (${why:-no message})" >"$RAW/proxy/status"
-  log "mcpyard did not start as a proxy: $why"
-  through_failed_to_start=1
-fi
+in_front proxy proxy "$RAW/proxy.yaml"
 stop "$REF_PID"
 
 # -------- mcpyard demo toolkit

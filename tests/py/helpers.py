@@ -3,6 +3,8 @@ that also records what the transport saw on the wire (session id, GET stream).""
 
 from __future__ import annotations
 
+import uuid
+
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -92,3 +94,31 @@ async def connect(
                     with anyio.fail_after(TIMEOUT_S):
                         result = await session.initialize()
                 yield session, wire, result
+
+
+def run(fn, *args, timeout_s: float = 20) -> None:
+    """Runs an async scenario under a deadline (`timeout_s`) so a hang fails fast."""
+
+    async def main():
+        with anyio.fail_after(timeout_s):
+            await fn(*args)
+
+    anyio.run(main)
+
+
+def unique(prefix: str) -> str:
+    """`prefix` and 8 random hex digits: a name no other test uses."""
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def dump(model: Any) -> Any:
+    """An SDK model as the JSON the wire carries (aliases, no absent members)."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def tool_text(result: types.CallToolResult) -> str:
+    """The text of a tool result made of one text block."""
+    assert len(result.content) == 1, result
+    block = result.content[0]
+    assert isinstance(block, types.TextContent), block
+    return block.text

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import json
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,7 +28,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ClientMessageMetadata
 
 import harness
-from helpers import PROTOCOL, Collector, Wire, http_client
+import helpers
+from helpers import PROTOCOL, Collector, Wire, dump, http_client, tool_text, unique
 from rawmcp import RawSession, stream_sse
 
 # logging/setLevel and resources/subscribe are current in 2025-11-25, which the upstream
@@ -65,28 +65,7 @@ SCENARIO_TIMEOUT_S = 20
 
 
 def run(fn, *args):
-    """Runs an async scenario under a deadline so a hang fails fast."""
-
-    async def main():
-        with anyio.fail_after(SCENARIO_TIMEOUT_S):
-            await fn(*args)
-
-    anyio.run(main)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
-
-
-def dump(model: Any) -> Any:
-    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def tool_text(result: types.CallToolResult) -> str:
-    assert len(result.content) == 1, result
-    block = result.content[0]
-    assert isinstance(block, types.TextContent), block
-    return block.text
+    helpers.run(fn, *args, timeout_s=SCENARIO_TIMEOUT_S)
 
 
 @asynccontextmanager

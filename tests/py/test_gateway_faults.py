@@ -45,6 +45,7 @@ from fault_upstream import (
     free_port,
     rpc_error,
 )
+from helpers import run
 from rawmcp import PROTOCOL, Reply, RawSession, parse_bearer_challenge
 
 # All but the fault upstream's own self-test go through mcpyard.
@@ -97,14 +98,6 @@ def fault(request):
     upstream = FaultUpstream(sse=getattr(request, "param", False)).start()
     yield upstream
     upstream.close()
-
-
-def run(fn, *args):
-    async def main():
-        with anyio.fail_after(20):
-            await fn(*args)
-
-    anyio.run(main)
 
 
 async def timed(coro) -> tuple[Reply, float]:

@@ -15,7 +15,6 @@ toolkit prefix on their names and nothing else changed, in route order.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -30,8 +29,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 import harness
-from helpers import Collector, Wire, http_client
-from rawmcp import PROTOCOL, RawSession, parse_bearer_challenge, stream_sse
+import helpers
+from helpers import Collector, Wire, dump, http_client, tool_text, unique
+from rawmcp import RawSession, parse_bearer_challenge, stream_sse
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
@@ -126,26 +126,7 @@ def stack(request, upstreams, tmp_path: Path):
 
 
 def run(fn, *args):
-    async def main():
-        with anyio.fail_after(SCENARIO_TIMEOUT_S):
-            await fn(*args)
-
-    anyio.run(main)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
-
-
-def dump(model: Any) -> Any:
-    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def text_of(result: types.CallToolResult) -> str:
-    assert len(result.content) >= 1, result
-    block = result.content[0]
-    assert isinstance(block, types.TextContent), block
-    return block.text
+    helpers.run(fn, *args, timeout_s=SCENARIO_TIMEOUT_S)
 
 
 async def answer_sampling(context, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
@@ -248,7 +229,7 @@ def test_items_are_served_by_their_own_upstream(stack):
             added = await session.call_tool("alpha__add", {"a": 2, "b": 40})
             assert added.structured_content == {"sum": 42}
             echoed = await session.call_tool("every__echo", {"message": "hello"})
-            assert "hello" in text_of(echoed)
+            assert "hello" in tool_text(echoed)
         async with open_session(stack.url, headers=AUTH) as (session, _):
             prompt = await session.get_prompt("alpha__greet", {"name": "Ada", "style": "formal"})
             assert prompt.messages[0].content.text == "Please write a formal greeting for Ada."
@@ -301,7 +282,7 @@ def test_progress_and_logging_come_from_the_route(stack):
             done = await session.call_tool(
                 "alpha__slow_progress", {"steps": 5, "interval_ms": 5}, progress_callback=on_progress
             )
-            assert text_of(done) == "counted to 5"
+            assert tool_text(done) == "counted to 5"
             assert seen == [1, 2, 3, 4, 5]
             await session.set_logging_level("debug")
             await session.call_tool("beta__log", {"level": "warning", "message": "from beta"})
@@ -329,7 +310,7 @@ def test_list_changed_from_each_route(stack):
             for route, name in names.items():
                 assert f"{route}__{name}" in tools
                 echoed = await session.call_tool(f"{route}__{name}", {"text": "new"})
-                assert text_of(echoed) == "new"
+                assert tool_text(echoed) == "new"
                 await session.call_tool(f"{route}__remove_tool", {"name": name})
 
     run(scenario)
@@ -362,13 +343,13 @@ def test_elicitation_and_sampling_reach_the_route_that_asked(stack):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ask, "alpha", "request")
                 tg.start_soon(ask, "beta", "standalone")
-            assert text_of(results["alpha"]).startswith("accept: Ada-2")
-            assert text_of(results["beta"]).startswith("accept: Ada-2")
+            assert tool_text(results["alpha"]).startswith("accept: Ada-2")
+            assert tool_text(results["beta"]).startswith("accept: Ada-2")
 
             sampled = await session.call_tool("beta__sample", {"prompt": "ping"})
-            assert text_of(sampled) == "beta heard: pong"
+            assert tool_text(sampled) == "beta heard: pong"
             sampled = await session.call_tool("alpha__sample", {"prompt": "ping", "via": "standalone"})
-            assert text_of(sampled) == "alpha heard: pong"
+            assert tool_text(sampled) == "alpha heard: pong"
 
     run(scenario)
 
@@ -389,10 +370,10 @@ def test_cancellation_reaches_only_the_owning_route(stack):
                 started = await session.call_tool(
                     "alpha__sleep_status", {"tag": tag, "until": "started", "wait_s": TIMEOUT_S - 1}
                 )
-                assert text_of(started) == "running"
+                assert tool_text(started) == "running"
                 scope.cancel()
             ended = await session.call_tool("alpha__sleep_status", {"tag": tag, "until": "ended", "wait_s": TIMEOUT_S - 1})
-            assert text_of(ended) == "cancelled"
+            assert tool_text(ended) == "cancelled"
             # beta never heard of it, and is fine.
             assert (await session.call_tool("beta__whoami", {})).structured_content["name"] == "beta"
 

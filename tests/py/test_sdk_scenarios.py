@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 import anyio
 import httpx2
@@ -11,7 +10,8 @@ import pytest
 from mcp import types
 from mcp.shared.message import ClientMessageMetadata
 
-from helpers import PROTOCOL, TIMEOUT_S, Collector, connect
+import helpers
+from helpers import PROTOCOL, TIMEOUT_S, Collector, connect, tool_text
 
 # logging/setLevel and resources/subscribe are current in 2025-11-25, which the gateway
 # speaks; the SDK flags them only because the 2026 protocol drops them.
@@ -19,24 +19,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
 
 def run(fn, *args):
-    """Runs an async scenario under a deadline so a hang fails fast."""
-
-    async def main():
-        with anyio.fail_after(TIMEOUT_S * 2):
-            await fn(*args)
-
-    anyio.run(main)
-
-
-def tool_text(result: types.CallToolResult) -> str:
-    assert len(result.content) == 1
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
+    helpers.run(fn, *args, timeout_s=TIMEOUT_S * 2)
 
 
 def unique(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+    return helpers.unique(f"{prefix}_")
 
 
 # 1. initialize
