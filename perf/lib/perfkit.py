@@ -243,22 +243,20 @@ class Fixture:
 
 
 class Gateway:
-    """mcpyard with a generated config in front of `upstream_url` (None: the embedded demo)."""
+    """mcpyard with a generated config in front of `upstream_url` (None: the embedded demo).
 
-    def __init__(self, procs, gw, name, upstream_url, workers=1, io="uring", wrapper=None):
+    With `routes`, a list of (toolkit, upstream url), the server's exit is instead a `proxy`
+    binding with one route per pair, in that order, each to a `client` of its url."""
+
+    def __init__(self, procs, gw, name, upstream_url, workers=1, io="uring", wrapper=None,
+                 routes=None):
         self.name = name
         self.workers = workers
         self.io = io
         cfg = os.path.join(RAW, f"{name}.yaml")
+        self.config_text = gateway_config(upstream_url, workers, io, routes)
         with open(cfg, "w") as f:
-            f.write(
-                f"runtime: {{ workers: {workers}, io: {io} }}\n"
-                "telemetry: { metrics: 127.0.0.1:0 }\n"
-                "bindings:\n"
-                "  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up }\n"
-                + (f'  up: {{ kind: client, server: "{upstream_url}" }}\n' if upstream_url
-                   else "  up: { kind: demo }\n")
-            )
+            f.write(self.config_text)
         self.config = cfg
         out = os.path.join(RAW, f"{name}.log")
         argv = (wrapper or []) + [gw, "--config", cfg]
@@ -272,6 +270,23 @@ class Gateway:
 
     def scrape(self):
         return scrape(self.metrics_url)
+
+
+def gateway_config(upstream_url, workers, io, routes=None):
+    """The YAML config `Gateway` runs mcpyard with (see there)."""
+    text = (f"runtime: {{ workers: {workers}, io: {io} }}\n"
+            "telemetry: { metrics: 127.0.0.1:0 }\n"
+            "bindings:\n"
+            "  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up }\n")
+    if routes:
+        text += "  up:\n    kind: proxy\n    routes:\n"
+        text += "".join(f"      - {{ toolkit: {t}, exit: up_{t} }}\n" for t, _ in routes)
+        text += "".join(f'  up_{t}: {{ kind: client, server: "{u}" }}\n' for t, u in routes)
+    elif upstream_url:
+        text += f'  up: {{ kind: client, server: "{upstream_url}" }}\n'
+    else:
+        text += "  up: { kind: demo }\n"
+    return text
 
 
 class Nginx:
