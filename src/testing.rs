@@ -1,4 +1,5 @@
-//! Test-only helpers shared by the seeded randomized tests of several modules.
+//! Test-only helpers shared by the tests of several modules: a seeded generator for the
+//! randomized ones, and a worker-like event loop for the binding tests.
 
 /// xorshift64*: tiny, deterministic, good enough to pick test inputs.
 pub struct Rng(pub u64);
@@ -43,4 +44,14 @@ impl Rng {
         let at = self.index(items.len());
         *items.get(at).unwrap_or_else(|| panic!("empty pick"))
     }
+}
+
+/// Runs `f` to completion on a current-thread tokio runtime inside a `LocalSet`, as a
+/// worker runs its tasks (so `spawn_local` works).
+pub fn run_local<F: std::future::Future>(f: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("test runtime: {e}"));
+    tokio::task::LocalSet::new().block_on(&rt, f)
 }

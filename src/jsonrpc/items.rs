@@ -42,7 +42,10 @@ use std::fmt;
 
 use bytes::{Bytes, BytesMut};
 
-use super::scan::{Num, NumStep, SCAN_DEPTH_MAX, escaped_byte, hex_digit, hex4, plain_run};
+use super::scan::{
+    LiteralRun, Nesting, Num, NumStep, SCAN_DEPTH_MAX, escaped_byte, hex_digit, hex4, literal_run,
+    plain_run,
+};
 use crate::limits::{LIST_CURSOR_BYTES_MAX, LIST_ITEM_BYTES_MAX, LIST_KEY_BYTES_MAX};
 
 /// Longest decoded member name compared against the rules' `array` and `key` and against
@@ -306,12 +309,8 @@ pub struct ItemRewriter {
     rules: ItemRules,
     mode: ItemMode,
     state: State,
-    /// Arrays and objects open. Invariant: `0 < depth <= SCAN_DEPTH_MAX` between `Doc` and
-    /// `End`, 0 in them.
-    depth: usize,
-    /// Bit `d` set: the container at depth `d + 1` is an array. Invariant: no bit at or above
-    /// `depth` is set.
-    arrays: u128,
+    /// Arrays and objects open. Invariant: depth `> 0` between `Doc` and `End`, 0 in them.
+    nest: Nesting,
     /// The member named last at depth 1; reset to `Other` when its value ends.
     member: Member,
     /// The `nextCursor` value has begun and not yet ended.
@@ -362,8 +361,7 @@ impl ItemRewriter {
             rules,
             mode,
             state: State::Doc,
-            depth: 0,
-            arrays: 0,
+            nest: Nesting::default(),
             member: Member::Other,
             capturing: false,
             name: [0; NAME_BYTES_MAX],
@@ -569,7 +567,7 @@ impl ItemRewriter {
     /// The first byte of a value at `at`.
     fn begin_value(&mut self, cx: &mut Cx<'_>, at: usize, b: u8) -> Result<(), ItemError> {
         let mut text = Text::Value;
-        match self.depth {
+        match self.nest.depth() {
             1 => self.begin_member_value(cx, at, b)?,
             ITEM_DEPTH if self.member == Member::Array => self.begin_item(cx, at, b),
             FIELD_DEPTH if self.at_key => text = self.begin_key(cx, at, b),
@@ -684,11 +682,11 @@ impl ItemRewriter {
     /// A value ended just before `end`; what follows is `,` or a closing bracket.
     #[inline(always)]
     fn end_value(&mut self, cx: &mut Cx<'_>, end: usize) -> Result<(), ItemError> {
-        assert!(self.depth >= 1);
+        assert!(self.nest.depth() >= 1);
         self.state = State::CommaOrClose;
         // Most values are inside items, where nothing happens at their end: that test is
         // inlined into every caller, the rest is not.
-        if self.depth > ITEM_DEPTH {
+        if self.nest.depth() > ITEM_DEPTH {
             return Ok(());
         }
         self.end_outer_value(cx, end)
@@ -696,7 +694,7 @@ impl ItemRewriter {
 
     /// A top-level member's value or an item ended just before `end`.
     fn end_outer_value(&mut self, cx: &mut Cx<'_>, end: usize) -> Result<(), ItemError> {
-        match self.depth {
+        match self.nest.depth() {
             1 => self.end_member(cx, end),
             ITEM_DEPTH if self.member == Member::Array => {
                 self.end_item(cx, end);
@@ -975,45 +973,34 @@ impl ItemRewriter {
     fn on_literal(
         &mut self,
         cx: &mut Cx<'_>,
-        mut at: usize,
-        mut rest: &'static [u8],
+        at: usize,
+        rest: &'static [u8],
     ) -> Result<usize, ItemError> {
-        let bytes: &[u8] = cx.piece;
-        while let Some(&b) = bytes.get(at) {
-            let Some((&want, tail)) = rest.split_first() else {
-                unreachable!("a literal state always has bytes to come");
-            };
-            if want != b {
-                return Err(ItemError::NotJson("expected true, false or null"));
-            }
-            at += 1;
-            rest = tail;
-            if rest.is_empty() {
+        match literal_run(cx.piece, at, rest) {
+            LiteralRun::Done(at) => {
                 self.end_value(cx, at)?;
-                return self.on_structure(cx, at);
+                self.on_structure(cx, at)
             }
+            LiteralRun::More(rest) => {
+                self.state = State::Literal(rest);
+                Ok(cx.piece.len())
+            }
+            LiteralRun::Mismatch => Err(ItemError::NotJson("expected true, false or null")),
         }
-        self.state = State::Literal(rest);
-        Ok(at)
     }
 
     /// Opens a container.
     fn push(&mut self, array: bool) -> Result<(), ItemError> {
-        if self.depth >= SCAN_DEPTH_MAX {
-            return Err(ItemError::TooDeep);
+        if self.nest.push(array) {
+            Ok(())
+        } else {
+            Err(ItemError::TooDeep)
         }
-        assert!(self.arrays >> self.depth == 0);
-        self.arrays |= u128::from(array) << self.depth;
-        self.depth += 1;
-        Ok(())
     }
 
     /// Closes the innermost container with the bracket at `at`.
     fn close(&mut self, cx: &mut Cx<'_>, at: usize) -> Result<(), ItemError> {
-        assert!(self.depth >= 1);
-        self.depth -= 1;
-        self.arrays &= !(1u128 << self.depth);
-        if self.depth > 0 {
+        if self.nest.pop() > 0 {
             return self.end_value(cx, at + 1);
         }
         assert!(!self.capturing);
@@ -1024,14 +1011,13 @@ impl ItemRewriter {
 
     #[inline]
     fn top_is_array(&self) -> bool {
-        assert!(self.depth >= 1);
-        self.arrays >> (self.depth - 1) & 1 == 1
+        self.nest.top_is_array()
     }
 
     /// A name begins: top-level names and the names of an open item are decoded, others
     /// only skipped.
     fn begin_name(&mut self) {
-        let text = match self.depth {
+        let text = match self.nest.depth() {
             1 => Text::Member,
             FIELD_DEPTH if self.item == Item::Open => Text::Field,
             _ => Text::Name,

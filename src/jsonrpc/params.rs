@@ -32,6 +32,15 @@ pub fn param_str<'a>(
     params: &'a RawValue,
     key: &str,
 ) -> Result<Option<Cow<'a, str>>, EnvelopeError> {
+    Ok(param_str_at(params, key)?.map(|(decoded, _)| decoded))
+}
+
+/// [`param_str`], also returning the member's raw lexeme (quotes included): a slice of
+/// `params`, so its offset there tells where the string sits in the original bytes.
+pub fn param_str_at<'a>(
+    params: &'a RawValue,
+    key: &str,
+) -> Result<Option<(Cow<'a, str>, &'a str)>, EnvelopeError> {
     let invalid = || EnvelopeError {
         code: INVALID_PARAMS,
         message: "Invalid params",
@@ -42,7 +51,9 @@ pub fn param_str<'a>(
     }
     match find_member(params.get(), key) {
         None => Ok(None),
-        Some(value) => str_lexeme(value).map(Some).ok_or_else(invalid),
+        Some(value) => str_lexeme(value)
+            .map(|decoded| Some((decoded, value)))
+            .ok_or_else(invalid),
     }
 }
 

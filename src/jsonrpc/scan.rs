@@ -246,12 +246,8 @@ struct Cx<'a> {
 #[derive(Debug)]
 pub struct ResultScanner {
     state: State,
-    /// Arrays and objects open. Invariant: `0 < depth <= SCAN_DEPTH_MAX` between `Doc` and
-    /// `End`, 0 in them.
-    depth: usize,
-    /// Bit `d` set: the container at depth `d + 1` is an array. Invariant: no bit at or above
-    /// `depth` is set.
-    arrays: u128,
+    /// Arrays and objects open. Invariant: depth `> 0` between `Doc` and `End`, 0 in them.
+    nest: Nesting,
     /// The member named last at depth 1; reset to `Other` when its value ends.
     member: Member,
     /// The value of a kept member (`member != Other`) has begun and not yet ended.
@@ -282,8 +278,7 @@ impl ResultScanner {
     pub fn new() -> Self {
         ResultScanner {
             state: State::Doc,
-            depth: 0,
-            arrays: 0,
+            nest: Nesting::default(),
             member: Member::Other,
             capturing: false,
             name: [0; NAME_BYTES_MAX],
@@ -436,7 +431,7 @@ impl ResultScanner {
 
     /// The first byte of a value at `at`.
     fn begin_value(&mut self, cx: &mut Cx<'_>, at: usize, b: u8) -> Result<(), ScanError> {
-        if self.depth == 1 {
+        if self.nest.depth() == 1 {
             self.begin_member_value(cx, at, b)?;
         }
         self.state = match b {
@@ -476,9 +471,9 @@ impl ResultScanner {
 
     /// A value ended just before `end`; what follows is `,` or a closing bracket.
     fn end_value(&mut self, cx: &mut Cx<'_>, end: usize) -> Result<(), ScanError> {
-        assert!(self.depth >= 1);
+        assert!(self.nest.depth() >= 1);
         self.state = State::CommaOrClose;
-        if self.depth > 1 {
+        if self.nest.depth() > 1 {
             return Ok(());
         }
         let kept = cx.mark.take();
@@ -682,45 +677,34 @@ impl ResultScanner {
     fn on_literal(
         &mut self,
         cx: &mut Cx<'_>,
-        mut at: usize,
-        mut rest: &'static [u8],
+        at: usize,
+        rest: &'static [u8],
     ) -> Result<usize, ScanError> {
-        let bytes: &[u8] = cx.piece;
-        while let Some(&b) = bytes.get(at) {
-            let Some((&want, tail)) = rest.split_first() else {
-                unreachable!("a literal state always has bytes to come");
-            };
-            if want != b {
-                return Err(ScanError::NotJson("expected true, false or null"));
-            }
-            at += 1;
-            rest = tail;
-            if rest.is_empty() {
+        match literal_run(cx.piece, at, rest) {
+            LiteralRun::Done(at) => {
                 self.end_value(cx, at)?;
-                return self.on_structure(cx, at);
+                self.on_structure(cx, at)
             }
+            LiteralRun::More(rest) => {
+                self.state = State::Literal(rest);
+                Ok(cx.piece.len())
+            }
+            LiteralRun::Mismatch => Err(ScanError::NotJson("expected true, false or null")),
         }
-        self.state = State::Literal(rest);
-        Ok(at)
     }
 
     /// Opens a container.
     fn push(&mut self, array: bool) -> Result<(), ScanError> {
-        if self.depth >= SCAN_DEPTH_MAX {
-            return Err(ScanError::TooDeep);
+        if self.nest.push(array) {
+            Ok(())
+        } else {
+            Err(ScanError::TooDeep)
         }
-        assert!(self.arrays >> self.depth == 0);
-        self.arrays |= u128::from(array) << self.depth;
-        self.depth += 1;
-        Ok(())
     }
 
     /// Closes the innermost container with the bracket at `at`.
     fn close(&mut self, cx: &mut Cx<'_>, at: usize) -> Result<(), ScanError> {
-        assert!(self.depth >= 1);
-        self.depth -= 1;
-        self.arrays &= !(1u128 << self.depth);
-        if self.depth > 0 {
+        if self.nest.pop() > 0 {
             return self.end_value(cx, at + 1);
         }
         assert!(!self.capturing);
@@ -735,13 +719,12 @@ impl ResultScanner {
 
     #[inline]
     fn top_is_array(&self) -> bool {
-        assert!(self.depth >= 1);
-        self.arrays >> (self.depth - 1) & 1 == 1
+        self.nest.top_is_array()
     }
 
     /// A name begins: top-level names are decoded, nested ones only skipped.
     fn begin_name(&mut self) {
-        if self.depth == 1 {
+        if self.nest.depth() == 1 {
             self.name_len = 0;
             self.name_other = false;
             self.state = State::Str(Text::Member);
@@ -809,6 +792,79 @@ pub(super) fn escaped_byte(b: u8) -> Option<u8> {
 pub(super) fn hex4(hex: &[u8; 4]) -> Option<u16> {
     hex.iter()
         .try_fold(0u16, |code, &b| Some(code << 4 | u16::from(hex_digit(b)?)))
+}
+
+/// The open arrays and objects of a scan, a bit per level (shared by the scanners here).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Nesting {
+    /// Containers open. Invariant: `depth <= SCAN_DEPTH_MAX`.
+    depth: usize,
+    /// Bit `d` set: the container at depth `d + 1` is an array. Invariant: no bit at or above
+    /// `depth` is set.
+    arrays: u128,
+}
+
+impl Nesting {
+    /// Containers open now.
+    #[inline]
+    pub(super) fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Opens a container; false (and nothing changes) when that would nest deeper than
+    /// [`SCAN_DEPTH_MAX`].
+    pub(super) fn push(&mut self, array: bool) -> bool {
+        if self.depth >= SCAN_DEPTH_MAX {
+            return false;
+        }
+        assert!(self.arrays >> self.depth == 0);
+        self.arrays |= u128::from(array) << self.depth;
+        self.depth += 1;
+        true
+    }
+
+    /// Closes the innermost container; returns how many stay open.
+    pub(super) fn pop(&mut self) -> usize {
+        assert!(self.depth >= 1);
+        self.depth -= 1;
+        self.arrays &= !(1u128 << self.depth);
+        self.depth
+    }
+
+    /// True if the innermost open container is an array.
+    #[inline]
+    pub(super) fn top_is_array(&self) -> bool {
+        assert!(self.depth >= 1);
+        self.arrays >> (self.depth - 1) & 1 == 1
+    }
+}
+
+/// Where the bytes of `true`, `false` or `null` after its first got in one piece.
+pub(super) enum LiteralRun {
+    /// The literal ended just before this offset.
+    Done(usize),
+    /// The piece ended inside it; this much is still to come. Invariant: not empty.
+    More(&'static [u8]),
+    /// A byte that is not the literal's.
+    Mismatch,
+}
+
+/// Matches `bytes[at..]` against `rest`, the bytes of a literal still to come (not empty).
+pub(super) fn literal_run(bytes: &[u8], mut at: usize, mut rest: &'static [u8]) -> LiteralRun {
+    while let Some(&b) = bytes.get(at) {
+        let Some((&want, tail)) = rest.split_first() else {
+            unreachable!("a literal state always has bytes to come");
+        };
+        if want != b {
+            return LiteralRun::Mismatch;
+        }
+        at += 1;
+        rest = tail;
+        if rest.is_empty() {
+            return LiteralRun::Done(at);
+        }
+    }
+    LiteralRun::More(rest)
 }
 
 /// The value of one hex digit of a `\uXXXX` escape; `None` for any other byte.

@@ -468,21 +468,30 @@ pub fn record_request(method: &str, outcome: Outcome, latency: Duration) {
     });
 }
 
-/// Records one request a proxy route (`toolkit`) served, from the proxy's side.
-pub fn record_toolkit(toolkit: &str, method: &str, outcome: Outcome, latency: Duration) {
-    let index = method_index(method);
-    with(|m| {
-        let at = match m.toolkits.iter().position(|t| t.toolkit == toolkit) {
+/// The slot of `toolkit` in this worker's per-toolkit metrics, made on first use (a proxy
+/// route asks once, when the worker builds it). Past `TOOLKIT_LABELS_MAX` labels, new ones
+/// share the last slot.
+pub fn toolkit_slot(toolkit: &str) -> usize {
+    with(
+        |m| match m.toolkits.iter().position(|t| t.toolkit == toolkit) {
             Some(at) => at,
             None if m.toolkits.len() < TOOLKIT_LABELS_MAX => {
                 m.toolkits.push(ToolkitMetrics::new(toolkit));
                 m.toolkits.len() - 1
             }
-            None => m.toolkits.len() - 1,
-        };
+            None => m.toolkits.len().saturating_sub(1),
+        },
+    )
+}
+
+/// Records one request a proxy route served (its slot from [`toolkit_slot`]), seen from
+/// the proxy: upstream time included.
+pub fn record_toolkit(slot: usize, kind: Kind, outcome: Outcome, latency: Duration) {
+    let index = kind_index(kind);
+    with(|m| {
         let Some((counts, latencies)) = m
             .toolkits
-            .get_mut(at)
+            .get_mut(slot)
             .and_then(|t| t.methods.get_mut(index))
         else {
             return;
@@ -494,6 +503,14 @@ pub fn record_toolkit(toolkit: &str, method: &str, outcome: Outcome, latency: Du
             .get_or_insert_with(|| histogram(LATENCY_US_MAX))
             .saturating_record(micros(latency));
     });
+}
+
+/// The method label index of a stream kind (`other` for the lifecycle and unknown methods).
+fn kind_index(kind: Kind) -> usize {
+    match Kind::REQUESTS.iter().position(|k| *k == kind) {
+        Some(i) => i,
+        None => Kind::REQUESTS.len() + LOCAL_METHODS.len() - 1,
+    }
 }
 
 /// Records one WINDOW grant of `bytes`.

@@ -371,13 +371,7 @@ mod tests {
         }
     }
 
-    fn run<F: std::future::Future>(f: F) -> F::Output {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("test runtime");
-        tokio::task::LocalSet::new().block_on(&rt, f)
-    }
+    use crate::testing::run_local as run;
 
     #[test]
     fn data_is_split_at_the_window_and_flows_as_acked() {

@@ -11,13 +11,7 @@ use tokio::time::timeout;
 /// Longest a test waits for a frame the demo should send.
 const WAIT: Duration = Duration::from_secs(5);
 
-fn run<F: std::future::Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("test runtime");
-    tokio::task::LocalSet::new().block_on(&rt, f)
-}
+use crate::testing::run_local as run;
 
 fn begin(kind: Kind, session: &str, params_len: usize, token: Option<&'static str>) -> Begin {
     Begin {

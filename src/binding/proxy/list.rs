@@ -227,7 +227,7 @@ async fn fetch(proxy: Rc<Proxy>, session: Rc<ProxySession>, index: usize, feed: 
             Outcome::Error
         }
     };
-    metrics::record_toolkit(&route.label, kind.method(), outcome, started.elapsed());
+    metrics::record_toolkit(route.metrics, kind, outcome, started.elapsed());
 }
 
 /// The pages of one route's list. `Err(Some(reset))` if the route failed, `Err(None)` if
@@ -335,12 +335,15 @@ async fn page(
                         "Toolkit sent a malformed list: {e}"
                     ))));
                 }
-                for part in sink.parts.drain(..) {
-                    if feed.reply.data(part).await.is_err() {
-                        caller.reply.reset(Reset::Plain);
-                        caller.initial.abort();
-                        return Err(None);
-                    }
+                // The rewriter hands items on as slices around each prefix: a few parts
+                // per item. They go on as one DATA per piece read (one copy), not as
+                // thousands of frames through two more streams.
+                if let Some(chunk) = gather(&mut sink.parts)
+                    && feed.reply.data(chunk).await.is_err()
+                {
+                    caller.reply.reset(Reset::Plain);
+                    caller.initial.abort();
+                    return Err(None);
                 }
             }
             Some(Frame::Begin(_) | Frame::Flush(_)) => {}
@@ -359,4 +362,17 @@ async fn page(
             }
         }
     }
+}
+
+/// `parts` joined into one buffer (the one part itself when there is only one); `None`
+/// when there are none. Leaves `parts` empty.
+fn gather(parts: &mut Vec<Bytes>) -> Option<Bytes> {
+    if parts.len() <= 1 {
+        return parts.pop();
+    }
+    let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+    for part in parts.drain(..) {
+        out.put_slice(&part);
+    }
+    Some(out.freeze())
 }

@@ -63,6 +63,8 @@ pub struct Route {
     /// What the route served the last time a session of this worker opened it; stands in
     /// for a route a new session could not reach, so its capabilities are still announced.
     pub known_caps: Cell<Caps>,
+    /// The route's slot in this worker's per-toolkit metrics.
+    pub metrics: usize,
 }
 
 impl Route {
@@ -144,9 +146,11 @@ impl Proxy {
                     Some(t) => (Bytes::from(format!("{t}__")), Bytes::from(format!("{t}+"))),
                     None => (Bytes::new(), Bytes::new()),
                 };
+                let label: Rc<str> = toolkit.clone().unwrap_or_else(|| Rc::from(r.exit.as_str()));
                 Route {
                     index,
-                    label: toolkit.clone().unwrap_or_else(|| Rc::from(r.exit.as_str())),
+                    metrics: metrics::toolkit_slot(&label),
+                    label,
                     toolkit,
                     name_prefix,
                     uri_prefix,

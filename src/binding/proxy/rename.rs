@@ -41,8 +41,14 @@ impl Splice {
         in_len - (self.end - self.start) + self.with.len()
     }
 
-    /// Pushes what `piece` (the next bytes of the stream) becomes onto `out`.
-    pub fn feed(&mut self, piece: Bytes, out: &mut Vec<Bytes>) {
+    /// What `piece` (the next bytes of the stream) becomes: at most three pieces, in order.
+    pub fn feed(&mut self, piece: Bytes) -> impl Iterator<Item = Bytes> {
+        let mut out = Pieces::default();
+        self.feed_into(piece, &mut out);
+        out.0.into_iter().flatten()
+    }
+
+    fn feed_into(&mut self, piece: Bytes, out: &mut Pieces) {
         let from = self.at;
         let to = from + piece.len();
         self.at = to;
@@ -61,6 +67,20 @@ impl Splice {
         let kept_from = self.end.clamp(from, to);
         if to > kept_from {
             out.push(piece.slice(kept_from - from..));
+        }
+    }
+}
+
+/// Up to three pieces, without a heap allocation.
+#[derive(Default)]
+struct Pieces([Option<Bytes>; 3]);
+
+impl Pieces {
+    fn push(&mut self, piece: Bytes) {
+        let free = self.0.iter_mut().find(|p| p.is_none());
+        assert!(free.is_some(), "a splice makes at most three pieces of one");
+        if let Some(slot) = free {
+            *slot = Some(piece);
         }
     }
 }
@@ -139,7 +159,7 @@ mod tests {
         let mut out = Vec::new();
         let mut from = 0;
         for &cut in cuts.iter().chain([input.len()].iter()) {
-            splice.feed(Bytes::copy_from_slice(&input[from..cut]), &mut out);
+            out.extend(splice.feed(Bytes::copy_from_slice(&input[from..cut])));
             from = cut;
         }
         assert_eq!(

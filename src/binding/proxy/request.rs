@@ -35,8 +35,10 @@ pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
         Kind::ToolsList
         | Kind::PromptsList
         | Kind::ResourcesList
-        | Kind::ResourcesTemplatesList => list::serve(&proxy, &session, &callee).await,
-        Kind::LoggingSetLevel => set_level(&proxy, &session, &callee).await,
+        // Boxed: their states are far larger than an item relay's, and a spawned task is
+        // as large as its largest state.
+        | Kind::ResourcesTemplatesList => Box::pin(list::serve(&proxy, &session, &callee)).await,
+        Kind::LoggingSetLevel => Box::pin(set_level(&proxy, &session, &callee)).await,
         Kind::Other if proxy.routes.len() == 1 => {
             let begin = callee.begin.clone();
             relay(&proxy, &session, &callee, 0, begin, None, false).await;
@@ -147,12 +149,7 @@ async fn relay(
     let life = match session.route(proxy, index, true, up.deadline).await {
         Ok(life) => life,
         Err(reset) => {
-            metrics::record_toolkit(
-                &route.label,
-                up.method_name(),
-                Outcome::Error,
-                started.elapsed(),
-            );
+            metrics::record_toolkit(route.metrics, up.kind, Outcome::Error, started.elapsed());
             return fail(callee, reset);
         }
     };
@@ -165,31 +162,21 @@ async fn relay(
         callee,
         caller: &caller,
         rewriter: rewrite_reply.then(|| {
-            ItemRewriter::new(
+            Box::new(ItemRewriter::new(
                 ItemRules {
                     array: b"contents",
                     key: b"uri",
                     prefix: route.uri_prefix.clone(),
                 },
                 ItemMode::Document,
-            )
+            ))
         }),
     };
     let outcome = match relay.params(splice).await {
         Ok(()) => relay.reply().await,
         Err(outcome) => outcome,
     };
-    metrics::record_toolkit(
-        &route.label,
-        caller_method(callee),
-        outcome,
-        started.elapsed(),
-    );
-}
-
-/// The method of the caller's request (for metrics).
-fn caller_method(callee: &Callee) -> &str {
-    callee.begin.method_name()
+    metrics::record_toolkit(route.metrics, callee.begin.kind, outcome, started.elapsed());
 }
 
 /// One request relayed to one route.
@@ -199,8 +186,9 @@ struct Relay<'a> {
     callee: &'a Callee,
     /// The stream to the route.
     caller: &'a Caller,
-    /// Renames `contents[].uri` in a `resources/read` result.
-    rewriter: Option<ItemRewriter>,
+    /// Renames `contents[].uri` in a `resources/read` result (boxed: most requests have
+    /// none, and the relay's state is a spawned task's size).
+    rewriter: Option<Box<ItemRewriter>>,
 }
 
 impl Relay<'_> {
@@ -209,7 +197,6 @@ impl Relay<'_> {
     async fn params(&mut self, mut splice: Option<Splice>) -> Result<(), Outcome> {
         let total = self.callee.begin.params_len as usize;
         let mut read = 0usize;
-        let mut pieces: Vec<Bytes> = Vec::with_capacity(3);
         while read < total {
             let piece = match self.callee.initial.next().await {
                 Some(Frame::Data(piece)) => piece,
@@ -226,11 +213,11 @@ impl Relay<'_> {
                 return Err(Outcome::Error);
             }
             read += len;
-            match splice.as_mut() {
-                Some(splice) => splice.feed(piece, &mut pieces),
-                None => pieces.push(piece),
-            }
-            for piece in pieces.drain(..) {
+            let pieces = match splice.as_mut() {
+                Some(splice) => Either::Spliced(splice.feed(piece)),
+                None => Either::Whole(std::iter::once(piece)),
+            };
+            for piece in pieces {
                 if self.caller.initial.data(piece).await.is_err() {
                     // The route refused the request: its RESET comes with its reply.
                     self.callee.initial.ack(len as u32);
@@ -397,6 +384,23 @@ impl Relay<'_> {
             other => other,
         };
         let _ = self.caller.reply.challenge(challenge);
+    }
+}
+
+/// One of two iterators of params pieces.
+enum Either<A, B> {
+    Spliced(A),
+    Whole(B),
+}
+
+impl<A: Iterator<Item = Bytes>, B: Iterator<Item = Bytes>> Iterator for Either<A, B> {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        match self {
+            Either::Spliced(a) => a.next(),
+            Either::Whole(b) => b.next(),
+        }
     }
 }
 

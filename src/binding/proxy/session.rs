@@ -169,6 +169,12 @@ impl ProxySession {
         force: bool,
         deadline: Instant,
     ) -> Result<Rc<RouteLife>, Reset> {
+        // The common case: open already, nothing to wait for.
+        if let Some(life) = self.open_life(index)
+            && !self.closed.get()
+        {
+            return Ok(life);
+        }
         loop {
             let changed = self.changed.notified();
             if self.closed.get() {
@@ -197,7 +203,8 @@ impl ProxySession {
                 }
                 continue;
             }
-            return self.open(proxy, index, deadline).await;
+            // Boxed: rare, and far larger than the callers' own states.
+            return Box::pin(self.open(proxy, index, deadline)).await;
         }
     }
 
@@ -347,12 +354,17 @@ impl ProxySession {
         caps
     }
 
-    /// What route `index` serves, if it is open.
-    pub fn open_caps(&self, index: usize) -> Option<Caps> {
+    /// Route `index`'s session, if it is open.
+    fn open_life(&self, index: usize) -> Option<Rc<RouteLife>> {
         match &*self.routes.get(index)?.borrow() {
-            RouteState::Open(life) => Some(life.caps),
+            RouteState::Open(life) => Some(life.clone()),
             _ => None,
         }
+    }
+
+    /// What route `index` serves, if it is open.
+    pub fn open_caps(&self, index: usize) -> Option<Caps> {
+        self.open_life(index).map(|life| life.caps)
     }
 
     /// The open routes, with their index.
@@ -650,14 +662,7 @@ fn on_challenge(proxy: &Proxy, session: &Rc<ProxySession>, challenge: Challenge)
                 metrics::with(|m| m.proxy.answers_unroutable += 1);
                 return;
             };
-            let life = session
-                .routes
-                .get(route)
-                .and_then(|slot| match &*slot.borrow() {
-                    RouteState::Open(life) => Some(life.clone()),
-                    _ => None,
-                });
-            match life {
+            match session.open_life(route) {
                 Some(life) => {
                     let answer = Challenge::Answer { id, result, error };
                     let _ = life.caller.reply.challenge(answer);

@@ -17,13 +17,7 @@ use tokio::time::timeout;
 /// Longest a test waits for a frame.
 const WAIT: Duration = Duration::from_secs(5);
 
-fn run<F: std::future::Future>(f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("test runtime");
-    tokio::task::LocalSet::new().block_on(&rt, f)
-}
+use crate::testing::run_local as run;
 
 /// A scripted route exit: it records what reaches it and lets the test emit lifecycle
 /// events.
@@ -720,5 +714,31 @@ fn a_route_refusing_initialize_is_skipped_unless_it_is_the_only_one() {
             caller.initial.try_throttle(),
             Some(Throttle::Reset(Reset::Bearer(_)))
         ));
+    });
+}
+
+/// A spawned task is as large as its future's largest state, and a session's relay task
+/// lives as long as the session: the rare, large paths (opening a route, list fan-outs)
+/// are boxed so these stay small. Bounds with some room; a jump past them is a state that
+/// should have been boxed.
+#[test]
+fn task_futures_stay_small() {
+    run(async {
+        let a = Fake::new("a", "{}");
+        let p = proxy(&[("solo", &a)], None);
+        let (_keep, callee) = open(begin(Kind::ToolsCall, "x", 0));
+        let request = request::serve(p.clone(), callee);
+        assert!(
+            std::mem::size_of_val(&request) <= 2560,
+            "{}",
+            std::mem::size_of_val(&request)
+        );
+        let (_keep, callee) = open(begin(Kind::Lifecycle, "", 0));
+        let lifecycle = session::serve(p.clone(), callee);
+        assert!(
+            std::mem::size_of_val(&lifecycle) <= 1024,
+            "{}",
+            std::mem::size_of_val(&lifecycle)
+        );
     });
 }

@@ -511,21 +511,18 @@ fn target_of(
     } else {
         "Invalid params: name must be a string"
     };
-    let value = match jsonrpc::param_str(holder, key) {
-        Ok(Some(v)) => Rc::<str>::from(v.as_ref()),
+    let (value, raw) = match jsonrpc::param_str_at(holder, key) {
+        Ok(Some((v, raw))) => (Rc::<str>::from(v.as_ref()), raw),
         _ if required => return Err(missing),
         _ => return Ok(None),
-    };
-    let Some(raw) = jsonrpc::param_raw(holder, key) else {
-        return Err(missing);
     };
     // Both are slices of the same request body: the lexeme's offset in `params` is the
     // distance between their starts.
     let Some(whole) = params else {
         return Ok(None);
     };
-    let start = raw.get().as_ptr() as usize - whole.get().as_ptr() as usize;
-    let end = start + raw.get().len();
+    let start = raw.as_ptr() as usize - whole.get().as_ptr() as usize;
+    let end = start + raw.len();
     assert!(end <= whole.get().len());
     let at = TargetAt {
         start: start as u32,
