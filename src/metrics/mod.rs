@@ -66,7 +66,9 @@ fn histogram(max: u64) -> Histogram<u64> {
 #[derive(Clone)]
 pub struct WorkerMetrics {
     /// Request latency in µs, per method label and outcome.
-    pub requests: Vec<Histogram<u64>>,
+    /// Allocated at the first request of that method and outcome: most pairs never occur,
+    /// and a histogram is ~190 KiB that every scrape would otherwise copy.
+    pub requests: Vec<Option<Histogram<u64>>>,
     /// Bytes returned per WINDOW frame on internal streams.
     pub window_grants: Histogram<u64>,
     /// µs a sender waited for credit.
@@ -358,9 +360,7 @@ impl UpstreamMetrics {
 impl WorkerMetrics {
     fn new() -> Self {
         Self {
-            requests: (0..METHODS * Outcome::ALL.len())
-                .map(|_| histogram(LATENCY_US_MAX))
-                .collect(),
+            requests: vec![None; METHODS * Outcome::ALL.len()],
             window_grants: histogram(GRANT_BYTES_MAX),
             window_stalls: histogram(LATENCY_US_MAX),
             window_stalls_slow: 0,
@@ -385,8 +385,14 @@ impl WorkerMetrics {
 
     fn merge(&mut self, other: &WorkerMetrics) {
         for (a, b) in self.requests.iter_mut().zip(&other.requests) {
-            // Same bounds on both sides, so adding cannot fail.
-            let _ = a.add(b);
+            match (a, b) {
+                // Same bounds on both sides, so adding cannot fail.
+                (Some(a), Some(b)) => {
+                    let _ = a.add(b);
+                }
+                (a @ None, Some(b)) => *a = Some(b.clone()),
+                (_, None) => {}
+            }
         }
         let _ = self.window_grants.add(&other.window_grants);
         let _ = self.window_stalls.add(&other.window_stalls);
@@ -463,7 +469,8 @@ pub fn record_request(method: &str, outcome: Outcome, latency: Duration) {
     let i = method_index(method) * Outcome::ALL.len() + outcome as usize;
     with(|m| {
         if let Some(h) = m.requests.get_mut(i) {
-            h.saturating_record(micros(latency));
+            h.get_or_insert_with(|| histogram(LATENCY_US_MAX))
+                .saturating_record(micros(latency));
         }
     });
 }
@@ -554,9 +561,9 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
     );
     out.push_str("# TYPE mcpyard_request_seconds summary\n");
     for (i, h) in all.requests.iter().enumerate() {
-        if h.is_empty() {
+        let Some(h) = h.as_ref().filter(|h| !h.is_empty()) else {
             continue;
-        }
+        };
         let method = method_label(i / Outcome::ALL.len());
         let outcome = Outcome::ALL
             .get(i % Outcome::ALL.len())
@@ -724,14 +731,35 @@ fn render_toolkits(out: &mut String, toolkits: &[ToolkitMetrics]) {
 mod tests {
     use super::*;
 
+    fn record_into(m: &mut WorkerMetrics, us: u64) {
+        m.requests[0]
+            .get_or_insert_with(|| histogram(LATENCY_US_MAX))
+            .saturating_record(us);
+    }
+
+    #[test]
+    fn only_methods_seen_hold_a_histogram() {
+        // Runs on its own test thread, so this thread's metrics start empty.
+        assert!(snapshot().requests.iter().all(Option::is_none));
+        record_request("tools/call", Outcome::Ok, Duration::from_micros(50));
+        record_request("tools/call", Outcome::Ok, Duration::from_micros(70));
+        let held: Vec<usize> = snapshot()
+            .requests
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| h.as_ref().map(|_| i))
+            .collect();
+        assert_eq!(held, [method_index("tools/call") * Outcome::ALL.len()]);
+    }
+
     #[test]
     fn render_merges_workers() {
         let mut a = WorkerMetrics::new();
         let mut b = WorkerMetrics::new();
         a.sessions = 2;
         b.sessions = 3;
-        a.requests[0].saturating_record(100);
-        b.requests[0].saturating_record(300);
+        record_into(&mut a, 100);
+        record_into(&mut b, 300);
         let text = render(&[a, b]);
         assert!(text.contains("mcpyard_sessions 5\n"), "{text}");
         assert!(
