@@ -148,6 +148,9 @@ pub struct Cache {
     pub store: String,
     /// How long a hydrated list is served before it is refreshed; at least 1s, default 5m.
     pub ttl: Duration,
+    /// The credential hydration sends upstream (`Authorization: Bearer <token>`), if any;
+    /// read from the environment at start-up, never logged.
+    pub authorization: Option<Secret>,
 }
 
 /// One proxy route: a toolkit, where its requests go, and what of it agents may see.

@@ -112,6 +112,8 @@ pub(super) struct RawCache {
     pub store: Option<Value>,
     #[serde(default, deserialize_with = "de_duration")]
     pub ttl: Option<Duration>,
+    #[serde(default)]
+    pub authorization: Option<RawAuth>,
 }
 
 /// `bindings.<proxy>.routes[i]`.

@@ -128,7 +128,7 @@ fn invalid_files_get_exact_messages() {
         (
             "unknown key of the cache",
             edit("{ store: cache0 }", "{ store: cache0, tll: 5m }"),
-            "gw.yaml: bindings.tools.cache.tll: unknown key, expected one of: store, ttl",
+            "gw.yaml: bindings.tools.cache.tll: unknown key, expected one of: store, ttl, authorization",
         ),
         (
             "bad listen",
@@ -550,6 +550,7 @@ fn base_config_loads_with_defaults() {
             let cache = Cache {
                 store: "cache0".to_owned(),
                 ttl: Duration::from_secs(300),
+                authorization: None,
             };
             assert_eq!(proxy.cache, Some(cache));
             let toolkits: Vec<_> = proxy
@@ -917,5 +918,26 @@ fn routes_are_capped() {
     assert_eq!(
         load_err(&routes(crate::limits::PROXY_ROUTES_MAX + 1)),
         "gw.yaml: bindings.tools.routes: found 65 routes, expected at most 64"
+    );
+}
+
+#[test]
+fn cache_credentials_are_bearer_tokens_only() {
+    // SAFETY: tests run on threads of one process; this name is used by this test alone.
+    unsafe { std::env::set_var("MCPYARD_TEST_HYDRATE_TOKEN", "t0k3n") };
+    let config = load_ok(&edit(
+        "    cache: { store: cache0 }",
+        "    cache: { store: cache0, authorization: { bearer: \"${MCPYARD_TEST_HYDRATE_TOKEN}\" } }",
+    ));
+    let cache = proxy(&config, "tools").cache.clone().expect("a cache");
+    assert_eq!(cache.authorization.as_ref().map(Secret::expose), Some("t0k3n"));
+    assert!(!format!("{cache:?}").contains("t0k3n"), "never printed");
+    assert_eq!(
+        load_err(&edit(
+            "    cache: { store: cache0 }",
+            "    cache: { store: cache0, authorization: forward }",
+        )),
+        "gw.yaml: bindings.tools.cache.authorization: found forward, expected a mapping { bearer: TOKEN } \
+         (hydration runs without an agent, so there is no header to forward)"
     );
 }

@@ -15,8 +15,8 @@ use serde_yaml_ng::Value;
 use super::duration::format_duration;
 use super::event_prefix::{event_code, event_prefixes};
 use super::model::{
-    Binding, Cache, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding, Route, Runtime,
-    ServerBinding, Store, Telemetry,
+    Binding, Cache, ClientAuth, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding, Route,
+    Runtime, ServerBinding, Store, Telemetry,
 };
 use super::raw::{Kind, RawBinding, RawConfig, RawStore, quote, render};
 use crate::limits::{PROXY_ROUTES_MAX, REQUEST_TIMEOUT_DEFAULT, SESSION_IDLE_TIMEOUT_MAX};
@@ -224,7 +224,22 @@ fn validate_proxy(cx: &Cx<'_>, raw: RawBinding) -> Result<ProxyBinding, Fault> {
                     ),
                 ));
             }
-            Some(Cache { store, ttl })
+            let authorization = match cache.authorization.map(|a| a.0) {
+                None => None,
+                Some(ClientAuth::Bearer(secret)) => Some(secret),
+                Some(ClientAuth::Forward) => {
+                    return Err(fault(
+                        cx.key("cache.authorization"),
+                        "found forward, expected a mapping { bearer: TOKEN } (hydration runs \
+                         without an agent, so there is no header to forward)",
+                    ));
+                }
+            };
+            Some(Cache {
+                store,
+                ttl,
+                authorization,
+            })
         }
     };
     let raw_routes = raw.routes.ok_or_else(|| {
