@@ -11,6 +11,7 @@ pub mod log;
 pub mod metrics;
 pub mod runtime;
 pub mod sse;
+pub mod store;
 pub mod stream;
 #[cfg(test)]
 pub mod testing;

@@ -930,7 +930,10 @@ fn cache_credentials_are_bearer_tokens_only() {
         "    cache: { store: cache0, authorization: { bearer: \"${MCPYARD_TEST_HYDRATE_TOKEN}\" } }",
     ));
     let cache = proxy(&config, "tools").cache.clone().expect("a cache");
-    assert_eq!(cache.authorization.as_ref().map(Secret::expose), Some("t0k3n"));
+    assert_eq!(
+        cache.authorization.as_ref().map(Secret::expose),
+        Some("t0k3n")
+    );
     assert!(!format!("{cache:?}").contains("t0k3n"), "never printed");
     assert_eq!(
         load_err(&edit(

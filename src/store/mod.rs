@@ -1,0 +1,113 @@
+//! The store: the one thing workers (and, later, nodes) share.
+//!
+//! [`Store`] is the cross-worker abstraction of DESIGN §6: values by key (`get`, `put`,
+//! `delete`), leases (`lock` → a [`Token`], `renew`, `unlock`) that expire by time whatever
+//! their holder is doing, and [`Watch`]es that wake a worker's task on that worker's own
+//! event loop when a key changes. Every operation is asynchronous and fallible, and leases
+//! are tokens with TTLs, so a networked implementation (Redis: `GET`/`SET`, `SET NX PX` with
+//! a random token, compare-and-delete/extend scripts, keyspace notifications feeding the
+//! watches) fits the same trait.
+//!
+//! [`memory::MemoryStore`] is the embedded default: process-wide, lock-free for readers.
+//!
+//! Flow: the proxy cache's lease holder hydrates lists and `put`s their bytes; every
+//! worker `watch`es the keys and `get`s them (a refcount, not a copy) into its own view.
+
+pub mod memory;
+
+#[cfg(test)]
+mod tests;
+
+use bytes::Bytes;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// What a store operation gives back, later.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + 'a>>;
+
+/// A stored value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Value {
+    /// The bytes, shared (cloning is a reference count, not a copy).
+    pub bytes: Bytes,
+    /// Rises with every write to the store: a reader can tell a newer value from an older.
+    pub version: u64,
+}
+
+/// Proof of holding a lease; only its holder can renew or release it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(pub(crate) u128);
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A token is a credential of sorts: it is never printed whole.
+        write!(f, "Token({:04x}…)", self.0 >> 112)
+    }
+}
+
+/// Why a store operation failed (a networked store can; the memory store does not).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreError {
+    /// What went wrong, for logs.
+    pub message: String,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Wakes its holder when a key changes. Changes coalesce: a watcher that was busy sees the
+/// latest version once, not every one in between.
+pub struct Watch {
+    rx: watch::Receiver<u64>,
+}
+
+impl Watch {
+    pub(crate) fn new(rx: watch::Receiver<u64>) -> Watch {
+        Watch { rx }
+    }
+
+    /// Resolves once the key changed since the last call (or since the watch began);
+    /// false once the store is gone. Safe to drop while waiting.
+    pub async fn changed(&mut self) -> bool {
+        self.rx.changed().await.is_ok()
+    }
+}
+
+/// The cross-worker store.
+pub trait Store: Send + Sync {
+    /// The value of `key`, if any.
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Value>>;
+    /// Replaces the value of `key`; returns the new value's version.
+    fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64>;
+    /// Removes `key`; true if it had a value.
+    fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool>;
+    /// Takes the lease `key` for `ttl` if nobody holds it (or its holder's lease ran out);
+    /// `None` if it is held.
+    fn lock<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Option<Token>>;
+    /// Extends the lease `key` to `ttl` from now; false if `token` no longer holds it.
+    fn renew<'a>(&'a self, key: &'a str, token: &'a Token, ttl: Duration) -> StoreFuture<'a, bool>;
+    /// Gives the lease `key` up; false if `token` did not hold it.
+    fn unlock<'a>(&'a self, key: &'a str, token: &'a Token) -> StoreFuture<'a, bool>;
+    /// A watch of `key`, waking the calling worker's task on change.
+    fn watch(&self, key: &str) -> Result<Watch, StoreError>;
+}
+
+/// Where a store reads the time (leases expire by it); tests move it by hand.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Instant;
+}
+
+/// The monotonic system clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
