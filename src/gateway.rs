@@ -6,11 +6,15 @@ use crate::binding::Exit;
 use crate::binding::client::Client;
 use crate::binding::demo::{Demo, DemoShared};
 use crate::binding::proxy::Proxy;
+use crate::binding::proxy::cache::CacheSetup;
 use crate::binding::server::{Server, net};
-use crate::config::{Binding, Config};
+use crate::config::{Binding, Config, ProxyBinding};
 use crate::limits::{CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE};
 use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task};
+use crate::store::Store;
+use crate::store::memory::MemoryStore;
 use crate::{log, metrics};
+use bytes::{BufMut, BytesMut};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -29,6 +33,8 @@ struct WorkerPlan {
     inboxes: Inboxes,
     drain: watch::Receiver<bool>,
     registrable: usize,
+    /// The `stores:`, shared by every worker.
+    stores: Arc<BTreeMap<String, Arc<dyn Store>>>,
 }
 
 /// Runs the gateway until a signal drains it. Returns an error message if it cannot start.
@@ -50,16 +56,18 @@ pub fn run(config: Config) -> Result<(), String> {
                 config.source
             ));
         }
-        if let Binding::Proxy(p) = binding
-            && p.cache.is_some()
-        {
-            // TODO(#13): the proxy cache on the shared store.
-            return Err(format!(
-                "{}: bindings.{name}.cache: the proxy cache is not available in this build yet; remove the cache key to forward every list request upstream",
-                config.source
-            ));
-        }
     }
+    let stores: BTreeMap<String, Arc<dyn Store>> = config
+        .stores
+        .iter()
+        .map(|(name, store)| {
+            let store: Arc<dyn Store> = match store {
+                crate::config::Store::Memory => Arc::new(MemoryStore::default()),
+            };
+            (name.clone(), store)
+        })
+        .collect();
+    let stores = Arc::new(stores);
     let demos: BTreeMap<String, Arc<DemoShared>> = config
         .bindings
         .iter()
@@ -124,6 +132,7 @@ pub fn run(config: Config) -> Result<(), String> {
             inboxes: inboxes.clone(),
             drain: drain_rx.clone(),
             registrable,
+            stores: stores.clone(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("mcpyard-w{index}"))
@@ -192,6 +201,8 @@ struct Exits<'a> {
     built: BTreeMap<String, Rc<dyn Exit>>,
     /// The client instances among them (drain waits for their sessions).
     clients: Vec<Rc<Client>>,
+    /// The proxy instances among them (drain stops their caches).
+    proxies: Vec<Rc<Proxy>>,
 }
 
 impl Exits<'_> {
@@ -214,7 +225,9 @@ impl Exits<'_> {
                 for route in &cfg.routes {
                     routes.push(self.get(&route.exit)?);
                 }
-                Proxy::new(name, cfg, routes, worker)
+                let proxy = Proxy::new(name, cfg, routes, worker, self.cache_setup(cfg));
+                self.proxies.push(proxy.clone());
+                proxy
             }
             Binding::Server(_) => return None,
         };
@@ -222,6 +235,39 @@ impl Exits<'_> {
         Some(exit)
     }
 }
+
+impl Exits<'_> {
+    /// How proxy `cfg`'s cache reaches its store, if it has one.
+    fn cache_setup(&self, cfg: &ProxyBinding) -> Option<CacheSetup> {
+        let cache = cfg.cache.as_ref()?;
+        let store = self.plan.stores.get(&cache.store)?.clone();
+        // A hydration waits for its slowest route's client at most this long.
+        let route_timeout = cfg
+            .routes
+            .iter()
+            .map(|r| match self.plan.config.bindings.get(&r.exit) {
+                Some(Binding::Client(c)) => c.connect_timeout + c.response_timeout,
+                _ => DEMO_ROUTE_TIMEOUT,
+            })
+            .max()
+            .unwrap_or(DEMO_ROUTE_TIMEOUT);
+        let authorization = cache.authorization.as_ref().map(|secret| {
+            let mut value = BytesMut::with_capacity(7 + secret.expose().len());
+            value.put_slice(b"Bearer ");
+            value.put_slice(secret.expose().as_bytes());
+            value.freeze()
+        });
+        Some(CacheSetup {
+            store,
+            ttl: cache.ttl,
+            authorization,
+            route_timeout,
+        })
+    }
+}
+
+/// What a hydration waits for a demo route (it answers at once).
+const DEMO_ROUTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One worker: its servers, accept loops and inbox, until the drain signal.
 async fn worker(plan: WorkerPlan) {
@@ -233,6 +279,7 @@ async fn worker(plan: WorkerPlan) {
         slots: &slots,
         built: BTreeMap::new(),
         clients: Vec::new(),
+        proxies: Vec::new(),
     };
     let configured: Vec<(String, crate::config::ServerBinding)> = plan
         .config
@@ -281,6 +328,7 @@ async fn worker(plan: WorkerPlan) {
         servers.push(server);
     }
     let clients = std::mem::take(&mut exits.clients);
+    let proxies = std::mem::take(&mut exits.proxies);
     drop(exits);
     drop(plan.listeners);
     tokio::task::spawn_local(runtime::run_inbox(plan.inbox));
@@ -300,6 +348,10 @@ async fn worker(plan: WorkerPlan) {
     net::shutdown_all();
     while net::live() > 0 && Instant::now() < deadline {
         tokio::time::sleep(crate::limits::TICK).await;
+    }
+    // The caches' hydration sessions are not agents': they end here.
+    for p in &proxies {
+        p.stop();
     }
     // Sessions are closed by now (their DELETEs went upstream); drop the idle pool.
     while clients.iter().any(|c| c.sessions() > 0) && Instant::now() < deadline {

@@ -168,6 +168,17 @@ pub const PROXY_ROUTES_MAX: usize = 64;
 /// hands out more cursors than this has the rest of its list left out (logged).
 pub const LIST_PAGES_MAX: usize = 10_000;
 
+/// Bytes of one route's list a proxy cache keeps (its fragment); a route whose list is
+/// longer keeps its previous fragment, and the refresh counts as failed.
+pub const CACHE_LIST_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// First wait before a failed cache refresh is tried again; it doubles up to the lease TTL.
+pub const CACHE_RETRY_MIN: Duration = Duration::from_millis(100);
+
+/// Longest lease a cache's hydrating worker holds between renewals (a third of it); a
+/// cache TTL shorter than this is the lease TTL instead.
+pub const CACHE_LEASE_TTL_MAX: Duration = Duration::from_secs(30);
+
 const _: () = assert!(HEADER_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(REQUEST_TARGET_BYTES_MAX < HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < SLOT_BYTES);

@@ -101,6 +101,8 @@ pub struct WorkerMetrics {
     pub upstream: UpstreamMetrics,
     /// The `proxy` bindings.
     pub proxy: ProxyMetrics,
+    /// The proxies' list caches.
+    pub cache: CacheMetrics,
     /// Per toolkit (proxy route): requests by method and outcome, and their latency.
     /// Invariant: `len() <= TOOLKIT_LABELS_MAX`, names unique.
     pub toolkits: Vec<ToolkitMetrics>,
@@ -118,6 +120,8 @@ pub struct ToolkitMetrics {
     /// By method label index (as `requests`): outcome counts and latency in µs, the
     /// histogram allocated at a method's first request.
     pub methods: Vec<([u64; 4], Option<Histogram<u64>>)>,
+    /// Cache hydration of this toolkit's lists: outcome counts and latency in µs.
+    pub hydration: ([u64; 4], Option<Histogram<u64>>),
 }
 
 impl ToolkitMetrics {
@@ -125,11 +129,17 @@ impl ToolkitMetrics {
         ToolkitMetrics {
             toolkit: toolkit.to_owned(),
             methods: vec![([0; 4], None); METHODS],
+            hydration: ([0; 4], None),
         }
     }
 
     fn merge(&mut self, o: &ToolkitMetrics) {
-        for (mine, theirs) in self.methods.iter_mut().zip(&o.methods) {
+        for (mine, theirs) in self
+            .methods
+            .iter_mut()
+            .chain(std::iter::once(&mut self.hydration))
+            .zip(o.methods.iter().chain(std::iter::once(&o.hydration)))
+        {
             for (a, b) in mine.0.iter_mut().zip(theirs.0) {
                 *a += b;
             }
@@ -141,6 +151,67 @@ impl ToolkitMetrics {
                 _ => {}
             }
         }
+    }
+}
+
+/// Counters of the proxies' list caches.
+#[derive(Clone, Default)]
+pub struct CacheMetrics {
+    /// List requests answered from the cache, and ones it could not answer yet.
+    pub hits: u64,
+    pub misses: u64,
+    /// Hydrations of one list kind that got every route's list, and ones that did not.
+    pub refreshes_ok: u64,
+    pub refreshes_failed: u64,
+    /// Times a worker took a cache's hydration lease.
+    pub lease_changes: u64,
+    /// `list_changed` notifications sent to agent sessions after a cached list changed.
+    pub notifications: u64,
+}
+
+impl CacheMetrics {
+    fn merge(&mut self, o: &CacheMetrics) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.refreshes_ok += o.refreshes_ok;
+        self.refreshes_failed += o.refreshes_failed;
+        self.lease_changes += o.lease_changes;
+        self.notifications += o.notifications;
+    }
+
+    fn series(&self) -> [(&'static str, &'static str, u64); 6] {
+        [
+            (
+                "mcpyard_cache_hits_total",
+                "List requests answered from the cache.",
+                self.hits,
+            ),
+            (
+                "mcpyard_cache_misses_total",
+                "List requests the cache could not answer yet (served live).",
+                self.misses,
+            ),
+            (
+                "mcpyard_cache_refreshes_ok_total",
+                "Hydrations of a list kind that got every route's list.",
+                self.refreshes_ok,
+            ),
+            (
+                "mcpyard_cache_refreshes_failed_total",
+                "Hydrations of a list kind where a route failed (its previous list kept).",
+                self.refreshes_failed,
+            ),
+            (
+                "mcpyard_cache_lease_changes_total",
+                "Times a worker took a cache's hydration lease.",
+                self.lease_changes,
+            ),
+            (
+                "mcpyard_cache_notifications_total",
+                "list_changed notifications sent after a cached list changed.",
+                self.notifications,
+            ),
+        ]
     }
 }
 
@@ -379,6 +450,7 @@ impl WorkerMetrics {
             events_replay_missed: 0,
             upstream: UpstreamMetrics::default(),
             proxy: ProxyMetrics::default(),
+            cache: CacheMetrics::default(),
             toolkits: Vec::new(),
         }
     }
@@ -412,6 +484,7 @@ impl WorkerMetrics {
         self.events_replay_missed += other.events_replay_missed;
         self.upstream.merge(&other.upstream);
         self.proxy.merge(&other.proxy);
+        self.cache.merge(&other.cache);
         for theirs in &other.toolkits {
             match self
                 .toolkits
@@ -507,6 +580,22 @@ pub fn record_toolkit(slot: usize, kind: Kind, outcome: Outcome, latency: Durati
             *count += 1;
         }
         latencies
+            .get_or_insert_with(|| histogram(LATENCY_US_MAX))
+            .saturating_record(micros(latency));
+    });
+}
+
+/// Records one route's list hydration for a proxy cache (its slot from [`toolkit_slot`]).
+pub fn record_hydration(slot: usize, outcome: Outcome, latency: Duration) {
+    with(|m| {
+        let Some(t) = m.toolkits.get_mut(slot) else {
+            return;
+        };
+        if let Some(count) = t.hydration.0.get_mut(outcome as usize) {
+            *count += 1;
+        }
+        t.hydration
+            .1
             .get_or_insert_with(|| histogram(LATENCY_US_MAX))
             .saturating_record(micros(latency));
     });
@@ -677,7 +766,7 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
         );
     }
     render_toolkits(&mut out, &all.toolkits);
-    for (name, help, v) in all.proxy.series() {
+    for (name, help, v) in all.proxy.series().into_iter().chain(all.cache.series()) {
         let _ = writeln!(
             out,
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
@@ -713,6 +802,28 @@ fn render_toolkits(out: &mut String, toolkits: &[ToolkitMetrics]) {
                     );
                 }
             }
+        }
+    }
+    out.push_str("# HELP mcpyard_toolkit_hydrations_total Cache hydrations of a toolkit's lists, by outcome.\n");
+    out.push_str("# TYPE mcpyard_toolkit_hydrations_total counter\n");
+    for t in toolkits {
+        for (outcome, count) in Outcome::ALL.iter().zip(t.hydration.0) {
+            if count > 0 {
+                let _ = writeln!(
+                    out,
+                    "mcpyard_toolkit_hydrations_total{{toolkit=\"{}\",outcome=\"{}\"}} {count}",
+                    t.toolkit,
+                    outcome.label()
+                );
+            }
+        }
+    }
+    out.push_str("# HELP mcpyard_toolkit_hydration_seconds Latency of one cache hydration of a toolkit's list.\n");
+    out.push_str("# TYPE mcpyard_toolkit_hydration_seconds summary\n");
+    for t in toolkits {
+        if let Some(h) = &t.hydration.1 {
+            let labels = format!("toolkit=\"{}\"", t.toolkit);
+            write_summary(out, "mcpyard_toolkit_hydration_seconds", &labels, h, 1e6);
         }
     }
     out.push_str("# HELP mcpyard_toolkit_seconds Latency of requests through a proxy route, by toolkit and method.\n");

@@ -151,21 +151,32 @@ def _spawn(argv: list[str], prefix: str, what: str, workdir: Path, env: dict[str
     return Child(proc=proc, address=address, log=log)
 
 
-def start_upstream(mode: str, workdir: Path, *, name: str | None = None, token: str | None = None) -> Child:
+def start_upstream(
+    mode: str,
+    workdir: Path,
+    *,
+    name: str | None = None,
+    token: str | None = None,
+    port: int = 0,
+    list_delay_s: float = 0.0,
+) -> Child:
     """Starts the SDK upstream in `mode` (named `name`, needing `Bearer <token>` when a token
-    is given); `address` is its MCP endpoint URL."""
-    argv = [sys.executable, str(UPSTREAM_SCRIPT), "--mode", mode]
+    is given, on `port` (0: any), answering lists after `list_delay_s`); `address` is its
+    MCP endpoint URL."""
+    argv = [sys.executable, str(UPSTREAM_SCRIPT), "--mode", mode, "--port", str(port)]
     if name is not None:
         argv += ["--name", name]
     if token is not None:
         argv += ["--token", token]
+    if list_delay_s:
+        argv += ["--list-delay", str(list_delay_s)]
     return _spawn(argv, "listening ", f"upstream-{name or mode}", workdir, None)
 
 
 EVERYTHING = ROOT / "tests" / "js" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -181,7 +192,7 @@ def start_everything(workdir: Path) -> Child:
     if not EVERYTHING.exists():
         raise AssertionError(f"{EVERYTHING} is missing: run `npm ci` in tests/js (tests/py/run.sh does)")
     for attempt in range(2):
-        port = _free_port()
+        port = free_port()
         try:
             # It announces itself on stderr: merged into stdout, where _spawn waits.
             child = _spawn(

@@ -51,7 +51,7 @@ RESUMABLE = harness.route_params(["sse-resumable"], runtimes_for)
 # What the upstream serves, in list order (2 items a page).
 STATIC_TOOLS = [
     "echo", "add", "slow_progress", "release", "elicit_name", "sleep", "sleep_status", "add_tool",
-    "remove_tool", "touch", "log", "fail", "upstream_stats", "whoami", "sample",
+    "remove_tool", "touch", "log", "fail", "upstream_stats", "whoami", "poke_list_changed", "sample",
 ]  # fmt: skip
 PROMPTS = ["greet", "summarize", "translate", "haiku", "review"]
 RESOURCES = ["res://readme", "res://config", "res://logo.png", "res://status", "res://data.bin"]

@@ -208,7 +208,13 @@ async fn fetch(proxy: Rc<Proxy>, session: Rc<ProxySession>, index: usize, feed: 
     };
     let started = Instant::now();
     let kind = feed.begin.kind;
-    let outcome = match pages(&proxy, &session, route, &feed).await {
+    let request = ListRequest {
+        kind: feed.begin.kind,
+        deadline: feed.begin.deadline,
+        authorization: feed.begin.authorization.clone(),
+    };
+    let mut out = Out::Feed(&feed);
+    let outcome = match pages(&proxy, &session, route, &request, &mut out).await {
         Ok(()) => {
             feed.reply.end();
             Outcome::Ok
@@ -230,15 +236,88 @@ async fn fetch(proxy: Rc<Proxy>, session: Rc<ProxySession>, index: usize, feed: 
     metrics::record_toolkit(route.metrics, kind, outcome, started.elapsed());
 }
 
+/// What one route's list is asked with.
+pub struct ListRequest {
+    pub kind: Kind,
+    pub deadline: Instant,
+    /// The `Authorization` header for routes that forward it.
+    pub authorization: Option<Bytes>,
+}
+
+/// Where a route's renamed items go: to the merge of an agent's list request, or into a
+/// buffer (a cache fragment).
+pub enum Out<'a> {
+    Feed(&'a Callee),
+    /// Invariant: `buf.len() <= cap` (a longer list fails instead).
+    Buffer {
+        buf: BytesMut,
+        cap: usize,
+    },
+}
+
+impl Out<'_> {
+    /// Hands on one chunk of items. `Err(None)`: the merge went away; `Err(Some(_))`: the
+    /// buffer is full.
+    async fn push(&mut self, chunk: Bytes) -> Result<(), Option<Reset>> {
+        match self {
+            Out::Feed(feed) => feed.reply.data(chunk).await.map_err(|_| None),
+            Out::Buffer { buf, cap } => {
+                if buf.len() + chunk.len() > *cap {
+                    return Err(Some(internal(&format!(
+                        "Toolkit's list is larger than {cap} bytes, too large to cache"
+                    ))));
+                }
+                buf.put_slice(&chunk);
+                Ok(())
+            }
+        }
+    }
+
+    /// Resolves when the merge gives up (never for a buffer).
+    async fn gone(&self) {
+        match self {
+            Out::Feed(feed) => loop {
+                match feed.reply.throttle().await {
+                    Some(Throttle::Challenge(_)) => continue,
+                    Some(Throttle::Reset(_)) | None => return,
+                }
+            },
+            Out::Buffer { .. } => std::future::pending().await,
+        }
+    }
+}
+
+/// Every item of route `route`'s list of `request.kind`, renamed and admitted, joined by
+/// commas (at most `cap` bytes): a cache fragment.
+pub async fn collect(
+    proxy: &Proxy,
+    session: &Rc<ProxySession>,
+    route: &Route,
+    request: &ListRequest,
+    cap: usize,
+) -> Result<Bytes, Reset> {
+    let mut out = Out::Buffer {
+        buf: BytesMut::new(),
+        cap,
+    };
+    match pages(proxy, session, route, request, &mut out).await {
+        Ok(()) => match out {
+            Out::Buffer { buf, .. } => Ok(buf.freeze()),
+            Out::Feed(_) => Err(internal("Unreachable: not a buffer")),
+        },
+        Err(reset) => Err(reset.unwrap_or(Reset::Plain)),
+    }
+}
+
 /// The pages of one route's list. `Err(Some(reset))` if the route failed, `Err(None)` if
 /// the merge went away.
 async fn pages(
     proxy: &Proxy,
     session: &Rc<ProxySession>,
     route: &Route,
-    feed: &Callee,
+    begin: &ListRequest,
+    out: &mut Out<'_>,
 ) -> Result<(), Option<Reset>> {
-    let begin = &feed.begin;
     let Some((family, array, key)) = shape(begin.kind) else {
         return Err(Some(internal("Unreachable: not a list")));
     };
@@ -276,7 +355,7 @@ async fn pages(
             key,
             prefix: route.prefix(family).clone(),
         };
-        let next = page(route, family, up, params, rules, &mut sink, feed).await?;
+        let next = page(route, family, up, params, rules, &mut sink, out).await?;
         metrics::with(|m| m.proxy.items_dropped += std::mem::take(&mut sink.dropped));
         match next {
             Some(next) if cursor.as_ref() != Some(&next) => cursor = Some(next),
@@ -293,7 +372,7 @@ async fn pages(
     Ok(())
 }
 
-/// One page: asks the route, renames its items into `feed`; returns its `nextCursor`.
+/// One page: asks the route, renames its items into `out`; returns its `nextCursor`.
 async fn page(
     route: &Route,
     family: Family,
@@ -301,7 +380,7 @@ async fn page(
     params: Bytes,
     rules: ItemRules,
     sink: &mut ItemSink,
-    feed: &Callee,
+    out: &mut Out<'_>,
 ) -> Result<Option<Bytes>, Option<Reset>> {
     let (caller, callee) = stream::open(up);
     route.exit.open(callee);
@@ -313,14 +392,11 @@ async fn page(
     loop {
         let frame = tokio::select! {
             biased;
-            throttle = feed.reply.throttle() => match throttle {
-                Some(Throttle::Challenge(_)) => continue,
-                Some(Throttle::Reset(_)) | None => {
-                    caller.reply.reset(Reset::Plain);
-                    caller.initial.abort();
-                    return Err(None);
-                }
-            },
+            () = out.gone() => {
+                caller.reply.reset(Reset::Plain);
+                caller.initial.abort();
+                return Err(None);
+            }
             frame = caller.reply.next() => frame,
         };
         match frame {
@@ -339,11 +415,11 @@ async fn page(
                 // per item. They go on as one DATA per piece read (one copy), not as
                 // thousands of frames through two more streams.
                 if let Some(chunk) = gather(&mut sink.parts)
-                    && feed.reply.data(chunk).await.is_err()
+                    && let Err(e) = out.push(chunk).await
                 {
                     caller.reply.reset(Reset::Plain);
                     caller.initial.abort();
-                    return Err(None);
+                    return Err(e);
                 }
             }
             Some(Frame::Begin(_) | Frame::Flush(_)) => {}

@@ -15,6 +15,7 @@
 //! Everything here lives on one worker: the binding is built once per worker, and its
 //! sessions and streams stay there.
 
+pub mod cache;
 mod event_id;
 mod list;
 mod rename;
@@ -25,7 +26,7 @@ use crate::binding::Exit;
 use crate::config::{AllowList, ProxyBinding};
 use crate::limits::SESSIONS_PER_WORKER_MAX;
 use crate::metrics;
-use crate::stream::{Callee, Caps, Kind, Reset};
+use crate::stream::{Callee, Caps, Kind, ListKind, Reset};
 use bytes::Bytes;
 use event_id::Prefixes;
 use session::ProxySession;
@@ -129,11 +130,20 @@ pub struct Proxy {
     worker: u8,
     /// Session ids minted on this worker so far.
     minted: Cell<u64>,
+    /// The list cache, when the binding has one.
+    cache: Option<cache::Cache>,
 }
 
 impl Proxy {
-    /// Builds the worker-local instance; `exits[i]` serves route i.
-    pub fn new(name: &str, cfg: &ProxyBinding, exits: Vec<Rc<dyn Exit>>, worker: u8) -> Rc<Proxy> {
+    /// Builds the worker-local instance; `exits[i]` serves route i. With `cache`, starts
+    /// this worker's cache tasks (so it must run inside the worker's runtime).
+    pub fn new(
+        name: &str,
+        cfg: &ProxyBinding,
+        exits: Vec<Rc<dyn Exit>>,
+        worker: u8,
+        cache: Option<cache::CacheSetup>,
+    ) -> Rc<Proxy> {
         assert!(exits.len() == cfg.routes.len());
         let routes: Vec<Route> = cfg
             .routes
@@ -167,7 +177,7 @@ impl Proxy {
             .iter()
             .map(|r| r.event_prefix.as_deref())
             .collect();
-        Rc::new_cyclic(|me| Proxy {
+        let proxy = Rc::new_cyclic(|me| Proxy {
             me: me.clone(),
             name: Rc::from(name),
             prefixes: Prefixes::new(&prefixes),
@@ -175,7 +185,39 @@ impl Proxy {
             sessions: RefCell::new(HashMap::new()),
             worker,
             minted: Cell::new(0),
-        })
+            cache: cache.map(|setup| cache::Cache::new(name, setup)),
+        });
+        cache::Cache::start(&proxy);
+        proxy
+    }
+
+    /// The cached result of a list request of `kind`, when this proxy has a cache and it
+    /// has been hydrated; counts a miss otherwise.
+    fn cached_list(&self, kind: Kind) -> Option<Bytes> {
+        let cache = self.cache.as_ref()?;
+        let found = cache.list(kind);
+        if found.is_none() {
+            metrics::with(|m| m.cache.misses += 1);
+        }
+        found
+    }
+
+    /// Tells every agent session of this worker that `list` changed; returns how many.
+    fn announce(&self, list: ListKind) -> u64 {
+        let sessions: Vec<Rc<ProxySession>> = self.sessions.borrow().values().cloned().collect();
+        let mut told = 0;
+        for session in sessions.iter().filter(|s| !s.hydration) {
+            session.announce(list);
+            told += 1;
+        }
+        told
+    }
+
+    /// Stops this worker's cache tasks (drain).
+    pub fn stop(&self) {
+        if let Some(cache) = self.cache.as_ref() {
+            cache.stop();
+        }
     }
 
     /// Sessions open on this worker.

@@ -37,7 +37,12 @@ pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
         | Kind::ResourcesList
         // Boxed: their states are far larger than an item relay's, and a spawned task is
         // as large as its largest state.
-        | Kind::ResourcesTemplatesList => Box::pin(list::serve(&proxy, &session, &callee)).await,
+        | Kind::ResourcesTemplatesList => {
+            if let Some(cached) = proxy.cached_list(callee.begin.kind) {
+                return Box::pin(answer_cached(&callee, cached)).await;
+            }
+            Box::pin(list::serve(&proxy, &session, &callee)).await
+        }
         Kind::LoggingSetLevel => Box::pin(set_level(&proxy, &session, &callee)).await,
         Kind::Other if proxy.routes.len() == 1 => {
             let begin = callee.begin.clone();
@@ -512,6 +517,17 @@ pub async fn call(route: &Route, begin: Begin, params: Bytes) -> Result<Bytes, R
             }
         }
     }
+}
+
+/// Answers a list request from the cache: the stored bytes as they are, through the
+/// reply's window. Params (a `cursor`, `_meta`) are read and dropped: the cached list is one
+/// page.
+async fn answer_cached(callee: &Callee, cached: Bytes) {
+    if read_params(callee).await.is_none() {
+        return fail(callee, internal("Params not received"));
+    }
+    metrics::with(|m| m.cache.hits += 1);
+    answer(callee, cached).await;
 }
 
 /// Answers the caller with a whole result.

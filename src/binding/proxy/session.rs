@@ -112,13 +112,16 @@ pub struct ProxySession {
     /// The relay task's waker, and what other tasks asked of it.
     task: RefCell<Option<Waker>>,
     poked: Cell<bool>,
-    /// Lists to announce as changed (a route came back).
+    /// Lists to announce as changed (a route came back, a cached list changed).
     list_changed: Cell<[bool; 3]>,
+    /// The cache's own session (hydration), not an agent's.
+    pub hydration: bool,
 }
 
 impl ProxySession {
-    fn new(id: Rc<str>, hello: &ClientHello, routes: usize) -> ProxySession {
+    fn new(id: Rc<str>, hello: &ClientHello, routes: usize, hydration: bool) -> ProxySession {
         ProxySession {
+            hydration,
             id,
             capabilities: hello.capabilities.clone(),
             version: hello.protocol_version,
@@ -149,6 +152,22 @@ impl ProxySession {
         if let Some(header) = header {
             *self.authorization.borrow_mut() = Some(header.clone());
         }
+    }
+
+    /// Tells the agent (once, however often it is asked before the relay runs) that `list`
+    /// changed.
+    pub fn announce(&self, list: ListKind) {
+        let mut lists = self.list_changed.get();
+        let at = match list {
+            ListKind::Tools => 0,
+            ListKind::Prompts => 1,
+            ListKind::Resources => 2,
+        };
+        if let Some(flag) = lists.get_mut(at) {
+            *flag = true;
+        }
+        self.list_changed.set(lists);
+        self.poke();
     }
 
     /// Wakes the relay task.
@@ -274,7 +293,8 @@ impl ProxySession {
             Ok(life) => {
                 route.known_caps.set(life.caps);
                 *slot.borrow_mut() = RouteState::Open(life.clone());
-                self.on_opened(route, &life);
+                // With a cache, lists are the cache's: a route opening changes none.
+                self.on_opened(route, &life, proxy.cache.is_none());
                 Ok(life)
             }
             Err(reset) => {
@@ -292,8 +312,9 @@ impl ProxySession {
     }
 
     /// A route opened: resume its events if the agent has asked for them, and once the
-    /// agent was answered, tell it the lists may have grown.
-    fn on_opened(&self, route: &Route, life: &RouteLife) {
+    /// agent was answered, tell it the lists may have grown (`lists_grow`: not when a cache
+    /// owns the lists).
+    fn on_opened(&self, route: &Route, life: &RouteLife, lists_grow: bool) {
         let pending = self
             .pending_resume
             .borrow_mut()
@@ -310,7 +331,7 @@ impl ProxySession {
                 .reply
                 .challenge(Challenge::Resume { last_event_id });
         }
-        if self.answered.get() {
+        if lists_grow && self.answered.get() {
             let mut lists = self.list_changed.get();
             let caps = route.mask(life.caps);
             lists[0] |= caps.contains(Caps::TOOLS);
@@ -324,23 +345,45 @@ impl ProxySession {
     /// routes not open), minus what allow-lists exclude; `listChanged` wherever a route can
     /// change a list, which includes a route coming back.
     fn caps(&self, proxy: &Proxy) -> Caps {
-        let mut caps = Caps::empty();
         let mut missing = false;
-        for (slot, route) in self.routes.iter().zip(&proxy.routes) {
-            let route_caps = match &*slot.borrow() {
+        let per_route: Vec<Caps> = self
+            .routes
+            .iter()
+            .zip(&proxy.routes)
+            .map(|(slot, route)| match &*slot.borrow() {
                 RouteState::Open(life) => life.caps,
                 _ => {
                     missing = true;
                     route.known_caps.get()
                 }
-            };
-            caps = caps.union(route.mask(route_caps));
+            })
+            .collect();
+        Self::union_caps(proxy, &per_route, missing)
+    }
+
+    /// The capabilities the agent is told from the cache's record of the routes: the cache
+    /// announces every change of a list it serves.
+    fn cached_caps(&self, proxy: &Proxy, routes: &[Caps]) -> Caps {
+        for (route, caps) in proxy.routes.iter().zip(routes) {
+            if *caps != Caps::empty() {
+                route.known_caps.set(*caps);
+            }
+        }
+        Self::union_caps(proxy, routes, true)
+    }
+
+    /// The union of the routes' capabilities (`per_route[i]` is route i's), minus what
+    /// allow-lists exclude; `list_changing` adds `listChanged` to every list served.
+    fn union_caps(proxy: &Proxy, per_route: &[Caps], list_changing: bool) -> Caps {
+        let mut caps = Caps::empty();
+        for (route, route_caps) in proxy.routes.iter().zip(per_route) {
+            caps = caps.union(route.mask(*route_caps));
         }
         if proxy.routes.len() > 1 {
             // Methods mcpyard does not know can only go where exactly one route serves.
             caps = Caps(caps.0 & !Caps::OTHER.0);
         }
-        if missing {
+        if list_changing {
             for (list, changed) in [
                 (Caps::TOOLS, Caps::TOOLS_LIST_CHANGED),
                 (Caps::PROMPTS, Caps::PROMPTS_LIST_CHANGED),
@@ -415,6 +458,16 @@ impl Drop for Registration {
 
 /// Serves one lifecycle stream from the agent's `initialize` to the session's end.
 pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
+    serve_as(proxy, callee, false).await;
+}
+
+/// Serves the cache's hydration session: every route opened at once, lists never served
+/// from the cache, routes' `list_changed` passed on (they trigger a refresh).
+pub async fn serve_hydration(proxy: Rc<Proxy>, callee: Callee) {
+    serve_as(proxy, callee, true).await;
+}
+
+async fn serve_as(proxy: Rc<Proxy>, callee: Callee, hydration: bool) {
     let Some(hello) = callee.begin.client.as_ref() else {
         return fail(
             &callee,
@@ -425,6 +478,7 @@ pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
         proxy.mint_session_id(),
         hello,
         proxy.routes.len(),
+        hydration,
     ));
     proxy
         .sessions
@@ -434,10 +488,47 @@ pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
         proxy: proxy.clone(),
         id: session.id.clone(),
     };
+    // Boxed: opening is far larger than the relay the task then lives in.
+    let Some(reply) = Box::pin(opening(&proxy, &session, &callee, hydration)).await else {
+        return;
+    };
+    session.answered.set(true);
+    if Box::pin(callee.reply.begin(reply)).await.is_ok() {
+        relay(&proxy, &session, &callee).await;
+    }
+    session.close();
+    callee.reply.end();
+}
+
+/// The answer to the caller's lifecycle: from the cache (no route opened: they open when a
+/// request needs them), or after opening every route at once. `None` if the caller has
+/// been failed (no route could be opened).
+async fn opening(
+    proxy: &Rc<Proxy>,
+    session: &Rc<ProxySession>,
+    callee: &Callee,
+    hydration: bool,
+) -> Option<ReplyBegin> {
     let deadline = callee.begin.deadline;
-    // Boxed: the opening fan-out is far larger than the relay the task then lives in.
-    let opens = (0..proxy.routes.len()).map(|i| session.open(&proxy, i, deadline));
-    let opened = Box::pin(join_all(opens.collect())).await;
+    if !hydration && let Some(cache) = proxy.cache.as_ref() {
+        // With a cache the agent gets what the routes serve from the store, once every
+        // list has been hydrated (or has failed once), without an upstream round trip.
+        let bound = deadline.min(Instant::now() + cache.gate());
+        if let Some(cached) = cache.wait_ready(bound).await {
+            return Some(ReplyBegin {
+                session: Some(session.id.clone()),
+                caps: session.cached_caps(proxy, &cached.routes),
+                instructions: cached.instructions,
+            });
+        }
+        metrics::with(|m| m.cache.misses += 1);
+        log::warn(format_args!(
+            "proxy {}: cache not hydrated in time; opening the routes for this session",
+            proxy.name
+        ));
+    }
+    let opens = (0..proxy.routes.len()).map(|i| session.open(proxy, i, deadline));
+    let opened = join_all(opens.collect()).await;
     for (route, result) in proxy.routes.iter().zip(&opened) {
         if let Err(reset) = result {
             metrics::with(|m| m.proxy.routes_skipped += 1);
@@ -457,24 +548,19 @@ pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
             .filter_map(Result::err)
             .min_by_key(|r| !matches!(r, Reset::Bearer(_)));
         session.close();
-        return fail(&callee, reset.unwrap_or_else(|| internal("No toolkit")));
+        fail(callee, reset.unwrap_or_else(|| internal("No toolkit")));
+        return None;
     }
-    let reply = ReplyBegin {
+    Some(ReplyBegin {
         session: Some(session.id.clone()),
-        caps: session.caps(&proxy),
-        instructions: instructions(&proxy, &session),
-    };
-    session.answered.set(true);
-    if Box::pin(callee.reply.begin(reply)).await.is_ok() {
-        relay(&proxy, &session, &callee).await;
-    }
-    session.close();
-    callee.reply.end();
+        caps: session.caps(proxy),
+        instructions: instructions(proxy, session),
+    })
 }
 
 /// The routes' `instructions`: one route's as they are; several joined, each under its
 /// toolkit's name (a JSON string lexeme either way).
-fn instructions(proxy: &Proxy, session: &ProxySession) -> Option<Bytes> {
+pub(super) fn instructions(proxy: &Proxy, session: &ProxySession) -> Option<Bytes> {
     let given: Vec<(Rc<str>, Bytes)> = session
         .open_routes()
         .into_iter()
@@ -848,6 +934,8 @@ fn on_route_frame(
             method,
             params,
         },
+        // With a cache, the cache announces list changes (once, and only real ones).
+        Event::ListChanged(_) if proxy.cache.is_some() && !session.hydration => return None,
         Event::ResourcesUpdated { params } if !route.uri_prefix.is_empty() => {
             match rename::prefix_member(&params, "uri", &route.uri_prefix) {
                 Some(params) => Event::ResourcesUpdated { params },

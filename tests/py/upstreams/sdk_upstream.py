@@ -6,7 +6,8 @@ so every list really has several pages and `nextCursor`s), progress, elicitation
 subscriptions, list_changed on the GET stream, cancellation that the test can observe from
 the upstream's side, and an SSE stream the upstream drops on purpose (resumable mode).
 
-Run: `python sdk_upstream.py --mode json|sse|sse-resumable [--name NAME] [--token TOKEN]`.
+Run: `python sdk_upstream.py --mode json|sse|sse-resumable [--name NAME] [--token TOKEN]
+[--port PORT] [--list-delay SECONDS]`.
 It binds 127.0.0.1 port 0 and prints one line, `listening http://127.0.0.1:<port>/mcp`,
 once connections are accepted. `--name` is what the `whoami` tool answers (proxy tests run
 several of these side by side); `--token` makes every request need
@@ -173,6 +174,10 @@ class State:
     paused: dict[str, Paused] = field(default_factory=dict)
     get_streams: GetStreams = field(default_factory=GetStreams)
     stats: SessionStats = field(default_factory=SessionStats)
+    # List requests served, by kind (the cache tests count upstream round trips with it).
+    lists: dict[str, int] = field(default_factory=dict)
+    # Each list request waits this long first (a slow upstream).
+    list_delay_s: float = 0.0
     server: Server | None = None
 
 
@@ -272,6 +277,11 @@ STATIC_TOOLS: list[types.Tool] = [
         input_schema=obj_schema({}, []),
     ),
     types.Tool(
+        name="poke_list_changed",
+        description="Sends notifications/tools/list_changed without changing any tool.",
+        input_schema=obj_schema({}, []),
+    ),
+    types.Tool(
         name="sample",
         description="Asks the client's model (sampling/createMessage) and returns its text; `via` is `request` or `standalone`.",
         input_schema=obj_schema({"prompt": STR, "via": {"type": "string", "enum": ["request", "standalone"]}}, ["prompt"]),
@@ -361,26 +371,34 @@ def page(kind: str, items: list[Any], params: types.PaginatedRequestParams | Non
 # --- List handlers -----------------------------------------------------------------------
 
 
-async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+async def listed(ctx: Any, kind: str) -> None:
+    """Bookkeeping of every list request: the session, the count, the configured delay."""
     remember(ctx)
+    STATE.lists[kind] = STATE.lists.get(kind, 0) + 1
+    if STATE.list_delay_s:
+        await anyio.sleep(STATE.list_delay_s)
+
+
+async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    await listed(ctx, "tools")
     items, cursor = page("tools", STATIC_TOOLS + [dynamic_tool(n) for n in STATE.dynamic_tools], params)
     return types.ListToolsResult(tools=items, next_cursor=cursor)
 
 
 async def list_prompts(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
-    remember(ctx)
+    await listed(ctx, "prompts")
     items, cursor = page("prompts", PROMPTS, params)
     return types.ListPromptsResult(prompts=items, next_cursor=cursor)
 
 
 async def list_resources(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
-    remember(ctx)
+    await listed(ctx, "resources")
     items, cursor = page("resources", RESOURCES, params)
     return types.ListResourcesResult(resources=items, next_cursor=cursor)
 
 
 async def list_templates(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourceTemplatesResult:
-    remember(ctx)
+    await listed(ctx, "templates")
     items, cursor = page("templates", TEMPLATES, params)
     return types.ListResourceTemplatesResult(resource_templates=items, next_cursor=cursor)
 
@@ -622,6 +640,11 @@ async def tool_add_tool(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
     return text_result(f"added tool {name}")
 
 
+async def tool_poke_list_changed(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
+    told = await notify_tools_changed(ctx)
+    return text_result(f"told {told} session(s); nothing changed")
+
+
 async def tool_remove_tool(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
     name = arg(args, "name", str)
     if name not in STATE.dynamic_tools:
@@ -694,7 +717,7 @@ async def tool_upstream_stats(ctx: Any, args: dict[str, Any]) -> types.CallToolR
     with anyio.move_on_after(wait_s):
         while not awaited <= set(stats.deleted):
             await stats.changed.wait()
-    body = {"opened": list(stats.opened), "deleted": list(stats.deleted)}
+    body = {"opened": list(stats.opened), "deleted": list(stats.deleted), "lists": dict(STATE.lists)}
     return text_result(json.dumps(body), structured=body)
 
 
@@ -705,6 +728,7 @@ TOOLS: dict[str, Callable[[Any, dict[str, Any]], Awaitable[types.CallToolResult]
     "sleep": tool_sleep,
     "sleep_status": tool_sleep_status,
     "add_tool": tool_add_tool,
+    "poke_list_changed": tool_poke_list_changed,
     "remove_tool": tool_remove_tool,
     "touch": tool_touch,
     "log": tool_log,
@@ -846,9 +870,11 @@ def main() -> None:
     parser.add_argument("--mode", choices=["json", "sse", "sse-resumable"], required=True)
     parser.add_argument("--name", default="sdk-upstream")
     parser.add_argument("--token", default=None)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--list-delay", type=float, default=0.0)
     args = parser.parse_args()
     mode = args.mode
-    STATE = State(mode=mode, name=args.name)
+    STATE = State(mode=mode, name=args.name, list_delay_s=args.list_delay)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     server = build_server()
@@ -863,7 +889,7 @@ def main() -> None:
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", args.port))
     sock.listen(128)  # connections queue from now on, so the URL is usable once printed
     port = sock.getsockname()[1]
     served = observe(app) if args.token is None else require_token(observe(app), args.token)

@@ -1,0 +1,348 @@
+"""The proxy's list cache, in front of real Python-SDK upstreams, checked from both ends:
+what agents get (raw HTTP: exact answers, GET streams) and what the upstreams were asked
+(each upstream counts the list requests it served, `upstream_stats`).
+
+- lists come from the cache: after hydration, agents' list requests cost the upstreams
+  nothing, and `initialize` opens no upstream session;
+- `initialize` waits for the first hydration, so the first list is complete;
+- lists are refreshed on the TTL;
+- an upstream change reaches every live session as exactly one `list_changed`; a
+  `list_changed` that changes nothing reaches nobody;
+- an upstream that is down keeps its previous list served, and comes back;
+- with 2 workers and 100 sessions, one worker hydrates (one lease) and each refresh lists
+  each route once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+import harness
+from helpers import run, unique
+from rawmcp import RawSession, stream_sse
+
+pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
+
+TIMEOUT_S = 10
+# The SDK upstream pages its lists by 2: its 16 tools are 8 pages.
+TOOL_PAGES = 8
+LIST_KINDS = ["tools/list", "prompts/list", "resources/list", "resources/templates/list"]
+
+
+def cache_config(urls: dict[str, str], *, workers: int, io: str, ttl: str, metrics_port: int) -> str:
+    lines = [
+        f"runtime: {{ workers: {workers}, io: {io} }}",
+        f"telemetry: {{ metrics: 127.0.0.1:{metrics_port} }}",
+        "stores: { cache0: { type: memory } }",
+        "bindings:",
+        "  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: tools }",
+        "  tools:",
+        "    kind: proxy",
+        f"    cache: {{ store: cache0, ttl: {ttl} }}",
+        "    routes:",
+    ]
+    lines += [f"      - {{ toolkit: {name}, exit: {name} }}" for name in urls]
+    lines += [
+        f'  {name}: {{ kind: client, server: "{url}", response_timeout: 5s, connect_timeout: 1s }}'
+        for name, url in urls.items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class Stack:
+    """A caching proxy in front of `upstreams`, and its metrics."""
+
+    def __init__(self, upstreams: dict[str, harness.Child], tmp_path: Path, *, workers=1, io="uring", ttl="5m"):
+        self.metrics_port = harness.free_port()
+        urls = {name: child.address for name, child in upstreams.items()}
+        config = cache_config(urls, workers=workers, io=io, ttl=ttl, metrics_port=self.metrics_port)
+        self.gateway = harness.start_mcpyard(config, tmp_path)
+        self.url = self.gateway.address
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=TIMEOUT_S) as r:
+            text = r.read().decode()
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def stop(self) -> None:
+        harness.stop_mcpyard(self.gateway)
+
+
+@pytest.fixture(scope="module")
+def upstreams(tmp_path_factory):
+    work = tmp_path_factory.mktemp("cache-upstreams")
+    children = {name: harness.start_upstream("sse-resumable", work / name, name=name) for name in ("alpha", "beta")}
+    yield children
+    for child in children.values():
+        harness.stop_upstream(child)
+
+
+async def stats(client: httpx2.AsyncClient, url: str) -> dict[str, Any]:
+    """What the upstream at `url` says it served (a session straight to it)."""
+    raw = RawSession(client, url)
+    await raw.initialize()
+    reply = await raw.request("tools/call", {"name": "upstream_stats", "arguments": {}})
+    await raw.delete()
+    return reply.result["structuredContent"]
+
+
+async def listing(raw: RawSession) -> dict[str, list[str]]:
+    """The agent's four lists, by the names (or uris) of their items."""
+    out = {}
+    for method, array, key in [
+        ("tools/list", "tools", "name"),
+        ("prompts/list", "prompts", "name"),
+        ("resources/list", "resources", "uri"),
+        ("resources/templates/list", "resourceTemplates", "uriTemplate"),
+    ]:
+        reply = await raw.request(method)
+        assert reply.status == 200, reply.body
+        out[array] = [item[key] for item in reply.result[array]]
+    return out
+
+
+async def until(check, what: str, timeout_s: float = TIMEOUT_S):
+    """Polls `check()` (async) until it returns something true; fails after `timeout_s`."""
+    with anyio.fail_after(timeout_s):
+        while True:
+            got = await check()
+            if got:
+                return got
+            await anyio.sleep(0.05)
+    raise AssertionError(what)
+
+
+def test_lists_come_from_the_cache_without_upstream_round_trips(upstreams, tmp_path):
+    stack = Stack(upstreams, tmp_path, workers=2)
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            # The first agent waits for the first hydration; after it, nobody pays upstream.
+            first = RawSession(client, stack.url)
+            await first.initialize()
+            await listing(first)
+            before = {name: await stats(client, child.address) for name, child in upstreams.items()}
+            seen = []
+            for _ in range(5):
+                raw = RawSession(client, stack.url)
+                init = await raw.initialize()
+                assert init.result["capabilities"]["tools"] == {"listChanged": True}
+                got = await listing(raw)
+                seen.append(got)
+                await raw.delete()
+            after = {name: await stats(client, child.address) for name, child in upstreams.items()}
+            for name in upstreams:
+                assert after[name]["lists"] == before[name]["lists"], f"{name} was asked for lists"
+                # initialize opened no upstream session (only our stats sessions did).
+                new = set(after[name]["opened"]) - set(before[name]["opened"])
+                assert len(new) == 1, f"{name}: sessions opened meanwhile: {new}"
+            tools = seen[0]["tools"]
+            assert tools[:2] == ["alpha__echo", "alpha__add"] and "beta__echo" in tools
+            assert seen[0]["resourceTemplates"][0] == "alpha+res://items/{id}"
+            assert all(s == seen[0] for s in seen), "every agent gets the same lists"
+            assert stack.metric("mcpyard_cache_hits_total") >= 20
+            assert stack.metric("mcpyard_cache_misses_total") == 0
+            # Calls still reach the upstreams (their sessions open on demand).
+            reply = await first.request("tools/call", {"name": "beta__whoami", "arguments": {}})
+            assert reply.result["structuredContent"]["name"] == "beta"
+
+    try:
+        run(scenario)
+    finally:
+        stack.stop()
+
+
+def test_initialize_waits_for_the_first_hydration(upstreams, tmp_path):
+    slow = harness.start_upstream("sse", tmp_path / "slow", name="slow", list_delay_s=0.3)
+    stack = Stack({"alpha": upstreams["alpha"], "slow": slow}, tmp_path)
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            # Straight after start: the slow route takes 8 pages × 0.3 s to list its tools.
+            raw = RawSession(client, stack.url)
+            await raw.initialize()
+            tools = (await raw.request("tools/list")).result["tools"]
+            names = [t["name"] for t in tools]
+            assert sum(n.startswith("slow__") for n in names) == 16, names
+            assert sum(n.startswith("alpha__") for n in names) == 16
+            assert stack.metric("mcpyard_cache_misses_total") == 0, "the first list came from the cache"
+
+    try:
+        run(scenario)
+    finally:
+        stack.stop()
+        harness.stop_upstream(slow)
+
+
+def test_lists_are_refreshed_on_the_ttl(upstreams, tmp_path):
+    stack = Stack(upstreams, tmp_path, ttl="1s")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            raw = RawSession(client, stack.url)
+            await raw.initialize()
+            start = (await stats(client, upstreams["alpha"].address))["lists"]["tools"]
+
+            async def refreshed():
+                now = (await stats(client, upstreams["alpha"].address))["lists"]["tools"]
+                return now >= start + 2 * TOOL_PAGES
+
+            await until(refreshed, "no refresh on the TTL")
+
+    try:
+        run(scenario)
+    finally:
+        stack.stop()
+
+
+async def open_stream(client: httpx2.AsyncClient, raw: RawSession):
+    request = client.build_request("GET", raw.url, headers={**raw.headers(), "accept": "text/event-stream"})
+    response = await client.send(request, stream=True)
+    assert response.status_code == 200
+    return response
+
+
+async def collect(response: httpx2.Response, into: list[str]) -> None:
+    async for event in stream_sse(response):
+        if event.data:
+            into.append(json.loads(event.data).get("method", ""))
+
+
+def test_list_changed_once_per_session_and_only_when_lists_change(upstreams, tmp_path):
+    stack = Stack(upstreams, tmp_path, workers=2, ttl="1s")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=60)) as client:
+            agents = []
+            for _ in range(6):
+                raw = RawSession(client, stack.url)
+                await raw.initialize()
+                agents.append(raw)
+            seen: list[list[str]] = [[] for _ in agents]
+            async with anyio.create_task_group() as tg:
+                streams = [await open_stream(client, raw) for raw in agents]
+                for response, into in zip(streams, seen):
+                    tg.start_soon(collect, response, into)
+                name = unique("dyn_")
+                await agents[0].request("tools/call", {"name": "alpha__add_tool", "arguments": {"name": name}})
+
+                async def everyone_told():
+                    return all("notifications/tools/list_changed" in s for s in seen)
+
+                await until(everyone_told, "not every session heard of the change")
+                tools = [t["name"] for t in (await agents[3].request("tools/list")).result["tools"]]
+                assert f"alpha__{name}" in tools
+                # Refreshes go on (TTL 1 s) and an upstream says its list changed when it did
+                # not: nobody is told again.
+                told = stack.metric("mcpyard_cache_notifications_total")
+                refreshes = stack.metric("mcpyard_cache_refreshes_ok_total")
+                await agents[1].request("tools/call", {"name": "alpha__poke_list_changed", "arguments": {}})
+
+                async def refreshed_twice():
+                    return stack.metric("mcpyard_cache_refreshes_ok_total") >= refreshes + 8
+
+                await until(refreshed_twice, "no refresh after the poke")
+                assert stack.metric("mcpyard_cache_notifications_total") == told
+                for s in seen:
+                    assert s.count("notifications/tools/list_changed") == 1, s
+                await agents[0].request("tools/call", {"name": "alpha__remove_tool", "arguments": {"name": name}})
+                await until(lambda: _all_twice(seen), "the removal was not announced")
+                tg.cancel_scope.cancel()
+            for response in streams:
+                await response.aclose()
+
+    try:
+        run(scenario)
+    finally:
+        stack.stop()
+
+
+async def _all_twice(seen: list[list[str]]) -> bool:
+    return all(s.count("notifications/tools/list_changed") == 2 for s in seen)
+
+
+def test_a_route_that_is_down_keeps_its_list_and_comes_back(upstreams, tmp_path):
+    port = harness.free_port()
+    gamma = harness.start_upstream("json", tmp_path / "gamma", name="gamma", port=port)
+    stack = Stack({"alpha": upstreams["alpha"], "gamma": gamma}, tmp_path, ttl="1s")
+
+    async def scenario():
+        nonlocal gamma
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            raw = RawSession(client, stack.url)
+            await raw.initialize()
+            extra = unique("dyn_")
+            await raw.request("tools/call", {"name": "gamma__add_tool", "arguments": {"name": extra}})
+
+            async def listed_extra():
+                tools = [t["name"] for t in (await raw.request("tools/list")).result["tools"]]
+                return f"gamma__{extra}" in tools
+
+            await until(listed_extra, "the added tool never showed")
+            harness.stop_upstream(gamma)
+            failed = stack.metric("mcpyard_cache_refreshes_failed_total")
+
+            async def failed_more():
+                return stack.metric("mcpyard_cache_refreshes_failed_total") > failed
+
+            await until(failed_more, "no refresh failed with the upstream down")
+            # Still served, the upstream's last list included.
+            assert await listed_extra()
+            reply = await raw.request("tools/call", {"name": "gamma__whoami", "arguments": {}})
+            assert reply.error["code"] == -32603, reply.body
+            # It comes back (a fresh process: its run-time tool is gone).
+            gamma = harness.start_upstream("json", tmp_path / "gamma2", name="gamma", port=port)
+
+            async def recovered():
+                return not await listed_extra()
+
+            await until(recovered, "the upstream's new list never replaced the kept one")
+            reply = await raw.request("tools/call", {"name": "gamma__whoami", "arguments": {}})
+            assert reply.result["structuredContent"]["name"] == "gamma"
+
+    try:
+        run(scenario)
+    finally:
+        stack.stop()
+        harness.stop_upstream(gamma)
+
+
+def test_one_worker_hydrates_for_a_hundred_sessions(upstreams, tmp_path):
+    stack = Stack(upstreams, tmp_path, workers=2, ttl="1s")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S, limits=httpx2.Limits(max_connections=20)) as client:
+            before = (await stats(client, upstreams["beta"].address))["lists"].get("tools", 0)
+            hydrations = stack.metric('mcpyard_toolkit_hydrations_total{toolkit="beta",outcome="ok"}')
+
+            async def agent():
+                raw = RawSession(client, stack.url)
+                await raw.initialize()
+                for method in LIST_KINDS:
+                    assert (await raw.request(method)).status == 200
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(100):
+                    tg.start_soon(agent)
+            after = (await stats(client, upstreams["beta"].address))["lists"].get("tools", 0)
+            hydrated = stack.metric('mcpyard_toolkit_hydrations_total{toolkit="beta",outcome="ok"}') - hydrations
+            # 400 list requests of agents; the upstream saw only the hydrations' pages: one
+            # worker holds the lease, and each refresh lists each kind once.
+            assert stack.metric("mcpyard_cache_lease_changes_total") == 1
+            tool_lists = (after - before) / TOOL_PAGES
+            assert tool_lists <= hydrated / 4 + 1, (after - before, hydrated)
+            assert stack.metric("mcpyard_cache_hits_total") >= 400
+
+    try:
+        run(scenario, timeout_s=60)
+    finally:
+        stack.stop()
