@@ -8,6 +8,7 @@ what agents get (raw HTTP: exact answers, GET streams) and what the upstreams we
 - lists are refreshed on the TTL;
 - an upstream change reaches every live session as exactly one `list_changed`; a
   `list_changed` that changes nothing reaches nobody;
+- an agent's GET stream opens no upstream session (list changes come from the cache);
 - an upstream that is down keeps its previous list served, and comes back;
 - with 2 workers and 100 sessions, one worker hydrates (one lease) and each refresh lists
   each route once.
@@ -264,6 +265,53 @@ def test_list_changed_once_per_session_and_only_when_lists_change(upstreams, tmp
         run(scenario)
     finally:
         stack.stop()
+
+
+def test_a_get_stream_holds_no_upstream_session_until_a_request_needs_one(upstreams, tmp_path):
+    stack = Stack(upstreams, tmp_path)
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=60)) as client:
+            first = RawSession(client, stack.url)
+            await first.initialize()
+            before = {name: set((await stats(client, c.address))["opened"]) for name, c in upstreams.items()}
+            agents = []
+            for _ in range(3):
+                raw = RawSession(client, stack.url)
+                await raw.initialize()
+                agents.append(raw)
+            seen: list[list[str]] = [[] for _ in agents]
+            async with anyio.create_task_group() as tg:
+                streams = [await open_stream(client, raw) for raw in agents]
+                for response, into in zip(streams, seen):
+                    tg.start_soon(collect, response, into)
+                await anyio.sleep(0.3)
+                # Listening costs the upstreams nothing: only our own stats session is new.
+                for name, child in upstreams.items():
+                    opened = set((await stats(client, child.address))["opened"]) - before[name]
+                    assert len(opened) == 1, f"{name}: sessions opened for GET streams: {opened}"
+                # A request opens the route it needs (and that route joins the stream);
+                # list changes reach every stream, with or without routes behind it.
+                name = unique("dyn_")
+                await agents[0].request("tools/call", {"name": "alpha__add_tool", "arguments": {"name": name}})
+                await until(lambda: _all_once(seen), "not every session heard of the change")
+                opened = set((await stats(client, upstreams["alpha"].address))["opened"]) - before["alpha"]
+                assert len(opened) == 3, opened  # two stats sessions and agents[0]'s
+                reply = await agents[0].request("tools/call", {"name": "alpha__remove_tool", "arguments": {"name": name}})
+                assert reply.status == 200
+                await until(lambda: _all_twice(seen), "the removal was not announced")
+                tg.cancel_scope.cancel()
+            for response in streams:
+                await response.aclose()
+
+    try:
+        run(scenario)
+    finally:
+        stack.stop()
+
+
+async def _all_once(seen: list[list[str]]) -> bool:
+    return all(s.count("notifications/tools/list_changed") == 1 for s in seen)
 
 
 async def _all_twice(seen: list[list[str]]) -> bool:

@@ -762,7 +762,14 @@ fn on_challenge(proxy: &Proxy, session: &Rc<ProxySession>, challenge: Challenge)
 /// The agent opened its GET stream (`last_event_id`: where it was). Each route is resumed
 /// from its own part of the id; routes not open are opened first (unless they failed
 /// moments ago); the caller is answered once every asked route has answered.
+///
+/// With a cache the proxy itself has events (the lists' changes), so the caller always
+/// has a stream, and a GET opens no route of its own accord: only routes already open,
+/// or those the agent's id names a place in (their events are to be replayed); a route
+/// a request opens later joins the stream then. Ten thousand agents listening for list
+/// changes therefore hold no upstream stream.
 fn resume(proxy: &Proxy, session: &Rc<ProxySession>, last_event_id: Option<Rc<str>>) {
+    let lazy = proxy.cache.is_some() && !session.hydration;
     let count = proxy.routes.len();
     let mut from: Vec<Option<Rc<str>>> = vec![None; count];
     if proxy.aggregating() {
@@ -785,7 +792,7 @@ fn resume(proxy: &Proxy, session: &Rc<ProxySession>, last_event_id: Option<Rc<st
     {
         let mut round = session.round.borrow_mut();
         round.waiting = vec![false; count];
-        round.any_yes = false;
+        round.any_yes = lazy;
         round.answered = false;
         round.deadline = Some(Instant::now() + EVENTS_PROBE_TIMEOUT);
     }
@@ -796,6 +803,7 @@ fn resume(proxy: &Proxy, session: &Rc<ProxySession>, last_event_id: Option<Rc<st
         let state = match &*slot.borrow() {
             RouteState::Open(life) => Ok(life.clone()),
             RouteState::Opening => Err(true),
+            RouteState::Closed { .. } if lazy && id.is_none() => Err(false),
             RouteState::Closed { since, .. } => {
                 Err(since.is_none_or(|t| t.elapsed() >= ROUTE_RETRY_BACKOFF))
             }
