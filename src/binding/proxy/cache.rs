@@ -656,6 +656,23 @@ async fn refresh_kind(
             .collect(),
     )
     .await;
+    // Still ours? A worker that was stuck past the lease must not overwrite what its
+    // successor wrote meanwhile.
+    match cache
+        .setup
+        .store
+        .renew(&lock_key, &token, cache.lease_ttl())
+        .await
+    {
+        Ok(true) => {}
+        _ => {
+            log::warn(format_args!(
+                "cache: proxy {}: lost {lock_key} while listing; nothing written",
+                proxy.name
+            ));
+            return (false, held);
+        }
+    }
     let mut ok = true;
     for (route, got) in serving.iter().zip(fetched) {
         match got {

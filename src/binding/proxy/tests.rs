@@ -4,12 +4,16 @@
 
 use super::*;
 use crate::config::{AllowList, Glob, ProxyBinding, Route as RouteCfg, event_prefixes};
+use crate::store::memory::MemoryStore;
+use crate::store::{Store, StoreError, StoreFuture, SystemClock, Token, Value, Watch};
 use crate::stream::{
     Begin, Caller, Challenge, ClientHello, Event, Flush, Frame, ListKind, ReplyBegin, TargetAt,
     Throttle, open,
 };
 use bytes::{BufMut, BytesMut};
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::time::timeout;
@@ -742,4 +746,256 @@ fn task_futures_stay_small() {
             std::mem::size_of_val(&lifecycle)
         );
     });
+}
+
+/// What the two workers of the lease test share (each builds its own proxy and routes).
+#[derive(Default)]
+struct Takeover {
+    /// The next `tools/list` blocks its worker's thread, as a stuck worker would be.
+    block_next: AtomicBool,
+    /// The worker blocked now, plus one (0: none).
+    blocked: AtomicUsize,
+    /// `tools/list` requests each worker's route served.
+    lists: [AtomicUsize; 2],
+    /// Of those, the ones served while the other worker was blocked.
+    while_blocked: [AtomicUsize; 2],
+    /// The test is over: the workers stop.
+    done: AtomicBool,
+}
+
+/// Longest a worker stays blocked (it wakes as soon as the other has taken over).
+const BLOCK_MAX: Duration = Duration::from_secs(20);
+
+/// The merged list the routes serve normally, and the one the blocked list returns.
+const FRESH_TOOLS: &str = r#"{"tools":[{"name":"fresh"}]}"#;
+const STALE_TOOLS: &str = r#"{"tools":[{"name":"stale"}]}"#;
+/// What the store holds after a refresh of the fresh list (names carry the toolkit).
+const FRESH_MERGED: &str = r#"{"tools":[{"name":"kit__fresh"}]}"#;
+
+/// A route of worker `worker` in the lease test.
+struct TakeoverExit {
+    worker: usize,
+    shared: Arc<Takeover>,
+}
+
+impl Exit for TakeoverExit {
+    fn open(&self, callee: Callee) {
+        let (worker, shared) = (self.worker, self.shared.clone());
+        tokio::task::spawn_local(takeover_route(worker, shared, callee));
+    }
+}
+
+async fn takeover_route(worker: usize, shared: Arc<Takeover>, callee: Callee) {
+    if callee.begin.kind == Kind::Lifecycle {
+        let reply = ReplyBegin {
+            session: Some(Rc::from(format!("w{worker}"))),
+            caps: Caps::TOOLS,
+            instructions: None,
+        };
+        if callee.reply.begin(reply).await.is_err() {
+            return;
+        }
+        loop {
+            tokio::select! {
+                frame = callee.initial.next() => {
+                    if matches!(frame, Some(Frame::End | Frame::Abort) | None) {
+                        callee.reply.end();
+                        return;
+                    }
+                }
+                throttle = callee.reply.throttle() => match throttle {
+                    Some(Throttle::Challenge(Challenge::Resume { .. })) => {
+                        let flush = Flush { id: None, event: Event::Resumable };
+                        if callee.reply.flush(flush).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Throttle::Reset(_)) | None => return,
+                    Some(_) => {}
+                },
+            }
+        }
+    }
+    let mut read = 0;
+    while read < callee.begin.params_len as usize {
+        match callee.initial.next().await {
+            Some(Frame::Data(piece)) => {
+                callee.initial.ack(piece.len() as u32);
+                read += piece.len();
+            }
+            _ => return,
+        }
+    }
+    let mut tools = FRESH_TOOLS;
+    if callee.begin.kind == Kind::ToolsList {
+        shared.lists[worker].fetch_add(1, Ordering::SeqCst);
+        let blocked = shared.blocked.load(Ordering::SeqCst);
+        if blocked != 0 && blocked != worker + 1 {
+            shared.while_blocked[worker].fetch_add(1, Ordering::SeqCst);
+        }
+        if shared.block_next.swap(false, Ordering::SeqCst) {
+            // The whole worker thread stops: no renewal, no timer, nothing runs on it.
+            shared.blocked.store(worker + 1, Ordering::SeqCst);
+            let until = Instant::now() + BLOCK_MAX;
+            while shared.while_blocked[1 - worker].load(Ordering::SeqCst) == 0
+                && Instant::now() < until
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            shared.blocked.store(0, Ordering::SeqCst);
+            tools = STALE_TOOLS;
+        }
+    }
+    if callee.reply.begin(ReplyBegin::default()).await.is_ok()
+        && callee
+            .reply
+            .data(Bytes::from_static(tools.as_bytes()))
+            .await
+            .is_ok()
+    {
+        callee.reply.end();
+    }
+}
+
+/// The memory store, recording every list written (a later write would hide a stale one).
+struct Recording {
+    inner: MemoryStore,
+    written: std::sync::Mutex<Vec<Bytes>>,
+}
+
+impl Store for Recording {
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Value>> {
+        self.inner.get(key)
+    }
+    fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {
+        if key == "tools/tools" {
+            let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            written.push(bytes.clone());
+        }
+        self.inner.put(key, bytes)
+    }
+    fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
+        self.inner.delete(key)
+    }
+    fn lock<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Option<Token>> {
+        self.inner.lock(key, ttl)
+    }
+    fn renew<'a>(&'a self, key: &'a str, token: &'a Token, ttl: Duration) -> StoreFuture<'a, bool> {
+        self.inner.renew(key, token, ttl)
+    }
+    fn unlock<'a>(&'a self, key: &'a str, token: &'a Token) -> StoreFuture<'a, bool> {
+        self.inner.unlock(key, token)
+    }
+    fn watch(&self, key: &str) -> Result<Watch, StoreError> {
+        self.inner.watch(key)
+    }
+}
+
+/// One worker of the lease test: a caching proxy over one route, until the test is done.
+fn takeover_worker(worker: usize, shared: Arc<Takeover>, store: Arc<dyn Store>) {
+    run(async move {
+        let setup = cache::CacheSetup {
+            store,
+            ttl: Duration::from_millis(600),
+            authorization: None,
+            route_timeout: WAIT,
+        };
+        let routes = vec![RouteCfg {
+            toolkit: Some("kit".to_owned()),
+            exit: "kit".to_owned(),
+            tools: None,
+            prompts: None,
+            resources: None,
+            event_prefix: None,
+        }];
+        let exit = Rc::new(TakeoverExit {
+            worker,
+            shared: shared.clone(),
+        }) as Rc<dyn Exit>;
+        let binding = ProxyBinding {
+            cache: None,
+            routes,
+        };
+        let p = Proxy::new("tools", &binding, vec![exit], worker as u8, Some(setup));
+        while !shared.done.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        p.stop();
+    });
+}
+
+/// Polls `check` on the test thread until it holds; fails with `what` after `limit`.
+fn wait_until(limit: Duration, what: &str, check: impl Fn() -> bool) {
+    let until = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < until, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Two workers share a store; the one hydrating gets stuck (its thread blocked inside a
+/// list request) past its lease: the other takes the lease over and hydrates, and the
+/// stuck one, once it runs again, writes nothing of what it fetched under the lost lease.
+#[test]
+fn a_worker_stuck_past_its_lease_is_replaced_and_writes_nothing_after() {
+    let shared = Arc::new(Takeover::default());
+    let store = Arc::new(Recording {
+        inner: MemoryStore::with_clock(Arc::new(SystemClock)),
+        written: std::sync::Mutex::new(Vec::new()),
+    });
+    let workers: Vec<_> = (0..2)
+        .map(|w| {
+            let (shared, store) = (shared.clone(), store.clone() as Arc<dyn Store>);
+            std::thread::spawn(move || takeover_worker(w, shared, store))
+        })
+        .collect();
+    let listed = || {
+        shared
+            .lists
+            .iter()
+            .map(|n| n.load(Ordering::SeqCst))
+            .sum::<usize>()
+    };
+    let merged = || store.inner.get_now("tools/tools").map(|v| v.bytes);
+    let limit = BLOCK_MAX * 2;
+    wait_until(limit, "never hydrated", || merged().is_some());
+    assert_eq!(merged().as_deref(), Some(FRESH_MERGED.as_bytes()));
+    // The next refresh (the TTL's) blocks whichever worker holds the lease.
+    shared.block_next.store(true, Ordering::SeqCst);
+    let before = listed();
+    wait_until(limit, "no refresh after the TTL", || {
+        shared.blocked.load(Ordering::SeqCst) != 0 || listed() > before + 1
+    });
+    wait_until(limit, "nobody took over", || {
+        shared
+            .while_blocked
+            .iter()
+            .any(|n| n.load(Ordering::SeqCst) > 0)
+    });
+    let stuck = (0..2)
+        .find(|w| shared.while_blocked[1 - w].load(Ordering::SeqCst) > 0)
+        .expect("a stuck worker");
+    let successor = 1 - stuck;
+    wait_until(limit, "the stuck worker never woke", || {
+        shared.blocked.load(Ordering::SeqCst) == 0
+    });
+    // Two more refreshes (the successor's, unless it was itself starved past its lease),
+    // then the store holds the fresh list, never the stale one the stuck worker fetched.
+    let so_far = listed();
+    wait_until(limit, "refreshes stopped", || listed() >= so_far + 2);
+    assert!(shared.lists[successor].load(Ordering::SeqCst) > 0);
+    assert_eq!(merged().as_deref(), Some(FRESH_MERGED.as_bytes()));
+    let written = store
+        .written
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    assert!(
+        written.iter().all(|w| &w[..] == FRESH_MERGED.as_bytes()),
+        "the stuck worker wrote under a lost lease: {written:?}"
+    );
+    shared.done.store(true, Ordering::SeqCst);
+    for w in workers {
+        w.join().expect("worker thread");
+    }
 }
