@@ -172,6 +172,11 @@ pub const LIST_PAGES_MAX: usize = 10_000;
 /// longer keeps its previous fragment, and the refresh counts as failed.
 pub const CACHE_LIST_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// Keys one memory store holds at most (values, leases and watches each). A proxy cache
+/// uses five lists and locks, its capabilities and one fragment per route and list kind.
+pub const MEMORY_STORE_KEYS_MAX: usize = 4096;
+const _: () = assert!(PROXY_ROUTES_MAX * 4 + 10 <= MEMORY_STORE_KEYS_MAX);
+
 /// First wait before a failed cache refresh is tried again; it doubles up to the lease TTL.
 pub const CACHE_RETRY_MIN: Duration = Duration::from_millis(100);
 

@@ -14,6 +14,7 @@
 //! sessions care.
 
 use super::{Clock, StoreError, StoreFuture, SystemClock, Token, Value, Watch};
+use crate::limits::MEMORY_STORE_KEYS_MAX;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -21,10 +22,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-/// Keys one memory store holds at most (values, leases and watches each); the proxy cache
-/// uses a handful per proxy binding.
-pub const MEMORY_STORE_KEYS_MAX: usize = 4096;
 
 /// A held lease.
 struct Lease {

@@ -152,6 +152,9 @@ def test_lists_come_from_the_cache_without_upstream_round_trips(upstreams, tmp_p
             assert all(s == seen[0] for s in seen), "every agent gets the same lists"
             assert stack.metric("mcpyard_cache_hits_total") >= 20
             assert stack.metric("mcpyard_cache_misses_total") == 0
+            # The cached list is one page, like the live one: no cursor was handed out.
+            reply = await first.request("tools/list", {"cursor": "page-2"})
+            assert reply.error == {"code": -32602, "message": "Invalid cursor"}, reply.body
             # Calls still reach the upstreams (their sessions open on demand).
             reply = await first.request("tools/call", {"name": "beta__whoami", "arguments": {}})
             assert reply.result["structuredContent"]["name"] == "beta"

@@ -42,12 +42,8 @@ pub async fn serve(proxy: &Rc<Proxy>, session: &Rc<ProxySession>, callee: &Calle
     let Some((family, array, _)) = shape(callee.begin.kind) else {
         return fail(callee, internal("Unreachable: not a list"));
     };
-    let Some(params) = read_params(callee).await else {
-        return fail(callee, internal("Params not received"));
-    };
-    if has_cursor(&params) {
-        // The merged list is one page: no cursor was ever handed out.
-        return fail(callee, rpc_error(jsonrpc::INVALID_PARAMS, "Invalid cursor"));
+    if !accept(callee).await {
+        return;
     }
     let serving: Vec<&Route> = proxy
         .routes
@@ -80,6 +76,21 @@ fn serves_kind(session: &ProxySession, route: &Route, kind: Kind) -> bool {
         .open_caps(route.index)
         .unwrap_or_else(|| route.known_caps.get());
     caps == crate::stream::Caps::empty() || caps.contains(kind.capability())
+}
+
+/// Reads a list request's params; false (the caller failed) if they did not arrive or
+/// carry a cursor: a merged list, live or cached, is one page, so no cursor was ever
+/// handed out.
+pub(super) async fn accept(callee: &Callee) -> bool {
+    let Some(params) = read_params(callee).await else {
+        fail(callee, internal("Params not received"));
+        return false;
+    };
+    if has_cursor(&params) {
+        fail(callee, rpc_error(jsonrpc::INVALID_PARAMS, "Invalid cursor"));
+        return false;
+    }
+    true
 }
 
 /// True if list params carry a `cursor` (other members, `_meta`, are fine).

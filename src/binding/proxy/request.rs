@@ -520,11 +520,10 @@ pub async fn call(route: &Route, begin: Begin, params: Bytes) -> Result<Bytes, R
 }
 
 /// Answers a list request from the cache: the stored bytes as they are, through the
-/// reply's window. Params (a `cursor`, `_meta`) are read and dropped: the cached list is one
-/// page.
+/// reply's window.
 async fn answer_cached(callee: &Callee, cached: Bytes) {
-    if read_params(callee).await.is_none() {
-        return fail(callee, internal("Params not received"));
+    if !list::accept(callee).await {
+        return;
     }
     metrics::with(|m| m.cache.hits += 1);
     answer(callee, cached).await;
