@@ -10,6 +10,7 @@ what agents get (raw HTTP: exact answers, GET streams) and what the upstreams we
   `list_changed` that changes nothing reaches nobody;
 - an agent's GET stream opens no upstream session (list changes come from the cache);
 - an upstream that is down keeps its previous list served, and comes back;
+- hydration carries the cache's credential; a route refusing it is left out;
 - with 2 workers and 100 sessions, one worker hydrates (one lease) and each refresh lists
   each route once.
 """
@@ -38,7 +39,16 @@ TOOL_PAGES = 8
 LIST_KINDS = ["tools/list", "prompts/list", "resources/list", "resources/templates/list"]
 
 
-def cache_config(urls: dict[str, str], *, workers: int, io: str, ttl: str, metrics_port: int) -> str:
+def cache_config(
+    urls: dict[str, str],
+    *,
+    workers: int,
+    io: str,
+    ttl: str,
+    metrics_port: int,
+    authorization: str | None = None,
+    forward: tuple[str, ...] = (),
+) -> str:
     lines = [
         f"runtime: {{ workers: {workers}, io: {io} }}",
         f"telemetry: {{ metrics: 127.0.0.1:{metrics_port} }}",
@@ -47,12 +57,13 @@ def cache_config(urls: dict[str, str], *, workers: int, io: str, ttl: str, metri
         "  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: tools }",
         "  tools:",
         "    kind: proxy",
-        f"    cache: {{ store: cache0, ttl: {ttl} }}",
+        f"    cache: {{ store: cache0, ttl: {ttl}{', authorization: ' + authorization if authorization else ''} }}",
         "    routes:",
     ]
     lines += [f"      - {{ toolkit: {name}, exit: {name} }}" for name in urls]
     lines += [
-        f'  {name}: {{ kind: client, server: "{url}", response_timeout: 5s, connect_timeout: 1s }}'
+        f'  {name}: {{ kind: client, server: "{url}", response_timeout: 5s, connect_timeout: 1s'
+        + (", authorization: forward }" if name in forward else " }")
         for name, url in urls.items()
     ]
     return "\n".join(lines) + "\n"
@@ -61,11 +72,30 @@ def cache_config(urls: dict[str, str], *, workers: int, io: str, ttl: str, metri
 class Stack:
     """A caching proxy in front of `upstreams`, and its metrics."""
 
-    def __init__(self, upstreams: dict[str, harness.Child], tmp_path: Path, *, workers=1, io="uring", ttl="5m"):
+    def __init__(
+        self,
+        upstreams: dict[str, harness.Child],
+        tmp_path: Path,
+        *,
+        workers=1,
+        io="uring",
+        ttl="5m",
+        authorization: str | None = None,
+        forward: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ):
         self.metrics_port = harness.free_port()
         urls = {name: child.address for name, child in upstreams.items()}
-        config = cache_config(urls, workers=workers, io=io, ttl=ttl, metrics_port=self.metrics_port)
-        self.gateway = harness.start_mcpyard(config, tmp_path)
+        config = cache_config(
+            urls,
+            workers=workers,
+            io=io,
+            ttl=ttl,
+            metrics_port=self.metrics_port,
+            authorization=authorization,
+            forward=forward,
+        )
+        self.gateway = harness.start_mcpyard(config, tmp_path, env)
         self.url = self.gateway.address
 
     def metric(self, name: str) -> float:
@@ -365,6 +395,42 @@ def test_a_route_that_is_down_keeps_its_list_and_comes_back(upstreams, tmp_path)
     finally:
         stack.stop()
         harness.stop_upstream(gamma)
+
+
+def test_hydration_carries_the_cache_credential_and_skips_a_route_refusing_it(upstreams, tmp_path):
+    token = "hydrate-" + unique("")
+    gate = harness.start_upstream("json", tmp_path / "gate", name="gate", token=token)
+    locked = harness.start_upstream("json", tmp_path / "locked", name="locked", token="not-ours")
+    stack = Stack(
+        {"alpha": upstreams["alpha"], "gate": gate, "locked": locked},
+        tmp_path,
+        authorization='{ bearer: "${HYDRATE_TOKEN}" }',
+        # Hydration plays the agent: its credential goes where an agent's would.
+        forward=("gate", "locked"),
+        env={"HYDRATE_TOKEN": token},
+    )
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            raw = RawSession(client, stack.url)
+            await raw.initialize()
+            tools = [t["name"] for t in (await raw.request("tools/list")).result["tools"]]
+            # The credential opened gate; locked refused it and is left out, not fatal.
+            assert sum(n.startswith("gate__") for n in tools) == 16, tools
+            assert sum(n.startswith("alpha__") for n in tools) == 16
+            assert not any(n.startswith("locked__") for n in tools)
+            assert stack.metric('mcpyard_toolkit_hydrations_total{toolkit="gate",outcome="ok"}') >= 1
+            assert stack.metric("mcpyard_proxy_routes_skipped_total") >= 1
+
+    try:
+        run(scenario)
+    finally:
+        stack.stop()
+        harness.stop_upstream(gate)
+        harness.stop_upstream(locked)
+    log = stack.gateway.stderr()
+    assert "locked" in log, log
+    assert token not in log, "the hydration credential was logged"
 
 
 def test_one_worker_hydrates_for_a_hundred_sessions(upstreams, tmp_path):
