@@ -192,6 +192,23 @@ pub struct TargetAt {
 }
 
 impl Begin {
+    /// The header of a session's lifecycle stream: the agent's `hello`, its
+    /// `Authorization` also on the stream itself, bounded by `deadline`.
+    pub fn lifecycle(hello: ClientHello, deadline: Instant) -> Begin {
+        Begin {
+            kind: Kind::Lifecycle,
+            session: Rc::from(""),
+            target: None,
+            target_at: None,
+            method: None,
+            params_len: 0,
+            deadline,
+            progress_token: None,
+            authorization: hello.authorization.clone(),
+            client: Some(hello),
+        }
+    }
+
     /// The JSON-RPC method this stream carries (the named one for [`Kind::Other`]).
     pub fn method_name(&self) -> &str {
         match (&self.method, self.kind) {

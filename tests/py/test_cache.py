@@ -251,28 +251,31 @@ async def collect(response: httpx2.Response, into: list[str]) -> None:
             into.append(json.loads(event.data).get("method", ""))
 
 
+async def listening(client: httpx2.AsyncClient, url: str, count: int, tg) -> tuple[list[RawSession], list[list[str]], list]:
+    """`count` agents, each with its GET stream open and read (in `tg`) into its list of the
+    methods it was sent."""
+    agents = []
+    for _ in range(count):
+        raw = RawSession(client, url)
+        await raw.initialize()
+        agents.append(raw)
+    seen: list[list[str]] = [[] for _ in agents]
+    streams = [await open_stream(client, raw) for raw in agents]
+    for response, into in zip(streams, seen):
+        tg.start_soon(collect, response, into)
+    return agents, seen, streams
+
+
 def test_list_changed_once_per_session_and_only_when_lists_change(upstreams, tmp_path):
     stack = Stack(upstreams, tmp_path, workers=2, ttl="1s")
 
     async def scenario():
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=60)) as client:
-            agents = []
-            for _ in range(6):
-                raw = RawSession(client, stack.url)
-                await raw.initialize()
-                agents.append(raw)
-            seen: list[list[str]] = [[] for _ in agents]
             async with anyio.create_task_group() as tg:
-                streams = [await open_stream(client, raw) for raw in agents]
-                for response, into in zip(streams, seen):
-                    tg.start_soon(collect, response, into)
+                agents, seen, streams = await listening(client, stack.url, 6, tg)
                 name = unique("dyn_")
                 await agents[0].request("tools/call", {"name": "alpha__add_tool", "arguments": {"name": name}})
-
-                async def everyone_told():
-                    return all("notifications/tools/list_changed" in s for s in seen)
-
-                await until(everyone_told, "not every session heard of the change")
+                await until(lambda: _all_once(seen), "not every session heard of the change")
                 tools = [t["name"] for t in (await agents[3].request("tools/list")).result["tools"]]
                 assert f"alpha__{name}" in tools
                 # Refreshes go on (TTL 1 s) and an upstream says its list changed when it did
@@ -308,16 +311,8 @@ def test_a_get_stream_holds_no_upstream_session_until_a_request_needs_one(upstre
             first = RawSession(client, stack.url)
             await first.initialize()
             before = {name: set((await stats(client, c.address))["opened"]) for name, c in upstreams.items()}
-            agents = []
-            for _ in range(3):
-                raw = RawSession(client, stack.url)
-                await raw.initialize()
-                agents.append(raw)
-            seen: list[list[str]] = [[] for _ in agents]
             async with anyio.create_task_group() as tg:
-                streams = [await open_stream(client, raw) for raw in agents]
-                for response, into in zip(streams, seen):
-                    tg.start_soon(collect, response, into)
+                agents, seen, streams = await listening(client, stack.url, 3, tg)
                 await anyio.sleep(0.3)
                 # Listening costs the upstreams nothing: only our own stats session is new.
                 for name, child in upstreams.items():

@@ -504,23 +504,12 @@ async fn open_session(
     cache: &Cache,
 ) -> Option<(stream::Caller, Rc<ProxySession>)> {
     let deadline = Instant::now() + cache.setup.route_timeout;
-    let auth = cache.setup.authorization.clone();
-    let begin = Begin {
-        kind: Kind::Lifecycle,
-        session: Rc::from(""),
-        target: None,
-        target_at: None,
-        method: None,
-        params_len: 0,
-        deadline,
-        progress_token: None,
-        client: Some(ClientHello {
-            capabilities: Bytes::from_static(b"{}"),
-            protocol_version: crate::binding::server::PROTOCOL_VERSIONS[0],
-            authorization: auth.clone(),
-        }),
-        authorization: auth,
+    let hello = ClientHello {
+        capabilities: Bytes::from_static(b"{}"),
+        protocol_version: crate::binding::server::PROTOCOL_VERSIONS[0],
+        authorization: cache.setup.authorization.clone(),
     };
+    let begin = Begin::lifecycle(hello, deadline);
     let (caller, callee) = stream::open(begin);
     tokio::task::spawn_local(session::serve_hydration(proxy.clone(), callee));
     let first = tokio::time::timeout_at(deadline.into(), caller.reply.next()).await;

@@ -238,23 +238,12 @@ impl ProxySession {
             return Err(internal("Unreachable: no such route"));
         };
         *slot.borrow_mut() = RouteState::Opening;
-        let authorization = self.authorization.borrow().clone();
-        let begin = Begin {
-            kind: stream::Kind::Lifecycle,
-            session: Rc::from(""),
-            target: None,
-            target_at: None,
-            method: None,
-            params_len: 0,
-            deadline,
-            progress_token: None,
-            client: Some(ClientHello {
-                capabilities: self.capabilities.clone(),
-                protocol_version: self.version,
-                authorization: authorization.clone(),
-            }),
-            authorization,
+        let hello = ClientHello {
+            capabilities: self.capabilities.clone(),
+            protocol_version: self.version,
+            authorization: self.authorization.borrow().clone(),
         };
+        let begin = Begin::lifecycle(hello, deadline);
         let (caller, callee) = stream::open(begin);
         route.exit.open(callee);
         let first = tokio::time::timeout_at(deadline.into(), caller.reply.next()).await;

@@ -252,6 +252,16 @@ fn proxy(fakes: &[(&str, &Rc<Fake>)], tools: Option<Vec<&str>>) -> Rc<Proxy> {
     )
 }
 
+/// Two fakes routed as `bluesky` (a) and `quartz` (b), and a session open through them:
+/// its lifecycle and id.
+async fn bluesky_and_quartz() -> (Rc<Fake>, Rc<Fake>, Rc<Proxy>, Caller, Rc<str>) {
+    let (a, b) = (Fake::new("a", "{}"), Fake::new("b", "{}"));
+    let p = proxy(&[("bluesky", &a), ("quartz", &b)], None);
+    let (life, reply) = connect(&p, None).await;
+    let session = reply.session.expect("a session id");
+    (a, b, p, life, session)
+}
+
 fn begin(kind: Kind, session: &str, params_len: usize) -> Begin {
     Begin {
         kind,
@@ -355,6 +365,27 @@ async fn call(
 }
 
 /// Params `{"name":<name>,...}` and where the name's lexeme is.
+/// Calls tool `raw` (its JSON string contents as the agent wrote them; `decoded` as the
+/// server decoded them) with no other params, the params cut every `piece` bytes.
+async fn call_tool(
+    proxy: &Proxy,
+    session: &str,
+    raw: &str,
+    decoded: &str,
+    piece: usize,
+) -> Result<String, Reset> {
+    let (params, at) = named_params(raw, "");
+    call(
+        proxy,
+        session,
+        Kind::ToolsCall,
+        Some((decoded, at)),
+        &params,
+        piece,
+    )
+    .await
+}
+
 fn named_params(name: &str, rest: &str) -> (Vec<u8>, TargetAt) {
     let mut p = BytesMut::new();
     p.put_slice(b"{\"arguments\":{\"q\":\"bluesky__x\"},\"name\":");
@@ -457,10 +488,7 @@ fn event_ids_aggregate_and_resumes_split_per_route() {
 #[test]
 fn server_to_client_requests_carry_their_toolkit_and_answers_find_the_route() {
     run(async {
-        let (a, b) = (Fake::new("a", "{}"), Fake::new("b", "{}"));
-        let p = proxy(&[("bluesky", &a), ("quartz", &b)], None);
-        let (life, reply) = connect(&p, None).await;
-        let session = reply.session.unwrap();
+        let (a, b, p, life, session) = bluesky_and_quartz().await;
         b.emit(
             None,
             Event::Request {
@@ -511,10 +539,7 @@ fn server_to_client_requests_carry_their_toolkit_and_answers_find_the_route() {
 #[test]
 fn names_lose_their_prefix_going_up_wherever_the_params_split() {
     run(async {
-        let (a, b) = (Fake::new("a", "{}"), Fake::new("b", "{}"));
-        let p = proxy(&[("bluesky", &a), ("quartz", &b)], None);
-        let (_life, reply) = connect(&p, None).await;
-        let session = reply.session.unwrap();
+        let (_a, b, p, _life, session) = bluesky_and_quartz().await;
         let (params, at) = named_params("quartz__search", ",\"x\":1");
         let want_params = String::from_utf8(params.clone())
             .unwrap()
@@ -544,16 +569,7 @@ fn names_lose_their_prefix_going_up_wherever_the_params_split() {
             );
         }
         // An escaped name is matched decoded and sent plain.
-        let (params, at) = named_params("quartz\\u005f_search", "");
-        let got = call(
-            &p,
-            &session,
-            Kind::ToolsCall,
-            Some(("quartz__search", at)),
-            &params,
-            5,
-        )
-        .await;
+        let got = call_tool(&p, &session, "quartz\\u005f_search", "quartz__search", 5).await;
         assert!(got.is_ok());
         assert!(
             b.log
@@ -563,16 +579,7 @@ fn names_lose_their_prefix_going_up_wherever_the_params_split() {
                 .contains("\"name\":\"search\"}")
         );
         // Unknown toolkits and names no route admits are refused like an unknown tool.
-        let (params, at) = named_params("nope__search", "");
-        let err = call(
-            &p,
-            &session,
-            Kind::ToolsCall,
-            Some(("nope__search", at)),
-            &params,
-            5,
-        )
-        .await;
+        let err = call_tool(&p, &session, "nope__search", "nope__search", 5).await;
         match err {
             Err(Reset::Error { code, message, .. }) => {
                 assert_eq!(code, crate::jsonrpc::INVALID_PARAMS);
@@ -602,19 +609,8 @@ fn lists_merge_in_route_order_and_allow_lists_filter() {
             r#"{"tools":[{"name":"bluesky__get_x","d":1},{"name":"quartz__get_x"}]}"#
         );
         // What the allow-list hides cannot be called either.
-        let (params, at) = named_params("bluesky__del_x", "");
-        assert!(
-            call(
-                &p,
-                &session,
-                Kind::ToolsCall,
-                Some(("bluesky__del_x", at)),
-                &params,
-                9
-            )
-            .await
-            .is_err()
-        );
+        let refused = call_tool(&p, &session, "bluesky__del_x", "bluesky__del_x", 9).await;
+        assert!(refused.is_err());
         // resources/read results get their uris back under the prefix.
         let uri = "quartz+file:///a";
         let mut params = BytesMut::new();
@@ -673,30 +669,12 @@ fn a_route_refusing_initialize_is_skipped_unless_it_is_the_only_one() {
         // An item request for it opens it again, and gets its answer: the challenge.
         let session = reply.session.unwrap();
         *b.refuse.borrow_mut() = Some(challenge.clone());
-        let (params, at) = named_params("quartz__x", "");
-        match call(
-            &p,
-            &session,
-            Kind::ToolsCall,
-            Some(("quartz__x", at)),
-            &params,
-            4,
-        )
-        .await
-        {
+        match call_tool(&p, &session, "quartz__x", "quartz__x", 4).await {
             Err(Reset::Bearer(c)) => assert_eq!(c.realm.as_deref(), Some("b")),
             other => panic!("expected the challenge, got {other:?}"),
         }
         // And once it lets the agent in, the call goes through.
-        let got = call(
-            &p,
-            &session,
-            Kind::ToolsCall,
-            Some(("quartz__x", at)),
-            &params,
-            4,
-        )
-        .await;
+        let got = call_tool(&p, &session, "quartz__x", "quartz__x", 4).await;
         assert_eq!(got.unwrap(), "{\"from\":\"b\"}");
 
         // Alone, the route's refusal is the agent's answer.

@@ -228,22 +228,12 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
             .await;
         }
     };
-    let begin = Begin {
-        kind: Kind::Lifecycle,
-        session: Rc::from(""),
-        target: None,
-        target_at: None,
-        method: None,
-        params_len: 0,
-        deadline: Instant::now() + server.cfg.request_timeout,
-        progress_token: None,
-        client: Some(ClientHello {
-            capabilities: Bytes::copy_from_slice(capabilities.get().as_bytes()),
-            protocol_version: version,
-            authorization: authorization(req),
-        }),
+    let hello = ClientHello {
+        capabilities: Bytes::copy_from_slice(capabilities.get().as_bytes()),
+        protocol_version: version,
         authorization: authorization(req),
     };
+    let begin = Begin::lifecycle(hello, Instant::now() + server.cfg.request_timeout);
     let (caller, callee) = stream::open(begin);
     server.exit.open(callee);
     let deadline = tokio::time::sleep(server.cfg.request_timeout);
