@@ -266,8 +266,9 @@ async def listening(client: httpx2.AsyncClient, url: str, count: int, tg) -> tup
     return agents, seen, streams
 
 
-def test_list_changed_once_per_session_and_only_when_lists_change(upstreams, tmp_path):
-    stack = Stack(upstreams, tmp_path, workers=2, ttl="1s")
+@pytest.mark.parametrize("io", ["uring", "epoll"])
+def test_list_changed_once_per_session_and_only_when_lists_change(upstreams, tmp_path, io):
+    stack = Stack(upstreams, tmp_path, workers=2, ttl="1s", io=io)
 
     async def scenario():
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=60)) as client:
