@@ -11,7 +11,8 @@ use std::time::Duration;
 use crate::limits::{
     CONNECTIONS_MAX, FANOUT_ROUNDS_MAX, FIXTURE_DELAY_MAX, FIXTURE_PAGE_SIZE_MAX,
     FIXTURE_PROGRESS_MAX, FIXTURE_RESULT_BYTES_MAX, FIXTURE_TOOLS_MAX, FIXTURE_WORKERS_MAX,
-    PARAMS_BYTES_MAX, RATE_MAX, REQUEST_TIMEOUT_DEFAULT, RUN_DURATION_MAX, SESSIONS_MAX,
+    PARAMS_BYTES_MAX, RATE_MAX, REQUEST_ID_MAX, REQUEST_TIMEOUT_DEFAULT, RUN_DURATION_MAX,
+    SESSIONS_MAX,
 };
 
 /// The usage text printed for `--help` and after an argument error.
@@ -24,10 +25,13 @@ usage:
                       [--connections N] [--duration D] [--warmup D] [--timeout D]
                       [--params-bytes N] [--tool NAME] [--args JSON]
                       [--receive-time kernel|read] [--sessions N] [--trigger URL] [--rounds N]
+                      [--no-initialize] [--request-id N]
                       [--json FILE] [--hgrm FILE] [--svg FILE]
 scenarios: initialize, tools-call (default), tools-call-progress, tools-list,
            idle-sessions, fanout
 durations: 10s, 500ms, 250us, 2m, or plain seconds (1.5)
+--no-initialize: no session (a stateless reference that answers every POST alike);
+--request-id N: every request carries id N (a reference answering fixed bytes matches it)
 tools: echo, big, then tool_00003 ... up to --tools in all (default 2); --page-size 0
        (default) answers tools/list in one page
 `mcpyard-loadgen --url ... [--connections N] [--seconds S]` (no subcommand) is `run`.";
@@ -283,6 +287,13 @@ pub struct RunArgs {
     pub trigger: Option<Target>,
     /// Fan-out rounds.
     pub rounds: u32,
+    /// Send requests without a session: no initialize, no `mcp-session-id`. For a
+    /// stateless reference (a web server answering every POST with the same bytes) that
+    /// the request scenarios are compared against.
+    pub no_initialize: bool,
+    /// Every request carries this id instead of 1, 2, 3, ...: a reference answering fixed
+    /// bytes then answers the id asked, and the id check stays as strict as ever.
+    pub request_id: Option<u64>,
     /// Where to write the JSON report.
     pub json: Option<PathBuf>,
     /// Where to write the HdrHistogram percentile distribution.
@@ -476,6 +487,8 @@ fn default_run(target: Target) -> RunArgs {
         sessions: 1000,
         trigger: None,
         rounds: 1,
+        no_initialize: false,
+        request_id: None,
         json: None,
         hgrm: None,
         svg: None,
@@ -525,6 +538,8 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
             "--sessions" => a.sessions = flags.number("--sessions", SESSIONS_MAX as u64)?,
             "--trigger" => a.trigger = Some(Target::parse("--trigger", flags.value("--trigger")?)?),
             "--rounds" => a.rounds = flags.number("--rounds", u64::from(FANOUT_ROUNDS_MAX))?,
+            "--no-initialize" => a.no_initialize = true,
+            "--request-id" => a.request_id = Some(flags.number("--request-id", REQUEST_ID_MAX)?),
             "--json" => a.json = Some(PathBuf::from(flags.value("--json")?)),
             "--hgrm" => a.hgrm = Some(PathBuf::from(flags.value("--hgrm")?)),
             "--svg" => a.svg = Some(PathBuf::from(flags.value("--svg")?)),
@@ -613,6 +628,18 @@ fn check_run(a: &RunArgs) -> Result<(), ArgError> {
     positive("--rounds", a.rounds > 0, a.rounds.to_string())?;
     if a.scenario == Scenario::Fanout && a.trigger.is_none() {
         return Err(ArgError::Required("--trigger"));
+    }
+    // A session is what those scenarios measure or need (their GET streams name it).
+    let needs_session = matches!(
+        a.scenario,
+        Scenario::Initialize | Scenario::IdleSessions | Scenario::Fanout
+    );
+    if a.no_initialize && needs_session {
+        return Err(ArgError::Invalid {
+            flag: "--no-initialize",
+            value: a.scenario.name().to_owned(),
+            expected: "a request scenario: tools-call, tools-call-progress or tools-list".into(),
+        });
     }
     if a.scenario == Scenario::Fanout && a.mode != Mode::Closed {
         return Err(ArgError::Invalid {
@@ -754,6 +781,51 @@ mod tests {
             parse(&words("upstream")),
             Err(ArgError::Required("--listen"))
         );
+    }
+
+    #[test]
+    fn a_stateless_reference_takes_no_initialize_and_a_fixed_id() {
+        let Ok(Command::Run(a)) = parse(&words("run --url http://h:1/ --scenario tools-list"))
+        else {
+            panic!("default");
+        };
+        assert_eq!((a.no_initialize, a.request_id), (false, None));
+        let Ok(Command::Run(a)) = parse(&words(
+            "run --url http://h:1/ --scenario tools-list --no-initialize --request-id 12345",
+        )) else {
+            panic!("reference");
+        };
+        assert_eq!((a.no_initialize, a.request_id), (true, Some(12345)));
+        for scenario in [
+            "initialize",
+            "idle-sessions",
+            "fanout --trigger http://h:2/",
+        ] {
+            let line = format!("run --url http://h:1/ --no-initialize --scenario {scenario}");
+            assert!(
+                matches!(
+                    parse(&words(&line)),
+                    Err(ArgError::Invalid {
+                        flag: "--no-initialize",
+                        ..
+                    })
+                ),
+                "{line}"
+            );
+        }
+        for bad in ["-1", "x", "9223372036854775808"] {
+            let line = format!("run --url http://h:1/ --request-id {bad}");
+            assert!(
+                matches!(
+                    parse(&words(&line)),
+                    Err(ArgError::Invalid {
+                        flag: "--request-id",
+                        ..
+                    })
+                ),
+                "{line}"
+            );
+        }
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub const SESSION_SETUP_CONCURRENCY: usize = 64;
 /// Largest target rate, requests per second, over all connections.
 pub const RATE_MAX: u64 = 10_000_000;
 
+/// Largest `--request-id`: ids are matched as JSON-RPC integers, which mcpyard's envelope
+/// reads as `i64`.
+pub const REQUEST_ID_MAX: u64 = i64::MAX as u64;
+
 /// Largest `--duration` or `--warmup`.
 pub const RUN_DURATION_MAX: Duration = Duration::from_secs(24 * 3600);
 

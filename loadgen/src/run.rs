@@ -82,6 +82,10 @@ pub struct Plan {
     pub receive_time: ReceiveTime,
     /// The pre-rendered tools/call.
     pub call: ToolsCall,
+    /// Requests go without a session (`--no-initialize`).
+    pub no_initialize: bool,
+    /// The id of every request (`--request-id`); `None` counts up from 1.
+    pub request_id: Option<u64>,
 }
 
 impl Plan {
@@ -93,6 +97,8 @@ impl Plan {
             timeout: args.timeout,
             receive_time: args.receive_time,
             call: ToolsCall::new(&args.tool, args.args_json.as_deref(), args.params_bytes),
+            no_initialize: args.no_initialize,
+            request_id: args.request_id,
         }
     }
 }
@@ -147,6 +153,9 @@ impl Session {
     }
 
     fn take_id(&mut self) -> u64 {
+        if let Some(id) = self.plan.request_id {
+            return id;
+        }
         let id = self.next_id;
         self.next_id += 1;
         id
@@ -178,8 +187,12 @@ impl Session {
         mcp::expect_status(&response, 0, "DELETE")
     }
 
-    /// Opens the session if there is none yet (setup before the clock starts).
+    /// Opens the session if there is none yet (setup before the clock starts); with
+    /// `--no-initialize` there is never one to open.
     pub fn ensure_session(&mut self) -> Result<(), Failure> {
+        if self.session.is_none() && self.plan.no_initialize {
+            self.session = Some(None);
+        }
         if self.session.is_none() && self.plan.scenario != Scenario::Initialize {
             self.session = Some(self.open_session()?);
         }
@@ -197,7 +210,7 @@ impl Session {
         }
         let session = self.session.clone().flatten();
         let response = self.send("POST", session.as_deref())?;
-        if response.status == 404 {
+        if response.status == 404 && !self.plan.no_initialize {
             // MCP: 404 means the session is gone; start a new one next time.
             self.session = None;
         }
@@ -377,5 +390,115 @@ fn show_progress<T>(args: &RunArgs, progress: &Progress, threads: &[std::thread:
     }
     if printed {
         eprintln!();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::{Command, parse};
+    use mcpyard::http::{RequestDecoder, RequestEvent};
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    /// The fixed answer of the stateless reference below, whatever it is asked.
+    const FIXED: &str = r#"{"jsonrpc":"2.0","id":77,"result":{"tools":[]}}"#;
+
+    /// What the reference saw of one request: method, whether it named a session, body.
+    type Seen = (String, bool, String);
+
+    /// A stateless reference on one connection: answers every request with `FIXED` and
+    /// returns what it was asked once the client closes.
+    fn reference() -> (String, std::thread::JoinHandle<Vec<Seen>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("addr: {e}"));
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap_or_else(|e| panic!("accept: {e}"));
+            let mut decoder = RequestDecoder::new(1 << 20);
+            let mut buf = BytesMut::new();
+            let mut seen = Vec::new();
+            let mut head = None;
+            let mut body = Vec::new();
+            let mut scratch = [0u8; 4096];
+            loop {
+                while let Ok(Some(event)) = decoder.decode(&mut buf) {
+                    match event {
+                        RequestEvent::Head(h) => head = Some(h),
+                        RequestEvent::Data(d) => body.extend_from_slice(&d),
+                        RequestEvent::End => {
+                            let h = head.take().unwrap_or_else(|| panic!("no head"));
+                            let text = String::from_utf8_lossy(&body).into_owned();
+                            let session = h.headers.get("mcp-session-id").is_some();
+                            seen.push((format!("{:?}", h.method), session, text));
+                            body.clear();
+                            let reply = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                                 content-length: {}\r\n\r\n{FIXED}",
+                                FIXED.len()
+                            );
+                            let _ = stream.write_all(reply.as_bytes());
+                        }
+                    }
+                }
+                match stream.read(&mut scratch) {
+                    Ok(0) | Err(_) => return seen,
+                    Ok(n) => buf.extend_from_slice(scratch.get(..n).unwrap_or_default()),
+                }
+            }
+        });
+        (format!("http://{addr}/mcp"), server)
+    }
+
+    fn plan(line: &str) -> Arc<Plan> {
+        let words: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+        let Ok(Command::Run(args)) = parse(&words) else {
+            panic!("{line}");
+        };
+        Arc::new(Plan::new(&args))
+    }
+
+    #[test]
+    fn a_stateless_reference_is_asked_only_the_requests_with_the_fixed_id() {
+        let (url, server) = reference();
+        let plan = plan(&format!(
+            "run --url {url} --scenario tools-list --no-initialize --request-id 77"
+        ));
+        let mut session = Session::new(Arc::clone(&plan));
+        for _ in 0..3 {
+            let served = session.exchange();
+            assert!(served.is_ok(), "{served:?}");
+        }
+        drop(session);
+        let seen = server.join().unwrap_or_else(|_| panic!("server"));
+        // No initialize, no notifications/initialized: the three tools/list alone.
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        for (method, session, body) in &seen {
+            assert_eq!(method, "Post");
+            assert!(!session, "no mcp-session-id without a session");
+            let v: serde_json::Value =
+                serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+            assert_eq!(v["method"], "tools/list");
+            assert_eq!(v["id"], 77);
+        }
+    }
+
+    #[test]
+    fn without_the_fixed_id_a_fixed_answer_is_a_decode_failure() {
+        let (url, server) = reference();
+        let plan = plan(&format!(
+            "run --url {url} --scenario tools-list --no-initialize"
+        ));
+        let mut session = Session::new(plan);
+        let failure = session.exchange().err().map(|f| f.kind);
+        assert_eq!(failure, Some(ErrorKind::Decode), "id 1 asked, 77 answered");
+        drop(session);
+        let seen = server.join().unwrap_or_else(|_| panic!("server"));
+        assert_eq!(seen.len(), 1);
+        assert!(
+            seen.iter()
+                .all(|(_, session, body)| !session && body.contains("\"id\":1"))
+        );
     }
 }
