@@ -23,6 +23,10 @@ use crate::limits::FIXTURE_ECHOED_NAME_BYTES_MAX;
 /// The path that triggers list_changed on every open GET stream (no session needed).
 pub const LIST_CHANGED_PATH: &str = "/control/list_changed";
 
+/// The path that moves the tool catalogue to its next revision, then triggers list_changed
+/// on every open GET stream (no session needed).
+pub const TOOLS_CHANGED_PATH: &str = "/control/tools_changed";
+
 /// Paths under this prefix are the fixture's own controls, not MCP.
 pub const CONTROL_PREFIX: &str = "/control/";
 
@@ -94,6 +98,7 @@ pub fn route(shared: &Shared, head: &RequestHead, body: &[u8]) -> Reply {
     if path.starts_with(CONTROL_PREFIX) {
         return match (head.method, path) {
             (Method::Post, LIST_CHANGED_PATH) => Reply::Triggered(shared.trigger_list_changed()),
+            (Method::Post, TOOLS_CHANGED_PATH) => Reply::Triggered(shared.trigger_tools_changed()),
             _ => Reply::Text(404, "no such control"),
         };
     }
@@ -213,7 +218,7 @@ fn initialize(shared: &Shared, envelope: &Envelope<'_>) -> Reply {
 
 /// Answers tools/list with the page `params.cursor` names (the first without one).
 fn tools_list(shared: &Shared, envelope: &Envelope<'_>, id: String) -> Reply {
-    let tools = &shared.rendered.tools;
+    let tools = shared.tools.load();
     let page = match envelope.params {
         None => Ok(tools.first_page()),
         Some(params) if !raw_is_object(params) => Err("Invalid params"),
@@ -246,7 +251,7 @@ fn tools_call(shared: &Shared, envelope: &Envelope<'_>, id: String) -> Reply {
     let params = envelope.params;
     let refusal = match params.map(|p| param_str(p, "name")) {
         // Borrowed unless the name had escapes: a known name costs no allocation.
-        Some(Ok(Some(name))) if shared.rendered.tools.contains(&name) => None,
+        Some(Ok(Some(name))) if shared.tools.load().contains(&name) => None,
         Some(Ok(Some(name))) => Some(Cow::Owned(format!("Unknown tool: {}", clip(&name)))),
         // No name, or params or name of the wrong type.
         Some(Ok(None) | Err(_)) | None => Some(Cow::Borrowed("Invalid params")),
@@ -518,6 +523,56 @@ mod tests {
         let body =
             r#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"cursor":"offset-2"}}"#;
         assert_eq!(outcome(&send(&unpaged, "POST", Some(&sid), body)), invalid);
+    }
+
+    #[test]
+    fn tools_changed_revises_the_list_and_signals_the_streams() {
+        let s = for_tests_with_tools(5, 2);
+        let sid = session_of(&send(&s, "POST", None, INIT));
+        let first_page = || {
+            let body = r#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#;
+            outcome(&send(&s, "POST", Some(&sid), body)).unwrap_or_else(|e| panic!("{e:?}"))
+        };
+        let before = first_page();
+        let mut streams = s.list_changed.subscribe();
+        let trigger = |path: &str| {
+            let raw = format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n");
+            let mut buf = BytesMut::from(raw.as_bytes());
+            let mut decoder = RequestDecoder::new(1 << 20);
+            match decoder.decode(&mut buf) {
+                Ok(Some(RequestEvent::Head(head))) => route(&s, &head, b""),
+                other => panic!("{other:?}"),
+            }
+        };
+        // No GET stream is open, so none was told; the catalogue moved on regardless.
+        assert_eq!(trigger(TOOLS_CHANGED_PATH), Reply::Triggered(0));
+        assert_eq!(
+            streams.has_changed().ok(),
+            Some(true),
+            "streams were signalled"
+        );
+        streams.mark_unchanged();
+        let after = first_page();
+        assert_ne!(after, before, "the list's content changed");
+        assert_eq!(
+            after["tools"][0]["description"],
+            "Returns the fixture's payload (revision 1)"
+        );
+        assert_eq!(after["tools"][1], before["tools"][1]);
+        assert_eq!(after["nextCursor"], before["nextCursor"]);
+        // list_changed alone signals the streams and changes nothing.
+        assert_eq!(trigger(LIST_CHANGED_PATH), Reply::Triggered(0));
+        assert_eq!(streams.has_changed().ok(), Some(true));
+        assert_eq!(first_page(), after);
+        assert_eq!(trigger(TOOLS_CHANGED_PATH), Reply::Triggered(0));
+        assert_eq!(
+            first_page()["tools"][0]["description"],
+            "Returns the fixture's payload (revision 2)"
+        );
+        assert_eq!(
+            trigger("/control/nothing"),
+            Reply::Text(404, "no such control")
+        );
     }
 
     #[test]

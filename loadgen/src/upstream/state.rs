@@ -1,5 +1,6 @@
-//! What all fixture workers share: the settings, the pre-rendered result bodies (the tool
-//! list's pages among them, `tools.rs`), the session table and the list_changed signal.
+//! What all fixture workers share: the settings, the pre-rendered result bodies, the tool
+//! catalogue (`tools.rs`; swapped whole for its next revision by `/control/tools_changed`),
+//! the session table and the list_changed signal.
 //!
 //! Sessions live in one table behind a mutex rather than per worker: SO_REUSEPORT spreads
 //! *connections* over workers, and one client session may use connections on several of
@@ -8,9 +9,10 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use tokio::sync::watch;
 
@@ -37,8 +39,6 @@ pub const SESSION_ID_CHARS: usize = 16;
 pub struct Rendered {
     /// The tools/call result object with the `--result-bytes` payload.
     pub call_result: Bytes,
-    /// The tools/list result pages and the names tools/call accepts.
-    pub tools: Tools,
     /// The initialize result objects, one per echoed version (same order).
     pub initialize: [Bytes; ECHOED_VERSIONS.len()],
     /// The `{}` result of ping.
@@ -54,6 +54,12 @@ pub struct Shared {
     pub args: UpstreamArgs,
     /// Pre-rendered bodies.
     pub rendered: Rendered,
+    /// The tools/list result pages and the names tools/call accepts, of the current
+    /// revision: readers `load` it without a lock; a revision replaces it whole.
+    pub tools: ArcSwap<Tools>,
+    /// Held while a revision is rendered and stored, so two triggers at once cannot store
+    /// revisions out of order.
+    revising: Mutex<()>,
     /// Live session ids, and the order they were created in.
     sessions: Mutex<Sessions>,
     /// Sessions created so far; XORed with `salt`, it makes ids unique per process.
@@ -70,10 +76,13 @@ impl Shared {
     /// Renders the fixed bodies for `args`.
     pub fn new(args: UpstreamArgs) -> Shared {
         let rendered = render(&args);
+        let tools = ArcSwap::from_pointee(Tools::new(args.tools, args.page_size));
         let (list_changed, _) = watch::channel(0);
         Shared {
             args,
             rendered,
+            tools,
+            revising: Mutex::new(()),
             sessions: Mutex::new(Sessions::default()),
             created: AtomicU64::new(0),
             salt: RandomState::new().hash_one(std::process::id()),
@@ -119,6 +128,19 @@ impl Shared {
     pub fn trigger_list_changed(&self) -> usize {
         self.list_changed.send_modify(|n| *n = n.wrapping_add(1));
         self.streams.load(Ordering::Relaxed)
+    }
+
+    /// Replaces the tool catalogue with its next revision (a real change of the list's
+    /// content), then wakes every open GET stream to send list_changed, so a client that
+    /// re-lists on the event gets the new revision; returns how many streams are open.
+    pub fn trigger_tools_changed(&self) -> usize {
+        {
+            // A panic aborts the process (panic = "abort"); the guard protects no data.
+            let _revising = self.revising.lock().unwrap_or_else(|e| e.into_inner());
+            let next = self.tools.load().revised();
+            self.tools.store(Arc::new(next));
+        }
+        self.trigger_list_changed()
     }
 }
 
@@ -193,7 +215,6 @@ fn render(args: &UpstreamArgs) -> Rendered {
     mcpyard::http::encode_chunk(event, &mut chunk);
     Rendered {
         call_result: Bytes::from(call),
-        tools: Tools::new(args.tools, args.page_size),
         initialize,
         empty: Bytes::from_static(b"{}"),
         list_changed_chunk: chunk.freeze(),
@@ -285,7 +306,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&s.rendered.call_result)
             .unwrap_or_else(|e| panic!("call result: {e}"));
         assert_eq!(v["content"][0]["text"].as_str().map(str::len), Some(100));
-        let v: serde_json::Value = serde_json::from_slice(s.rendered.tools.first_page())
+        let v: serde_json::Value = serde_json::from_slice(s.tools.load().first_page())
             .unwrap_or_else(|e| panic!("tools list: {e}"));
         assert_eq!(v["tools"][0]["name"], "echo");
         for (body, version) in s.rendered.initialize.iter().zip(ECHOED_VERSIONS) {

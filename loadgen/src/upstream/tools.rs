@@ -12,10 +12,16 @@
 //! carries `nextCursor`, an opaque string the client sends back as `params.cursor`; the
 //! last page has none. A cursor this list did not issue is refused (-32602, `route.rs`).
 //! Cursors are `offset-<n>`, the decimal position (from 0) of the page's first tool.
+//!
+//! The catalogue has a revision, 0 at start. `POST /control/tools_changed` renders the next
+//! one ([`Tools::revised`]): the same tools, in the same order, with `echo`'s description
+//! naming the revision, so the list's content really changes (a cache that compares lists
+//! sees a difference) while every name and cursor stays valid.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::ops::Range;
+use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -23,6 +29,12 @@ use crate::limits::{FIXTURE_PAGE_SIZE_MAX, FIXTURE_TOOL_BYTES_MAX, FIXTURE_TOOLS
 
 /// `echo`, exactly as the fixture listed it before `--tools` existed.
 const ECHO_TOOL: &str = r#"{"name":"echo","description":"Returns the fixture's payload","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}}"#;
+
+/// `echo` of revision N > 0: its description, then the revision, then the rest.
+const ECHO_REVISED: [&str; 2] = [
+    r#"{"name":"echo","description":"Returns the fixture's payload (revision "#,
+    r#")","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}}"#,
+];
 
 /// `big`, exactly as the fixture listed it before `--tools` existed.
 const BIG_TOOL: &str = r#"{"name":"big","description":"Returns the fixture's payload","inputSchema":{"type":"object","properties":{}}}"#;
@@ -63,7 +75,10 @@ pub struct Tools {
     /// clones a reference, never bytes. Invariant: `pages.len() == count.div_ceil(page_size)`.
     pages: Vec<Bytes>,
     /// The names of the generated tools (list position 3 on); empty when `count <= 2`.
-    generated: HashSet<Box<str>>,
+    /// Shared by every revision: names never change.
+    generated: Arc<HashSet<Box<str>>>,
+    /// The catalogue's revision: 0 at start, one more per `tools_changed`.
+    revision: u64,
 }
 
 impl Tools {
@@ -80,7 +95,7 @@ impl Tools {
         } else {
             page_size.min(count)
         };
-        let pages = render_pages(count, page_size);
+        let pages = render_pages(count, page_size, 0);
         assert_eq!(pages.len(), count.div_ceil(page_size));
         let generated = (FIXED_TOOLS.len() + 1..=count)
             .map(|position| tool_name(position).into_boxed_str())
@@ -90,8 +105,30 @@ impl Tools {
             count,
             page_size,
             pages,
-            generated,
+            generated: Arc::new(generated),
+            revision: 0,
         }
+    }
+
+    /// Renders the next revision: the same tools and pages, `echo`'s description naming
+    /// the new revision number.
+    pub fn revised(&self) -> Tools {
+        let revision = self.revision.wrapping_add(1);
+        let pages = render_pages(self.count, self.page_size, revision);
+        assert_eq!(pages.len(), self.pages.len());
+        Tools {
+            count: self.count,
+            page_size: self.page_size,
+            pages,
+            generated: Arc::clone(&self.generated),
+            revision,
+        }
+    }
+
+    /// Returns the catalogue's revision (0 at start).
+    #[cfg(test)]
+    pub fn revision(&self) -> u64 {
+        self.revision
     }
 
     /// Returns the first page: the tools/list result for a request without a cursor.
@@ -143,8 +180,8 @@ pub fn tool_name(position: usize) -> String {
     format!("tool_{position:05}")
 }
 
-/// Renders every page into one buffer and returns each page as a slice of it.
-fn render_pages(count: usize, page_size: usize) -> Vec<Bytes> {
+/// Renders every page of `revision` into one buffer and returns each page as a slice of it.
+fn render_pages(count: usize, page_size: usize, revision: u64) -> Vec<Bytes> {
     assert!(page_size >= 1);
     let fixed_bytes: usize = FIXED_TOOLS.iter().map(|(_, tool)| tool.len() + 1).sum();
     // Generated tools are about 330 B: reserving 384 a tool renders without regrowing (and
@@ -160,7 +197,7 @@ fn render_pages(count: usize, page_size: usize) -> Vec<Bytes> {
             if index > first {
                 out.put_u8(b',');
             }
-            put_tool(index, &mut out);
+            put_tool(index, revision, &mut out);
         }
         out.put_u8(b']');
         if end < count {
@@ -174,8 +211,16 @@ fn render_pages(count: usize, page_size: usize) -> Vec<Bytes> {
     spans.into_iter().map(|span| all.slice(span)).collect()
 }
 
-/// Appends the tool at list `index` (from 0).
-fn put_tool(index: usize, out: &mut BytesMut) {
+/// Appends the tool at list `index` (from 0) as revision `revision` lists it.
+fn put_tool(index: usize, revision: u64, out: &mut BytesMut) {
+    if index == 0 && revision > 0 {
+        let [before, after] = ECHO_REVISED;
+        out.put_slice(before.as_bytes());
+        // Writing to a `BytesMut` cannot fail: it grows.
+        let _ = write!(out, "{revision}");
+        out.put_slice(after.as_bytes());
+        return;
+    }
     if let Some((_, tool)) = FIXED_TOOLS.get(index) {
         out.put_slice(tool.as_bytes());
         return;
@@ -343,6 +388,37 @@ mod tests {
         ] {
             assert!(!five.contains(name), "{name}");
         }
+    }
+
+    #[test]
+    fn a_revision_changes_echo_alone_and_keeps_names_and_cursors() {
+        let first = Tools::new(7, 3);
+        assert_eq!(first.revision(), 0);
+        let second = first.revised();
+        let third = second.revised();
+        assert_eq!((second.revision(), third.revision()), (1, 2));
+        for (tools, revision) in [(&second, 1), (&third, 2)] {
+            assert_eq!(tools.pages().len(), first.pages().len());
+            let mut page = tools.first_page().clone();
+            let echo = tools_of(&page)[0].clone();
+            let before = tools_of(first.first_page())[0].clone();
+            assert_eq!(echo["name"], "echo");
+            assert_eq!(echo["inputSchema"], before["inputSchema"]);
+            assert_eq!(
+                echo["description"],
+                format!("Returns the fixture's payload (revision {revision})")
+            );
+            // Every other tool, page and cursor is as in revision 0.
+            assert_eq!(tools_of(&page)[1..], tools_of(first.first_page())[1..]);
+            assert_eq!(tools.pages()[1..], first.pages()[1..]);
+            let cursor = json(&page)["nextCursor"].as_str().map(str::to_owned);
+            page = cursor
+                .and_then(|c| tools.page(&c).cloned())
+                .unwrap_or_else(|| panic!("the first page's cursor"));
+            assert_eq!(Some(&page), first.pages().get(1));
+            assert!(tools.contains("tool_00007") && !tools.contains("tool_00008"));
+        }
+        assert_ne!(second.first_page(), third.first_page());
     }
 
     #[test]
