@@ -7,9 +7,11 @@
 //!
 //! `idle-sessions` reports when all are open, holds them for `--duration`, and counts how
 //! many are still open. `fanout` then POSTs `--trigger` (the fixture's
-//! `/control/list_changed`) and times, per session, how long after the trigger was sent
-//! its `notifications/tools/list_changed` event arrived; each round waits for every open
-//! stream (or `--timeout`). Receipt times are taken as each task runs, so with 10k
+//! `/control/list_changed` or `/control/tools_changed`) and times, per session, how long
+//! after the trigger was sent its `notifications/tools/list_changed` event arrived; each
+//! round waits for every open stream (or `--timeout`). Rounds are `FANOUT_ROUND_PAUSE`
+//! apart, the first after the line saying the sessions are open, and a line after the last
+//! says the rounds are done, one pause before the connections close. Receipt times are taken as each task runs, so with 10k
 //! streams on one thread they include the generator's own dispatch order.
 
 use std::cell::{Cell, RefCell};
@@ -178,10 +180,16 @@ async fn drive(args: &RunArgs) -> Result<Outcome, RunError> {
     let mut rounds = Vec::new();
     if args.scenario == Scenario::Fanout {
         if let Some(trigger) = &args.trigger {
+            // A pause before every round, the first too: the last setups' stragglers settle
+            // first, and whoever watches the target sees the line above before it works.
             for _ in 0..args.rounds {
-                rounds.push(fan_round(&ctx, trigger, args.timeout).await?);
                 tokio::time::sleep(FANOUT_ROUND_PAUSE).await;
+                rounds.push(fan_round(&ctx, trigger, args.timeout).await?);
             }
+            // The sessions stay open one more pause after this line, so the target can be
+            // read with every stream open and before the connections close.
+            eprintln!("{} fan-out rounds done", rounds.len());
+            tokio::time::sleep(FANOUT_ROUND_PAUSE).await;
         }
     } else {
         tokio::time::sleep(args.duration).await;
