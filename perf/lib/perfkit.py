@@ -246,15 +246,16 @@ class Gateway:
     """mcpyard with a generated config in front of `upstream_url` (None: the embedded demo).
 
     With `routes`, a list of (toolkit, upstream url), the server's exit is instead a `proxy`
-    binding with one route per pair, in that order, each to a `client` of its url."""
+    binding with one route per pair, in that order, each to a `client` of its url; with
+    `cache` (a TTL such as "5m") too, that proxy serves its lists from a memory store."""
 
     def __init__(self, procs, gw, name, upstream_url, workers=1, io="uring", wrapper=None,
-                 routes=None):
+                 routes=None, cache=None):
         self.name = name
         self.workers = workers
         self.io = io
         cfg = os.path.join(RAW, f"{name}.yaml")
-        self.config_text = gateway_config(upstream_url, workers, io, routes)
+        self.config_text = gateway_config(upstream_url, workers, io, routes, cache)
         with open(cfg, "w") as f:
             f.write(self.config_text)
         self.config = cfg
@@ -272,14 +273,19 @@ class Gateway:
         return scrape(self.metrics_url)
 
 
-def gateway_config(upstream_url, workers, io, routes=None):
+def gateway_config(upstream_url, workers, io, routes=None, cache=None):
     """The YAML config `Gateway` runs mcpyard with (see there)."""
     text = (f"runtime: {{ workers: {workers}, io: {io} }}\n"
-            "telemetry: { metrics: 127.0.0.1:0 }\n"
-            "bindings:\n"
-            "  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up }\n")
+            "telemetry: { metrics: 127.0.0.1:0 }\n")
+    if routes and cache:
+        text += "stores: { cache0: { type: memory } }\n"
+    text += ("bindings:\n"
+             "  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up }\n")
     if routes:
-        text += "  up:\n    kind: proxy\n    routes:\n"
+        text += "  up:\n    kind: proxy\n"
+        if cache:
+            text += f"    cache: {{ store: cache0, ttl: {cache} }}\n"
+        text += "    routes:\n"
         text += "".join(f"      - {{ toolkit: {t}, exit: up_{t} }}\n" for t, _ in routes)
         text += "".join(f'  up_{t}: {{ kind: client, server: "{u}" }}\n' for t, u in routes)
     elif upstream_url:
