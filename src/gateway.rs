@@ -10,7 +10,7 @@ use crate::binding::proxy::cache::CacheSetup;
 use crate::binding::server::{Server, net};
 use crate::config::{Binding, Config, ProxyBinding};
 use crate::limits::{CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE};
-use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task};
+use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task, tls};
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
 use crate::{log, metrics};
@@ -33,8 +33,40 @@ struct WorkerPlan {
     inboxes: Inboxes,
     drain: watch::Receiver<bool>,
     registrable: usize,
+    /// TLS of the server and client bindings that have it, shared by every worker.
+    tls: Arc<TlsSetups>,
     /// The `stores:`, shared by every worker.
     stores: Arc<BTreeMap<String, Arc<dyn Store>>>,
+}
+
+/// The TLS configs of the bindings that use TLS, by binding name: built once, shared by
+/// every worker (rustls configs are thread-safe; resumption state is shared with them).
+#[derive(Default)]
+struct TlsSetups {
+    servers: BTreeMap<String, Arc<rustls::ServerConfig>>,
+    clients: BTreeMap<String, tls::Upstream>,
+}
+
+fn tls_setups(config: &Config) -> Result<TlsSetups, String> {
+    let mut setups = TlsSetups::default();
+    for (name, binding) in &config.bindings {
+        match binding {
+            Binding::Server(s) => {
+                if let Some(t) = &s.tls {
+                    let built = tls::server_config(&t.cert, &t.key)
+                        .map_err(|e| format!("{}: bindings.{name}.tls: {e}", config.source))?;
+                    setups.servers.insert(name.clone(), built);
+                }
+            }
+            Binding::Client(c) if c.server.scheme == crate::config::Scheme::Https => {
+                let built = tls::Upstream::new(&c.server.host, c.tls_ca.as_deref())
+                    .map_err(|e| format!("{}: bindings.{name}.server: {e}", config.source))?;
+                setups.clients.insert(name.clone(), built);
+            }
+            _ => {}
+        }
+    }
+    Ok(setups)
 }
 
 /// Runs the gateway until a signal drains it. Returns an error message if it cannot start.
@@ -47,16 +79,7 @@ pub fn run(config: Config) -> Result<(), String> {
             config.source
         ));
     }
-    for (name, binding) in &config.bindings {
-        if let Binding::Client(c) = binding
-            && c.server.scheme == crate::config::Scheme::Https
-        {
-            return Err(format!(
-                "{}: bindings.{name}.server: https upstreams need TLS, which this build does not have yet; use an http:// URL",
-                config.source
-            ));
-        }
-    }
+    let tls = Arc::new(tls_setups(&config)?);
     let stores: BTreeMap<String, Arc<dyn Store>> = config
         .stores
         .iter()
@@ -132,6 +155,7 @@ pub fn run(config: Config) -> Result<(), String> {
             inboxes: inboxes.clone(),
             drain: drain_rx.clone(),
             registrable,
+            tls: tls.clone(),
             stores: stores.clone(),
         };
         let thread = std::thread::Builder::new()
@@ -216,7 +240,14 @@ impl Exits<'_> {
         let exit: Rc<dyn Exit> = match self.plan.config.bindings.get(name)? {
             Binding::Demo(_) => Demo::new(self.plan.demos.get(name)?.clone()),
             Binding::Client(cfg) => {
-                let client = Client::new(name, cfg, worker, self.plan.backend, self.slots.clone());
+                let client = Client::new(
+                    name,
+                    cfg,
+                    worker,
+                    self.plan.backend,
+                    self.slots.clone(),
+                    self.plan.tls.clients.get(name).cloned(),
+                );
                 self.clients.push(client.clone());
                 client
             }
@@ -305,6 +336,7 @@ async fn worker(plan: WorkerPlan) {
             plan.index as u8,
             exit,
             plan.inboxes.clone(),
+            plan.tls.servers.get(&name).cloned(),
         );
         let listener = match std
             .try_clone()
@@ -373,7 +405,7 @@ async fn accept_loop(
             Ok((conn, _peer)) => {
                 if net::live() >= CONNECTIONS_PER_WORKER_MAX || server.draining() {
                     metrics::with(|m| m.overload_rejections += 1);
-                    tokio::task::spawn_local(net::refuse(conn));
+                    tokio::task::spawn_local(net::refuse(conn, server.tls.is_some()));
                     continue;
                 }
                 tokio::task::spawn_local(net::serve(server.clone(), slots.clone(), conn));

@@ -132,6 +132,25 @@ pub const UPSTREAM_COALESCE_BYTES_MAX: usize = 16 * 1024;
 /// upstream still yields a clean JSON-RPC error); larger results stream as they arrive.
 pub const UPSTREAM_RESULT_HOLD_BYTES: usize = STREAM_WINDOW_BYTES as usize;
 
+/// Deadline for an agent's TLS handshake, from accept to the handshake's last flight (an
+/// upstream's handshake is bounded by its client's `connect_timeout` instead).
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bytes of the heap buffer a TLS handshake reads into: one TLS record at most. Handshakes
+/// never hold a slot, so thousands of slow or hostile ones cost no pooled memory.
+pub const TLS_HANDSHAKE_READ_BYTES: usize = 16 * 1024 + 256;
+
+/// Plaintext encrypted per socket write: a larger write is encrypted and written in pieces,
+/// so the ciphertext staged per connection stays bounded.
+pub const TLS_WRITE_BATCH_BYTES: usize = 64 * 1024;
+
+/// Reads a check of an idle pooled TLS connection takes in (session tickets, key updates)
+/// before it gives up and calls the connection unusable.
+pub const TLS_IDLE_CHECK_READS_MAX: usize = 8;
+
+/// Bytes of one such read.
+pub const TLS_IDLE_CHECK_READ_BYTES: usize = 4 * 1024;
+
 /// Times a request's upstream SSE stream is resumed (`Last-Event-ID`) after it broke.
 pub const UPSTREAM_RESUME_ATTEMPTS_MAX: u32 = 3;
 

@@ -129,6 +129,18 @@ pub struct ServerBinding {
     pub session_timeout: Duration,
     /// Deadline for a request's reply; at most `limits::REQUEST_TIMEOUT_DEFAULT` (the default).
     pub request_timeout: Duration,
+    /// Serve agents over TLS with this certificate; `None`: plain HTTP.
+    pub tls: Option<ServerTls>,
+}
+
+/// `tls:` of a server binding: PEM files, resolved against the config file's directory and
+/// checked (readable, parsed, the key going with the certificate) when the config loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTls {
+    /// The certificate chain, leaf first.
+    pub cert: std::path::PathBuf,
+    /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: std::path::PathBuf,
 }
 
 /// Routing and aggregation (`kind: proxy`).
@@ -193,6 +205,9 @@ pub struct ClientBinding {
     pub connect_timeout: Duration,
     /// Deadline from sending a request to the upstream's response head. Default 60s.
     pub response_timeout: Duration,
+    /// `https://` only: the CA certificates (PEM) the upstream's certificate must chain to;
+    /// `None`: the platform's trust roots.
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 /// A parsed upstream URL, split into what an HTTP/1.1 request needs.

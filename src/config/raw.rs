@@ -85,6 +85,9 @@ pub(super) struct RawBinding {
     pub session_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "de_duration")]
     pub request_timeout: Option<Duration>,
+    // server and client
+    #[serde(default)]
+    pub tls: Option<RawTls>,
     // proxy
     #[serde(default)]
     pub cache: Option<RawCache>,
@@ -102,6 +105,20 @@ pub(super) struct RawBinding {
     // demo
     #[serde(default, deserialize_with = "de_duration")]
     pub progress_interval: Option<Duration>,
+}
+
+/// `bindings.<server>.tls` (`cert`, `key`) or `bindings.<client>.tls` (`ca`): file paths,
+/// relative to the config file's directory. Which keys a kind takes is checked when the
+/// binding is validated. There is deliberately no way to turn certificate checks off.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawTls {
+    #[serde(default)]
+    pub cert: Option<String>,
+    #[serde(default)]
+    pub key: Option<String>,
+    #[serde(default)]
+    pub ca: Option<String>,
 }
 
 /// `bindings.<proxy>.cache`.
@@ -171,6 +188,7 @@ impl Kind {
                 "hosts",
                 "session_timeout",
                 "request_timeout",
+                "tls",
             ],
             Kind::Proxy => &["kind", "cache", "routes"],
             Kind::Client => &[
@@ -179,6 +197,7 @@ impl Kind {
                 "authorization",
                 "connect_timeout",
                 "response_timeout",
+                "tls",
             ],
             Kind::Demo => &["kind", "progress_interval"],
         }

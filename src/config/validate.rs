@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_yaml_ng::Value;
@@ -16,9 +17,9 @@ use super::duration::format_duration;
 use super::event_prefix::{event_code, event_prefixes};
 use super::model::{
     Binding, Cache, ClientAuth, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding, Route,
-    Runtime, ServerBinding, Store, Telemetry,
+    Runtime, Scheme, ServerBinding, ServerTls, Store, Telemetry, UpstreamUrl,
 };
-use super::raw::{Kind, RawBinding, RawConfig, RawStore, quote, render};
+use super::raw::{Kind, RawBinding, RawConfig, RawStore, RawTls, quote, render};
 use crate::limits::{PROXY_ROUTES_MAX, REQUEST_TIMEOUT_DEFAULT, SESSION_IDLE_TIMEOUT_MAX};
 
 /// Where a check failed and what it found, before the file name is added.
@@ -75,6 +76,7 @@ pub(super) fn validate(raw: RawConfig, source: &str) -> Result<Config, Fault> {
     for (name, raw_binding) in raw_bindings {
         let cx = Cx {
             name: &name,
+            dir: Path::new(source).parent().unwrap_or(Path::new("")),
             path: format!("bindings.{name}"),
             kinds: &kinds,
             stores: &stores,
@@ -103,6 +105,8 @@ pub(super) fn validate(raw: RawConfig, source: &str) -> Result<Config, Fault> {
 struct Cx<'a> {
     /// The binding's own name.
     name: &'a str,
+    /// The config file's directory: relative file paths in the config start here.
+    dir: &'a Path,
     /// `bindings.<name>`.
     path: String,
     kinds: &'a BTreeMap<String, Kind>,
@@ -203,7 +207,50 @@ fn validate_server(cx: &Cx<'_>, raw: RawBinding) -> Result<ServerBinding, Fault>
             REQUEST_TIMEOUT_DEFAULT,
             Some(REQUEST_TIMEOUT_DEFAULT),
         )?,
+        tls: raw.tls.map(|tls| server_tls(cx, tls)).transpose()?,
     })
+}
+
+/// A server's `tls:`: both files given, readable, and making a working TLS config.
+fn server_tls(cx: &Cx<'_>, raw: RawTls) -> Result<ServerTls, Fault> {
+    if raw.ca.is_some() {
+        return Err(fault(
+            cx.key("tls.ca"),
+            "found ca on a server binding, expected cert and key (agents' client certificates are not checked)",
+        ));
+    }
+    let file = |key: &str, value: Option<String>, what: &str| {
+        value
+            .filter(|v| !v.is_empty())
+            .map(|v| cx.dir.join(v))
+            .ok_or_else(|| fault(cx.key(key), format!("missing, expected the path of {what}")))
+    };
+    let cert = file("tls.cert", raw.cert, "a PEM certificate chain (leaf first)")?;
+    let key = file("tls.key", raw.key, "the certificate's PEM private key")?;
+    crate::runtime::tls::server_config(&cert, &key).map_err(|e| fault(cx.key("tls"), e))?;
+    Ok(ServerTls { cert, key })
+}
+
+/// A client's `tls:`: only `ca`, only for an https:// upstream, and a readable PEM file.
+fn client_tls(cx: &Cx<'_>, server: &UpstreamUrl, raw: RawTls) -> Result<Option<PathBuf>, Fault> {
+    if raw.cert.is_some() || raw.key.is_some() {
+        return Err(fault(
+            cx.key("tls"),
+            "found cert/key on a client binding, expected only ca (client certificates are not supported)",
+        ));
+    }
+    if server.scheme != Scheme::Https {
+        return Err(fault(
+            cx.key("tls"),
+            "found tls on an http:// upstream, expected an https:// server URL for it to apply",
+        ));
+    }
+    let Some(ca) = raw.ca.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let ca = cx.dir.join(ca);
+    crate::runtime::tls::client_config(Some(&ca)).map_err(|e| fault(cx.key("tls.ca"), e))?;
+    Ok(Some(ca))
 }
 
 fn validate_proxy(cx: &Cx<'_>, raw: RawBinding) -> Result<ProxyBinding, Fault> {
@@ -334,8 +381,13 @@ fn validate_client(cx: &Cx<'_>, raw: RawBinding) -> Result<ClientBinding, Fault>
             "missing, expected an http:// or https:// URL",
         )
     })?;
+    let tls_ca = match raw.tls {
+        Some(tls) => client_tls(cx, &server, tls)?,
+        None => None,
+    };
     Ok(ClientBinding {
         server,
+        tls_ca,
         authorization: raw.authorization.map(|auth| auth.0),
         connect_timeout: bounded(
             &cx.key("connect_timeout"),

@@ -106,6 +106,180 @@ pub struct WorkerMetrics {
     /// Per toolkit (proxy route): requests by method and outcome, and their latency.
     /// Invariant: `len() <= TOOLKIT_LABELS_MAX`, names unique.
     pub toolkits: Vec<ToolkitMetrics>,
+    /// TLS handshakes on both edges.
+    pub tls: TlsMetrics,
+}
+
+/// Which edge a TLS handshake was on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsSide {
+    /// An agent's connection to a `server` binding.
+    Server,
+    /// A `client` binding's connection to its upstream.
+    Client,
+}
+
+impl TlsSide {
+    const ALL: [TlsSide; 2] = [TlsSide::Server, TlsSide::Client];
+
+    fn label(self) -> &'static str {
+        match self {
+            TlsSide::Server => "server",
+            TlsSide::Client => "client",
+        }
+    }
+}
+
+/// Why a TLS handshake failed, as a metrics label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsFailure {
+    Timeout,
+    Closed,
+    Io,
+    CertificateExpired,
+    CertificateName,
+    CertificateUnknownIssuer,
+    CertificateInvalid,
+    AlertReceived,
+    Incompatible,
+    Protocol,
+}
+
+impl TlsFailure {
+    const ALL: [TlsFailure; 10] = [
+        TlsFailure::Timeout,
+        TlsFailure::Closed,
+        TlsFailure::Io,
+        TlsFailure::CertificateExpired,
+        TlsFailure::CertificateName,
+        TlsFailure::CertificateUnknownIssuer,
+        TlsFailure::CertificateInvalid,
+        TlsFailure::AlertReceived,
+        TlsFailure::Incompatible,
+        TlsFailure::Protocol,
+    ];
+
+    /// The label value (`reason="…"`).
+    pub fn label(self) -> &'static str {
+        match self {
+            TlsFailure::Timeout => "timeout",
+            TlsFailure::Closed => "closed",
+            TlsFailure::Io => "io",
+            TlsFailure::CertificateExpired => "certificate_expired",
+            TlsFailure::CertificateName => "certificate_name",
+            TlsFailure::CertificateUnknownIssuer => "certificate_unknown_issuer",
+            TlsFailure::CertificateInvalid => "certificate_invalid",
+            TlsFailure::AlertReceived => "alert_received",
+            TlsFailure::Incompatible => "incompatible",
+            TlsFailure::Protocol => "protocol",
+        }
+    }
+
+    fn index(self) -> usize {
+        TlsFailure::ALL
+            .iter()
+            .position(|f| *f == self)
+            .unwrap_or_default()
+    }
+}
+
+/// TLS handshakes per edge: completed, resumed, failed by reason, and how long the
+/// completed ones took (µs; allocated at the first one, most gateways use one edge).
+#[derive(Clone, Default)]
+pub struct TlsMetrics {
+    pub ok: [u64; 2],
+    pub resumed: [u64; 2],
+    pub failed: [[u64; TlsFailure::ALL.len()]; 2],
+    pub latency: [Option<Histogram<u64>>; 2],
+}
+
+impl TlsMetrics {
+    fn merge(&mut self, o: &TlsMetrics) {
+        for side in 0..2 {
+            self.ok[side] += o.ok[side];
+            self.resumed[side] += o.resumed[side];
+            for (a, b) in self.failed[side].iter_mut().zip(&o.failed[side]) {
+                *a += b;
+            }
+            match (&mut self.latency[side], &o.latency[side]) {
+                (Some(a), Some(b)) => {
+                    let _ = a.add(b);
+                }
+                (a @ None, Some(b)) => *a = Some(b.clone()),
+                (_, None) => {}
+            }
+        }
+    }
+
+    fn render(&self, out: &mut String) {
+        if self
+            .ok
+            .iter()
+            .chain(self.failed.iter().flatten())
+            .all(|n| *n == 0)
+        {
+            return;
+        }
+        out.push_str("# HELP mcpyard_tls_handshakes_total TLS handshakes by edge and result (ok, resumed is a subset of ok, or the failure reason).\n");
+        out.push_str("# TYPE mcpyard_tls_handshakes_total counter\n");
+        for (i, side) in TlsSide::ALL.iter().enumerate() {
+            let side = side.label();
+            let _ = writeln!(
+                out,
+                "mcpyard_tls_handshakes_total{{side=\"{side}\",result=\"ok\"}} {}",
+                self.ok[i]
+            );
+            let _ = writeln!(
+                out,
+                "mcpyard_tls_handshakes_total{{side=\"{side}\",result=\"resumed\"}} {}",
+                self.resumed[i]
+            );
+            for (reason, n) in TlsFailure::ALL.iter().zip(&self.failed[i]) {
+                if *n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "mcpyard_tls_handshakes_total{{side=\"{side}\",result=\"{}\"}} {n}",
+                        reason.label()
+                    );
+                }
+            }
+        }
+        out.push_str(
+            "# HELP mcpyard_tls_handshake_seconds Time of completed TLS handshakes, by edge.\n",
+        );
+        out.push_str("# TYPE mcpyard_tls_handshake_seconds summary\n");
+        for (side, h) in TlsSide::ALL.iter().zip(&self.latency) {
+            if let Some(h) = h {
+                let labels = format!("side=\"{}\"", side.label());
+                write_summary(out, "mcpyard_tls_handshake_seconds", &labels, h, 1e6);
+            }
+        }
+    }
+}
+
+/// Counts one TLS handshake (`failure` None: it completed) and times a completed one.
+pub fn record_tls_handshake(
+    side: TlsSide,
+    failure: Option<TlsFailure>,
+    resumed: bool,
+    took: Duration,
+) {
+    let i = match side {
+        TlsSide::Server => 0,
+        TlsSide::Client => 1,
+    };
+    with(|m| match failure {
+        Some(f) => m.tls.failed[i][f.index()] += 1,
+        None => {
+            m.tls.ok[i] += 1;
+            if resumed {
+                m.tls.resumed[i] += 1;
+            }
+            m.tls.latency[i]
+                .get_or_insert_with(|| histogram(LATENCY_US_MAX))
+                .saturating_record(micros(took));
+        }
+    });
 }
 
 /// Distinct toolkit labels kept per worker; more share the last entry's counts (config
@@ -452,6 +626,7 @@ impl WorkerMetrics {
             proxy: ProxyMetrics::default(),
             cache: CacheMetrics::default(),
             toolkits: Vec::new(),
+            tls: TlsMetrics::default(),
         }
     }
 
@@ -485,6 +660,7 @@ impl WorkerMetrics {
         self.upstream.merge(&other.upstream);
         self.proxy.merge(&other.proxy);
         self.cache.merge(&other.cache);
+        self.tls.merge(&other.tls);
         for theirs in &other.toolkits {
             match self
                 .toolkits
@@ -766,6 +942,7 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
         );
     }
     render_toolkits(&mut out, &all.toolkits);
+    all.tls.render(&mut out);
     for (name, help, v) in all.proxy.series().into_iter().chain(all.cache.series()) {
         let _ = writeln!(
             out,

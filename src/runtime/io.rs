@@ -9,7 +9,8 @@
 //! before it is dropped.
 
 use super::slots::{ReadBuf, Slots};
-use bytes::Bytes;
+use super::tls::Tls;
+use bytes::{Bytes, BytesMut};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
@@ -34,8 +35,20 @@ impl Backend {
     }
 }
 
-/// A connected TCP socket on the current worker.
-pub enum Conn {
+/// A connected TCP socket on the current worker, with TLS on top when it carries TLS.
+///
+/// Reads are raw socket reads on both kinds: what a read brought goes through
+/// [`Conn::received`], which appends it (plain) or decrypts it (TLS) into the caller's
+/// buffer, so the io_uring rules above hold for TLS unchanged. [`Conn::write_all`]
+/// encrypts when the connection carries TLS.
+pub struct Conn {
+    pub(super) socket: Socket,
+    /// The TLS session, boxed: a plain connection pays one pointer for it.
+    pub(super) tls: Option<Box<Tls>>,
+}
+
+/// The socket under a [`Conn`].
+pub(super) enum Socket {
     Uring(tokio_uring::net::TcpStream),
     /// A non-blocking socket on tokio's reactor. `AsyncFd` rather than tokio's `TcpStream`
     /// so a short read or write can clear the readiness it consumed: the next read then
@@ -43,49 +56,125 @@ pub enum Conn {
     Epoll(AsyncFd<std::net::TcpStream>),
 }
 
-impl Conn {
+impl Socket {
     /// Reads into `buf` from its start; returns the byte count (0 = the peer closed or the
     /// socket was shut down) and the buffer.
-    pub async fn read(&self, buf: ReadBuf) -> (io::Result<usize>, ReadBuf) {
+    pub(super) async fn read(&self, buf: ReadBuf) -> (io::Result<usize>, ReadBuf) {
         match (self, buf) {
-            (Conn::Uring(s), ReadBuf::Fixed(b)) => {
+            (Socket::Uring(s), ReadBuf::Fixed(b)) => {
                 let (r, b) = s.read_fixed(b).await;
                 (r, ReadBuf::Fixed(b))
             }
-            (Conn::Uring(s), ReadBuf::Heap(mut v)) => {
+            (Socket::Uring(s), ReadBuf::Heap(mut v)) => {
                 v.clear();
                 let (r, v) = s.read(v).await;
                 (r, ReadBuf::Heap(v))
             }
-            (Conn::Epoll(s), ReadBuf::Heap(mut v)) => {
+            (Socket::Epoll(s), ReadBuf::Heap(mut v)) => {
                 v.clear();
                 let r = epoll_read(s, &mut v).await;
                 (r, ReadBuf::Heap(v))
             }
-            (Conn::Epoll(_), ReadBuf::Fixed(_)) => {
+            (Socket::Epoll(_), ReadBuf::Fixed(_)) => {
                 unreachable!("fixed buffers exist only on io_uring workers")
             }
         }
     }
 
     /// Writes all of `data`.
-    pub async fn write_all(&self, data: Bytes) -> io::Result<()> {
+    pub(super) async fn write_all(&self, data: Bytes) -> io::Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         match self {
-            Conn::Uring(s) => s.write_all(data).await.0,
-            Conn::Epoll(s) => epoll_write_all(s, &data).await,
+            Socket::Uring(s) => s.write_all(data).await.0,
+            Socket::Epoll(s) => epoll_write_all(s, &data).await,
         }
     }
 
     /// Shuts both directions down: a pending read completes with 0 and the peer sees EOF.
     /// Errors (already closed) are ignored: the goal state is reached either way.
-    pub fn shutdown(&self) {
+    pub(super) fn shutdown(&self) {
         let _ = match self {
-            Conn::Uring(s) => s.shutdown(std::net::Shutdown::Both),
-            Conn::Epoll(s) => shutdown_fd(s.as_raw_fd(), libc::SHUT_RDWR),
+            Socket::Uring(s) => s.shutdown(std::net::Shutdown::Both),
+            Socket::Epoll(s) => shutdown_fd(s.as_raw_fd(), libc::SHUT_RDWR),
         };
+    }
+
+    pub(super) fn fd(&self) -> RawFd {
+        match self {
+            Socket::Uring(s) => s.as_raw_fd(),
+            Socket::Epoll(s) => s.as_raw_fd(),
+        }
+    }
+
+    /// Epoll only: true unless the reactor has seen nothing arrive since the last read
+    /// emptied the socket (its readiness is clear). io_uring: always true.
+    fn maybe_readable(&self) -> bool {
+        match self {
+            Socket::Uring(_) => true,
+            Socket::Epoll(s) => {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                s.poll_read_ready(&mut cx).is_ready()
+            }
+        }
+    }
+}
+
+impl Conn {
+    fn plain(socket: Socket) -> Conn {
+        Conn { socket, tls: None }
+    }
+
+    /// Reads raw socket bytes into `buf` from its start; returns the byte count (0 = the
+    /// peer closed or the socket was shut down) and the buffer. The bytes go through
+    /// [`Conn::received`] before anything decodes them.
+    pub async fn read(&self, buf: ReadBuf) -> (io::Result<usize>, ReadBuf) {
+        self.socket.read(buf).await
+    }
+
+    /// Appends what a read brought to `out`: as is, or decrypted when the connection
+    /// carries TLS (which may add nothing, e.g. for a session ticket). An error is a
+    /// broken TLS stream: the connection is over. See also [`Conn::tls_closed`].
+    pub fn received(&self, data: &[u8], out: &mut BytesMut) -> io::Result<()> {
+        match &self.tls {
+            None => {
+                out.extend_from_slice(data);
+                Ok(())
+            }
+            Some(tls) => tls.decrypt(data, out),
+        }
+    }
+
+    /// True once the TLS peer sent close_notify: no more bytes will come (never for plain).
+    pub fn tls_closed(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.peer_closed())
+    }
+
+    /// Moves plaintext that arrived with the TLS handshake's last flight into `out`;
+    /// returns its length (0 for plain connections).
+    pub fn take_early(&self, out: &mut BytesMut) -> usize {
+        self.tls.as_ref().map_or(0, |t| t.take_early(out))
+    }
+
+    /// Writes all of `data`, encrypted when the connection carries TLS. One writer at a
+    /// time per connection (records must reach the socket in the order they were sealed).
+    pub async fn write_all(&self, data: Bytes) -> io::Result<()> {
+        match &self.tls {
+            None => self.socket.write_all(data).await,
+            Some(tls) => tls.write_all(&self.socket, &data).await,
+        }
+    }
+
+    /// Shuts both directions down: a pending read completes with 0 and the peer sees EOF.
+    /// A TLS connection first sends close_notify when no write is in progress (a
+    /// non-blocking send of one alert record; if the socket cannot take it now the close
+    /// is abrupt). Idempotent.
+    pub fn shutdown(&self) {
+        if let Some(tls) = &self.tls {
+            tls.close_notify(self.socket.fd());
+        }
+        self.socket.shutdown();
     }
 }
 
@@ -99,25 +188,31 @@ impl Conn {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         match backend {
-            Backend::Epoll => Conn::epoll(stream),
+            Backend::Epoll => Socket::epoll(stream).map(Conn::plain),
             Backend::Uring => {
                 let std = stream.into_std()?;
                 // The ring's reads and writes expect a blocking socket (as accept gives).
                 std.set_nonblocking(false)?;
-                Ok(Conn::Uring(tokio_uring::net::TcpStream::from_std(std)))
+                Ok(Conn::plain(Socket::Uring(
+                    tokio_uring::net::TcpStream::from_std(std),
+                )))
             }
         }
     }
+}
 
+impl Socket {
     /// Moves a tokio stream (non-blocking, registered) to an `AsyncFd` of its own.
-    fn epoll(stream: tokio::net::TcpStream) -> io::Result<Conn> {
+    fn epoll(stream: tokio::net::TcpStream) -> io::Result<Socket> {
         let std = stream.into_std()?;
         // SAFETY: `std` owns its socket's descriptor, and a `std::net::TcpStream` returns
         // that same descriptor from `as_raw_fd` until it is dropped with the `AsyncFd`.
         let fd = unsafe { AsyncFd::register(std) }.map_err(io::Error::from)?;
-        Ok(Conn::Epoll(fd))
+        Ok(Socket::Epoll(fd))
     }
+}
 
+impl Conn {
     /// True if the peer has closed (or reset) this idle connection, or sent bytes nobody
     /// asked for; either way it must not carry another request. Never blocks: a
     /// `MSG_PEEK | MSG_DONTWAIT` receive of one byte. On epoll that system call is skipped
@@ -125,17 +220,19 @@ impl Conn {
     /// (its readiness is clear): a close that the reactor has not picked up yet is the
     /// same race as one arriving just after the peek, and the pool's one resend on a
     /// reused connection covers both.
+    ///
+    /// A TLS connection may legitimately receive bytes while idle (session tickets, key
+    /// updates): those are taken in (at most [`crate::limits::TLS_IDLE_CHECK_READS_MAX`] non-blocking
+    /// reads) and the connection stays usable unless they held data, close_notify or an
+    /// error. Only called with no read in flight.
     pub fn unusable(&self) -> bool {
-        let fd = match self {
-            Conn::Uring(s) => s.as_raw_fd(),
-            Conn::Epoll(s) => {
-                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                if s.poll_read_ready(&mut cx).is_pending() {
-                    return false;
-                }
-                s.as_raw_fd()
-            }
-        };
+        if !self.socket.maybe_readable() {
+            return false;
+        }
+        let fd = self.socket.fd();
+        if let Some(tls) = &self.tls {
+            return tls.idle_input_unusable(fd);
+        }
         let mut byte = 0u8;
         // SAFETY: `fd` is a socket owned by `self` for the duration of the call, and the
         // buffer is one valid, writable byte.
@@ -148,14 +245,18 @@ impl Conn {
             )
         };
         if n < 0 {
-            let e = io::Error::last_os_error();
-            return !matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            );
+            return !would_block(&io::Error::last_os_error());
         }
         true // 0: the peer closed; > 0: unsolicited bytes
     }
+}
+
+/// EAGAIN or EINTR: nothing is wrong, there is just nothing now.
+pub(super) fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
 }
 
 impl Conn {
@@ -164,7 +265,7 @@ impl Conn {
     /// completion (its buffer belongs to the kernel until then), so it needs a task of
     /// its own that nobody cancels.
     pub fn reads_cancel_safe(&self) -> bool {
-        matches!(self, Conn::Epoll(_))
+        matches!(self.socket, Socket::Epoll(_))
     }
 
     /// Epoll only (see [`Conn::reads_cancel_safe`]): waits until the socket is readable,
@@ -173,7 +274,7 @@ impl Conn {
     /// the caller gives back. Safe to drop while waiting: no slot is lent until the
     /// receive runs, and the receive itself does not wait.
     pub async fn read_ready(&self, slots: &Slots) -> io::Result<(usize, ReadBuf)> {
-        let Conn::Epoll(s) = self else {
+        let Socket::Epoll(s) = &self.socket else {
             unreachable!("read_ready is for epoll connections; io_uring reads use read")
         };
         loop {
@@ -299,12 +400,12 @@ impl Listener {
             Listener::Uring(l) => {
                 let (s, peer) = l.accept().await?;
                 s.set_nodelay(true)?;
-                Ok((Conn::Uring(s), peer))
+                Ok((Conn::plain(Socket::Uring(s)), peer))
             }
             Listener::Epoll(l) => {
                 let (s, peer) = l.accept().await?;
                 s.set_nodelay(true)?;
-                Ok((Conn::epoll(s)?, peer))
+                Ok((Conn::plain(Socket::epoll(s)?), peer))
             }
         }
     }

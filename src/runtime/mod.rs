@@ -9,6 +9,7 @@
 
 pub mod io;
 pub mod slots;
+pub mod tls;
 
 use crate::limits::CROSS_WORKER_QUEUE_LEN;
 use std::sync::Arc;

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import harness
+import tlscerts
 
 CONFIG = """\
 runtime: {{ workers: {workers}, io: {io} }}
@@ -61,12 +62,14 @@ class UpstreamPool:
         self.workdir = workdir
         self.children: dict[str, harness.Child] = {}
 
-    def get(self, mode: str) -> harness.Child:
-        child = self.children.get(mode)
+    def get(self, mode: str, tls: tlscerts.Leaf | None = None) -> harness.Child:
+        key = f"{mode}+tls" if tls else mode
+        child = self.children.get(key)
         if child is not None and not child.alive():
-            raise AssertionError(f"upstream {mode} died (exit {child.proc.returncode}):\n{child.stderr()[-4000:]}")
+            raise AssertionError(f"upstream {key} died (exit {child.proc.returncode}):\n{child.stderr()[-4000:]}")
         if child is None:
-            child = self.children[mode] = harness.start_upstream(mode, self.workdir / mode)
+            pair = (tls.cert, tls.key) if tls else None
+            child = self.children[key] = harness.start_upstream(mode, self.workdir / key, tls=pair)
         return child
 
     def close(self) -> None:
@@ -95,9 +98,18 @@ class Route:
         return self.via != "direct"
 
 
+@pytest.fixture(scope="session")
+def tls_material(tmp_path_factory) -> tlscerts.Material:
+    """A test CA and the certificates it signs (tlscerts.py), made once per run."""
+    return tlscerts.make(tmp_path_factory.mktemp("tls"))
+
+
 @pytest.fixture
-def route(request, upstream_pool, tmp_path):
-    mode, runtime = request.param
+def route(request, upstream_pool, tmp_path, monkeypatch):
+    mode, runtime, *tls = request.param
+    if tls:
+        yield from tls_route(request, upstream_pool, tmp_path, monkeypatch, mode, runtime, tls[0])
+        return
     upstream = upstream_pool.get(mode)
     if runtime is None:
         yield Route(url=upstream.address, upstream_url=upstream.address, mode=mode, via="direct")
@@ -108,4 +120,30 @@ def route(request, upstream_pool, tmp_path):
             yield Route(url=gateway.address, upstream_url=upstream.address, mode=mode, via=harness.runtime_id(runtime))
         finally:
             harness.stop_mcpyard(gateway)
+    assert upstream.alive(), f"the upstream died during the test:\n{upstream.stderr()[-4000:]}"
+
+
+def tls_route(request, upstream_pool, tmp_path, monkeypatch, mode, runtime, trust):
+    """The same scenario over TLS on both edges: the test's client talks https to mcpyard
+    (`server` with tls), mcpyard talks https to the SDK upstream served over TLS. The test
+    process trusts the test CA (SSL_CERT_FILE, which httpx reads); mcpyard trusts it through
+    the client's `tls.ca` (`trust` = "ca") or, with no `ca`, through the platform roots, which
+    SSL_CERT_FILE replaces for it too (`trust` = "env")."""
+    material = request.getfixturevalue("tls_material")
+    monkeypatch.setenv("SSL_CERT_FILE", str(material.ca.pem))
+    upstream = upstream_pool.get(mode, material.server)
+    workers, io = runtime
+    config = harness.gateway_config(
+        upstream.address,
+        workers,
+        io,
+        north_tls=(material.server.cert, material.server.key),
+        upstream_ca=material.ca.pem if trust == "ca" else None,
+    )
+    env = {"SSL_CERT_FILE": str(material.ca.pem)} if trust == "env" else None
+    gateway = harness.start_mcpyard(config, tmp_path, env, scheme="https")
+    try:
+        yield Route(url=gateway.address, upstream_url=upstream.address, mode=mode, via=f"tls-{trust}")
+    finally:
+        harness.stop_mcpyard(gateway)
     assert upstream.alive(), f"the upstream died during the test:\n{upstream.stderr()[-4000:]}"

@@ -50,6 +50,21 @@ def route_params(modes: list[str], runtimes_for) -> list:
     return params
 
 
+def tls_route_params(modes: list[str]) -> list:
+    """pytest params for the `route` fixture over TLS on both edges (conftest.tls_route): per
+    mode, mcpyard trusting the upstream through `tls.ca` (1 worker, io_uring) and through the
+    platform roots (2 workers, epoll); ids `tls-ca-…` and `tls-env-…`."""
+    params = []
+    for mode in modes:
+        for runtime, trust in (((1, "uring"), "ca"), ((2, "epoll"), "env")):
+            params.append(
+                pytest.param(
+                    (mode, runtime, trust), id=f"tls-{trust}-{runtime_id(runtime)}-{mode}", marks=pytest.mark.mcpyard
+                )
+            )
+    return params
+
+
 def gateway_config(
     upstream_url: str,
     workers: int,
@@ -58,17 +73,23 @@ def gateway_config(
     authorization: str | None = None,
     response_timeout: str = "3s",
     connect_timeout: str = "2s",
+    north_tls: tuple[Path, Path] | None = None,
+    upstream_ca: Path | None = None,
 ) -> str:
     """mcpyard as a single-upstream gateway: `north` (server) exits straight to `up` (client).
-    `authorization` is the YAML value of the client's `authorization` key, or None."""
+    `authorization` is the YAML value of the client's `authorization` key, or None;
+    `north_tls` = (cert, key) serves agents over TLS; `upstream_ca` is the client's
+    `tls.ca` (an https upstream without it trusts the platform's roots)."""
     auth = f", authorization: {authorization}" if authorization is not None else ""
+    north = f", tls: {{ cert: {north_tls[0]}, key: {north_tls[1]} }}" if north_tls else ""
+    ca = f", tls: {{ ca: {upstream_ca} }}" if upstream_ca else ""
     return (
         f"runtime: {{ workers: {workers}, io: {io} }}\n"
         "telemetry: { metrics: 127.0.0.1:0 }\n"
         "bindings:\n"
-        "  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up }\n"
+        f"  north: {{ kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up{north} }}\n"
         f'  up: {{ kind: client, server: "{upstream_url}", response_timeout: {response_timeout}, '
-        f"connect_timeout: {connect_timeout}{auth} }}\n"
+        f"connect_timeout: {connect_timeout}{auth}{ca} }}\n"
     )
 
 
@@ -159,11 +180,14 @@ def start_upstream(
     token: str | None = None,
     port: int = 0,
     list_delay_s: float = 0.0,
+    tls: tuple[Path, Path] | None = None,
 ) -> Child:
     """Starts the SDK upstream in `mode` (named `name`, needing `Bearer <token>` when a token
-    is given, on `port` (0: any), answering lists after `list_delay_s`); `address` is its
-    MCP endpoint URL."""
+    is given, on `port` (0: any), answering lists after `list_delay_s`, over https with
+    `tls` = (cert, key) files); `address` is its MCP endpoint URL."""
     argv = [sys.executable, str(UPSTREAM_SCRIPT), "--mode", mode, "--port", str(port)]
+    if tls is not None:
+        argv += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     if name is not None:
         argv += ["--name", name]
     if token is not None:
@@ -240,15 +264,16 @@ def stop_upstream(child: Child) -> None:
             child.proc.wait()
 
 
-def start_mcpyard(config_text: str, workdir: Path, env: dict[str, str] | None = None) -> Child:
-    """Starts mcpyard with `config_text`; `address` is the north endpoint URL."""
+def start_mcpyard(config_text: str, workdir: Path, env: dict[str, str] | None = None, *, scheme: str = "http") -> Child:
+    """Starts mcpyard with `config_text`; `address` is the north endpoint URL (`scheme`:
+    https when north serves TLS)."""
     if not BINARY.exists():
         raise AssertionError(f"{BINARY} is missing: run `cargo build --release` (tests/py/run.sh does) or set MCPYARD_BIN")
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "mcpyard.yaml"
     config.write_text(config_text)
     child = _spawn([str(BINARY), "--config", str(config)], "listening north ", "mcpyard", workdir, env)
-    child.address = f"http://{child.address}/mcp"
+    child.address = f"{scheme}://{child.address}/mcp"
     return child
 
 

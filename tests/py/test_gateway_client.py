@@ -45,8 +45,10 @@ def runtimes_for(mode: str) -> list[tuple[int, str]]:
     return harness.ALL_RUNTIMES if mode == "sse" else harness.SOME_RUNTIMES
 
 
-ALL = harness.route_params(MODES, runtimes_for)
-RESUMABLE = harness.route_params(["sse-resumable"], runtimes_for)
+# Over TLS on both edges too (mcpyard `server` with tls, `client` to an https upstream):
+# one streaming mode and the resumable one, the results compared with the upstream's own.
+ALL = harness.route_params(MODES, runtimes_for) + harness.tls_route_params(["sse"])
+RESUMABLE = harness.route_params(["sse-resumable"], runtimes_for) + harness.tls_route_params(["sse-resumable"])
 
 # What the upstream serves, in list order (2 items a page).
 STATIC_TOOLS = [

@@ -75,12 +75,13 @@ impl Client {
         worker: u8,
         backend: Backend,
         slots: Rc<Slots>,
+        tls: Option<crate::runtime::tls::Upstream>,
     ) -> Rc<Client> {
         let url = Rc::new(cfg.server.clone());
         Rc::new_cyclic(|me| Client {
             me: me.clone(),
             name: Rc::from(name),
-            pool: Pool::new(url.clone(), backend, slots, cfg.connect_timeout),
+            pool: Pool::new(url.clone(), backend, slots, cfg.connect_timeout, tls),
             url,
             authorization: cfg.authorization.clone(),
             response_timeout: cfg.response_timeout,

@@ -12,7 +12,9 @@ use crate::limits::{
     UPSTREAM_ADDRS_MAX, UPSTREAM_CONNECTIONS_MAX, UPSTREAM_POOL_IDLE_MAX,
     UPSTREAM_POOL_IDLE_TIMEOUT,
 };
+use crate::log;
 use crate::metrics;
+use crate::runtime::tls::Upstream;
 use crate::runtime::{Backend, Conn, Slots};
 use std::cell::{Cell, RefCell};
 use std::net::{IpAddr, SocketAddr};
@@ -28,6 +30,8 @@ pub enum ConnectError {
     Resolve(String),
     /// Every address refused, failed or timed out; the last reason.
     Connect(String),
+    /// The TLS handshake with an `https://` upstream failed (certificate, protocol, time).
+    Tls(String),
 }
 
 impl ConnectError {
@@ -37,6 +41,7 @@ impl ConnectError {
             ConnectError::Full => "Upstream connection limit reached".to_owned(),
             ConnectError::Resolve(e) => format!("Upstream unreachable: {e}"),
             ConnectError::Connect(e) => format!("Upstream unreachable: {e}"),
+            ConnectError::Tls(e) => format!("Upstream TLS handshake failed: {e}"),
         }
     }
 }
@@ -47,6 +52,8 @@ pub struct Pool {
     backend: Backend,
     slots: Rc<Slots>,
     connect_timeout: Duration,
+    /// `https://`: the TLS every new connection starts with.
+    tls: Option<Upstream>,
     /// Idle connections, most recently used last. Invariant: `len() <= UPSTREAM_POOL_IDLE_MAX`.
     idle: RefCell<Vec<(Link, Instant)>>,
     /// Connections handed out and not yet returned or dropped (see [`Lease`]).
@@ -76,12 +83,14 @@ impl Pool {
         backend: Backend,
         slots: Rc<Slots>,
         connect_timeout: Duration,
+        tls: Option<Upstream>,
     ) -> Pool {
         Pool {
             url,
             backend,
             slots,
             connect_timeout,
+            tls,
             idle: RefCell::new(Vec::new()),
             leased: Rc::new(Cell::new(0)),
         }
@@ -147,6 +156,10 @@ impl Pool {
                 tokio::time::timeout(self.connect_timeout, Conn::connect(addr, self.backend)).await;
             match attempt {
                 Ok(Ok(conn)) => {
+                    let conn = match &self.tls {
+                        Some(tls) => self.secure(conn, tls, addr).await?,
+                        None => conn,
+                    };
                     metrics::with(|m| m.upstream.connects += 1);
                     return Ok(Link::start(conn, self.slots.clone()));
                 }
@@ -161,6 +174,34 @@ impl Pool {
         }
         metrics::with(|m| m.upstream.connect_failures += 1);
         Err(ConnectError::Connect(last))
+    }
+
+    /// Runs the TLS handshake on a new connection, within the connect timeout. A failure
+    /// is one log line and a counter; the agent gets the reason (never a secret: names,
+    /// dates and alert names only).
+    async fn secure(
+        &self,
+        conn: Conn,
+        tls: &Upstream,
+        addr: SocketAddr,
+    ) -> Result<Conn, ConnectError> {
+        let failed = |why: String| {
+            metrics::with(|m| m.upstream.connect_failures += 1);
+            log::warn(format_args!(
+                "client: TLS handshake with {} ({addr}) failed: {why}",
+                self.url.authority
+            ));
+            ConnectError::Tls(why)
+        };
+        let session = tls.session().map_err(|e| failed(e.to_string()))?;
+        let conn = conn.with_tls(session);
+        match conn.handshake(self.connect_timeout).await {
+            Ok(_) => Ok(conn),
+            Err(e) => {
+                conn.shutdown();
+                Err(failed(e.to_string()))
+            }
+        }
     }
 
     /// The addresses to try: the literal IP, or up to [`UPSTREAM_ADDRS_MAX`] resolved ones.

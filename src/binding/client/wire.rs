@@ -123,12 +123,19 @@ impl Wire {
         // A failed read ends the read side like a close: the exchange sees the response
         // cut short either way.
         if let Ok((n, buf)) = read {
-            if let Some(bytes) = buf.get(..n) {
-                self.inbox.borrow_mut().extend_from_slice(bytes);
-            }
+            let received = self.conn.received(
+                buf.get(..n).unwrap_or_default(),
+                &mut self.inbox.borrow_mut(),
+            );
             self.burst.set(n >= buf_capacity(&buf));
             self.slots.give_back(buf);
-            if n > 0 {
+            // TLS: a broken record stream ends the connection; close_notify after bytes
+            // ends it once those are taken (the next fill).
+            if n > 0 && received.is_ok() && !self.conn.tls_closed() {
+                return true;
+            }
+            if n > 0 && received.is_ok() {
+                self.read_over();
                 return true;
             }
         }
@@ -186,7 +193,10 @@ impl Wire {
     /// True if this idle connection may carry another request: not closed, nothing
     /// unread, and the peer has not closed it meanwhile.
     pub fn reusable(&self) -> bool {
-        !self.is_over() && self.inbox.borrow().is_empty() && !self.conn.unusable()
+        !self.is_over()
+            && self.inbox.borrow().is_empty()
+            && self.in_flight.borrow().is_none()
+            && !self.conn.unusable()
     }
 
     /// Closes the connection: a pending read or write completes. Idempotent.

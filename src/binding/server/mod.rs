@@ -24,6 +24,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
@@ -47,6 +48,8 @@ pub struct Server {
     loopback: bool,
     pub(crate) sessions: RefCell<HashMap<Rc<str>, Rc<Session>>>,
     draining: Cell<bool>,
+    /// Agents connect over TLS with this config; `None`: plain HTTP.
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 thread_local! {
@@ -63,6 +66,7 @@ impl Server {
         worker: u8,
         exit: Rc<dyn Exit>,
         inboxes: Inboxes,
+        tls: Option<Arc<rustls::ServerConfig>>,
     ) -> Rc<Server> {
         let loopback = cfg.listen.ip().is_loopback();
         let server = Rc::new(Server {
@@ -75,6 +79,7 @@ impl Server {
             loopback,
             sessions: RefCell::new(HashMap::new()),
             draining: Cell::new(false),
+            tls,
         });
         SERVERS.with(|s| {
             let mut s = s.borrow_mut();

@@ -18,10 +18,10 @@ use crate::http::Method;
 use crate::http::{self, HttpError, RequestDecoder, RequestEvent, RequestHead};
 use crate::limits::{
     CONNECTION_IDLE_TIMEOUT, CONNECTION_STREAM_READ_BYTES, MESSAGE_BYTES_MAX, PIPELINE_DEPTH_MAX,
-    REQUEST_READ_TIMEOUT, SLOT_BYTES,
+    REQUEST_READ_TIMEOUT, SLOT_BYTES, TLS_HANDSHAKE_TIMEOUT,
 };
-use crate::metrics;
-use crate::runtime::{Conn, ReadBuf, Slots};
+use crate::runtime::{Conn, ReadBuf, Slots, tls};
+use crate::{log, metrics};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -96,7 +96,13 @@ pub fn shutdown_all() {
 const OVERLOADED: &[u8] = b"server overloaded\n";
 
 /// Answers a connection we cannot take (table full or draining) with 503 and closes it.
-pub async fn refuse(conn: Conn) {
+/// A TLS listener's connection is closed without an answer: a 503 would cost a whole
+/// handshake, which is what an overloaded worker cannot afford.
+pub async fn refuse(conn: Conn, tls: bool) {
+    if tls {
+        conn.shutdown();
+        return;
+    }
     let mut out = BytesMut::with_capacity(128);
     http::encode_response_head(
         503,
@@ -109,8 +115,21 @@ pub async fn refuse(conn: Conn) {
     conn.shutdown();
 }
 
-/// Serves one accepted connection until it closes.
+/// Serves one accepted connection until it closes (over TLS when the server has it: the
+/// handshake runs first, on the live connection, so a drain or the connection bound sees
+/// it like any other).
 pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
+    let conn = match &server.tls {
+        None => conn,
+        Some(config) => match tls::server_session(config) {
+            Ok(session) => conn.with_tls(session),
+            Err(e) => {
+                log::warn(format_args!("server {}: TLS session: {e}", server.name));
+                conn.shutdown();
+                return;
+            }
+        },
+    };
     metrics::with(|m| {
         m.connections += 1;
         m.connections_accepted += 1;
@@ -129,6 +148,21 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
         last_activity: Cell::new(Instant::now()),
     });
     let key = LIVE.with(|l| l.borrow_mut().insert(Rc::downgrade(&link)));
+    if link.shared.conn.is_tls()
+        && let Err(e) = link.shared.conn.handshake(TLS_HANDSHAKE_TIMEOUT).await
+    {
+        // Rate of these is what an operator watches (mcpyard_tls_handshakes_total); one
+        // line each, with the reason, and the connection goes.
+        log::warn(format_args!(
+            "server {}: agent TLS handshake failed ({}): {e}",
+            server.name,
+            e.failure().label()
+        ));
+        link.shared.conn.shutdown();
+        LIVE.with(|l| l.borrow_mut().try_remove(key));
+        metrics::with(|m| m.connections -= 1);
+        return;
+    }
     // One task for both halves (a task per half would cost a second task cell per
     // connection); neither future is ever dropped before it completes.
     let dispatching = async {
@@ -259,6 +293,8 @@ async fn read_loop(link: &Link, slots: &Slots) {
     let mut streaming = false;
     // The last read filled its buffer: more is likely waiting, read into a slot.
     let mut burst = false;
+    // Plaintext that came with the TLS handshake's last flight is decoded before any read.
+    let mut early = link.shared.conn.take_early(&mut buf) > 0;
     'read: loop {
         // Back-pressure: stop reading while the dispatcher is PIPELINE_DEPTH_MAX behind.
         loop {
@@ -268,26 +304,35 @@ async fn read_loop(link: &Link, slots: &Slots) {
             }
             taken.await;
         }
-        let slot = if streaming && !burst {
-            ReadBuf::Heap(Vec::with_capacity(CONNECTION_STREAM_READ_BYTES))
-        } else {
-            slots.lend()
-        };
-        let room = match &slot {
-            ReadBuf::Fixed(_) => SLOT_BYTES,
-            ReadBuf::Heap(v) => v.capacity(),
-        };
-        let (result, slot) = link.shared.conn.read(slot).await;
-        let n = match result {
-            Ok(n) if n > 0 => n,
-            _ => {
-                slots.give_back(slot);
+        if !std::mem::take(&mut early) {
+            let slot = if streaming && !burst {
+                ReadBuf::Heap(Vec::with_capacity(CONNECTION_STREAM_READ_BYTES))
+            } else {
+                slots.lend()
+            };
+            let room = match &slot {
+                ReadBuf::Fixed(_) => SLOT_BYTES,
+                ReadBuf::Heap(v) => v.capacity(),
+            };
+            let (result, slot) = link.shared.conn.read(slot).await;
+            let n = match result {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    slots.give_back(slot);
+                    break 'read;
+                }
+            };
+            burst = n >= room;
+            let received = link
+                .shared
+                .conn
+                .received(slot.get(..n).unwrap_or_default(), &mut buf);
+            slots.give_back(slot);
+            if received.is_err() {
+                // A broken TLS stream: nothing after it can be trusted.
                 break 'read;
             }
-        };
-        burst = n >= room;
-        buf.extend_from_slice(slot.get(..n).unwrap_or_default());
-        slots.give_back(slot);
+        }
         link.last_activity.set(Instant::now());
         let was_partial = link.partial_since.get().is_some();
         if !was_partial {
@@ -343,6 +388,10 @@ async fn read_loop(link: &Link, slots: &Slots) {
             // The stream's request head (its headers borrow this buffer) is done with
             // here; let the buffer go with it rather than keep it for a later request.
             buf = BytesMut::new();
+        }
+        if link.shared.conn.tls_closed() {
+            // close_notify: the agent sends nothing more (what came before it is decoded).
+            break 'read;
         }
     }
     link.shared.peer_closed.set(true);

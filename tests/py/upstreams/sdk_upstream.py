@@ -7,7 +7,8 @@ subscriptions, list_changed on the GET stream, cancellation that the test can ob
 the upstream's side, and an SSE stream the upstream drops on purpose (resumable mode).
 
 Run: `python sdk_upstream.py --mode json|sse|sse-resumable [--name NAME] [--token TOKEN]
-[--port PORT] [--list-delay SECONDS]`.
+[--port PORT] [--list-delay SECONDS] [--tls-cert PEM --tls-key PEM]` (with a certificate it
+serves https and says so in its `listening` line).
 It binds 127.0.0.1 port 0 and prints one line, `listening http://127.0.0.1:<port>/mcp`,
 once connections are accepted. `--name` is what the `whoami` tool answers (proxy tests run
 several of these side by side); `--token` makes every request need
@@ -872,6 +873,8 @@ def main() -> None:
     parser.add_argument("--token", default=None)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--list-delay", type=float, default=0.0)
+    parser.add_argument("--tls-cert", default=None, help="serve https with this PEM certificate")
+    parser.add_argument("--tls-key", default=None, help="and this PEM key")
     args = parser.parse_args()
     mode = args.mode
     STATE = State(mode=mode, name=args.name, list_delay_s=args.list_delay)
@@ -893,8 +896,10 @@ def main() -> None:
     sock.listen(128)  # connections queue from now on, so the URL is usable once printed
     port = sock.getsockname()[1]
     served = observe(app) if args.token is None else require_token(observe(app), args.token)
-    config = uvicorn.Config(served, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
-    print(f"listening http://127.0.0.1:{port}{PATH}", flush=True)
+    tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key} if args.tls_cert else {}
+    config = uvicorn.Config(served, log_level="warning", lifespan="on", timeout_graceful_shutdown=1, **tls)
+    scheme = "https" if tls else "http"
+    print(f"listening {scheme}://127.0.0.1:{port}{PATH}", flush=True)
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -1,0 +1,316 @@
+//! The TLS adapter over real loopback sockets, on both backends: handshakes, bytes both
+//! ways across several write batches, close_notify, resumption, the idle check of a pooled
+//! connection, refused certificates (wrong name, expired, unknown CA) and hostile input on
+//! the server side (garbage, a truncated ClientHello left hanging, a peer that closes).
+
+use super::*;
+use crate::metrics::TlsFailure;
+use crate::runtime::io::Listener;
+use crate::runtime::{Backend, block_on};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use std::path::PathBuf;
+
+/// epoll always; io_uring where this machine allows it.
+fn backends() -> Vec<Backend> {
+    let mut out = vec![Backend::Epoll];
+    if crate::runtime::io::uring_available().is_ok() {
+        out.push(Backend::Uring);
+    }
+    out
+}
+
+/// A CA, written to a directory of its own, that signs leaf certificates.
+struct Ca {
+    dir: PathBuf,
+    issuer: Issuer<'static, KeyPair>,
+    pem: PathBuf,
+}
+
+impl Ca {
+    fn new(tag: &str) -> Ca {
+        let dir = std::env::temp_dir().join(format!("mcpyard-tls-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("mcpyard test CA {tag}"));
+        let cert = params.self_signed(&key).expect("self-signed");
+        let pem = dir.join("ca.pem");
+        std::fs::write(&pem, cert.pem()).expect("write ca");
+        Ca {
+            dir,
+            issuer: Issuer::new(params, key),
+            pem,
+        }
+    }
+
+    /// A leaf for `names`, valid now unless `expired`; returns (cert, key) files.
+    fn leaf(&self, file: &str, names: &[&str], expired: bool) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().expect("key");
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).expect("params");
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        let cert_path = self.dir.join(format!("{file}.pem"));
+        let key_path = self.dir.join(format!("{file}.key"));
+        std::fs::write(&cert_path, cert.pem()).expect("write cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        (cert_path, key_path)
+    }
+}
+
+impl Drop for Ca {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A listener on this worker and its address.
+fn listen(backend: Backend) -> (Listener, std::net::SocketAddr) {
+    let std = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = std.local_addr().expect("addr");
+    (Listener::adopt(std, backend).expect("adopt"), addr)
+}
+
+/// Reads until `out` holds `want` bytes or the connection ends.
+async fn read_plain(conn: &Conn, out: &mut BytesMut, want: usize) {
+    while out.len() < want {
+        let (r, buf) = conn
+            .read(ReadBuf::Heap(Vec::with_capacity(TLS_HANDSHAKE_READ_BYTES)))
+            .await;
+        let n = r.expect("read");
+        if n == 0 {
+            return;
+        }
+        conn.received(buf.get(..n).unwrap_or_default(), out)
+            .expect("decrypt");
+        if conn.tls_closed() {
+            return;
+        }
+    }
+}
+
+/// Connects a client with `upstream` to a server with `server`, handshaking both at once.
+async fn pair(
+    backend: Backend,
+    server: &Arc<ServerConfig>,
+    upstream: &Upstream,
+    timeout: Duration,
+) -> (
+    Conn,
+    Result<Handshake, HandshakeError>,
+    Conn,
+    Result<Handshake, HandshakeError>,
+) {
+    let (listener, addr) = listen(backend);
+    let client = Conn::connect(addr, backend).await.expect("connect");
+    let (accepted, _) = listener.accept().await.expect("accept");
+    let client = client.with_tls(upstream.session().expect("client session"));
+    let accepted = accepted.with_tls(server_session(server).expect("server session"));
+    let (c, s) = tokio::join!(client.handshake(timeout), accepted.handshake(timeout));
+    (client, c, accepted, s)
+}
+
+const SECOND: Duration = Duration::from_secs(5);
+
+#[test]
+fn bytes_cross_both_ways_and_close_notify_ends_the_stream() {
+    let ca = Ca::new("bytes");
+    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
+    let server = server_config(&cert, &key).expect("server config");
+    let upstream = Upstream::new("localhost", Some(&ca.pem)).expect("upstream");
+    for backend in backends() {
+        block_on(backend, async {
+            let (client, c, accepted, s) = pair(backend, &server, &upstream, SECOND).await;
+            assert!(c.is_ok() && s.is_ok(), "{backend:?}: {c:?} {s:?}");
+            client
+                .write_all(Bytes::from_static(b"POST /mcp HTTP/1.1\r\n\r\n"))
+                .await
+                .expect("client write");
+            let mut got = BytesMut::new();
+            // Either the early plaintext of the handshake's last flight, or a read.
+            accepted.take_early(&mut got);
+            read_plain(&accepted, &mut got, 22).await;
+            assert_eq!(&got[..], b"POST /mcp HTTP/1.1\r\n\r\n", "{backend:?}");
+            // Several write batches and records: 200 KiB of a known pattern.
+            let big: Vec<u8> = (0..200 * 1024).map(|i| (i % 251) as u8).collect();
+            accepted
+                .write_all(Bytes::from(big.clone()))
+                .await
+                .expect("server write");
+            let mut back = BytesMut::new();
+            read_plain(&client, &mut back, big.len()).await;
+            assert!(back[..] == big[..], "{backend:?}: 200 KiB came back intact");
+            // The idle client took the session tickets in with the data: still usable.
+            assert!(!client.unusable(), "{backend:?}: idle and sound");
+            // The server closes: close_notify, then the socket.
+            accepted.shutdown();
+            let mut rest = BytesMut::new();
+            read_plain(&client, &mut rest, 1).await;
+            assert!(rest.is_empty(), "{backend:?}");
+            assert!(client.tls_closed(), "{backend:?}: close_notify seen");
+            client.shutdown();
+        })
+        .expect("runtime");
+    }
+}
+
+#[test]
+fn an_idle_connection_whose_peer_said_close_notify_is_unusable() {
+    let ca = Ca::new("idle");
+    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
+    let server = server_config(&cert, &key).expect("server config");
+    let upstream = Upstream::new("localhost", Some(&ca.pem)).expect("upstream");
+    for backend in backends() {
+        block_on(backend, async {
+            let (client, c, accepted, s) = pair(backend, &server, &upstream, SECOND).await;
+            assert!(c.is_ok() && s.is_ok(), "{backend:?}");
+            // Tickets arrive on the idle client: taken in, still usable.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(!client.unusable(), "{backend:?}: tickets alone");
+            accepted.shutdown();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(client.unusable(), "{backend:?}: the peer closed");
+            client.shutdown();
+        })
+        .expect("runtime");
+    }
+}
+
+#[test]
+fn a_second_connection_resumes_the_session() {
+    let ca = Ca::new("resume");
+    let (cert, key) = ca.leaf("localhost", &["localhost", "127.0.0.1"], false);
+    let server = server_config(&cert, &key).expect("server config");
+    for backend in backends() {
+        // A config of its own per backend: its session cache starts empty.
+        let upstream = Upstream::new("127.0.0.1", Some(&ca.pem)).expect("upstream");
+        block_on(backend, async {
+            let (client, c, accepted, _) = pair(backend, &server, &upstream, SECOND).await;
+            assert!(
+                !c.expect("first").resumed,
+                "{backend:?}: a full handshake first"
+            );
+            // The client stores the server's tickets when it reads them.
+            accepted
+                .write_all(Bytes::from_static(b"x"))
+                .await
+                .expect("write");
+            read_plain(&client, &mut BytesMut::new(), 1).await;
+            client.shutdown();
+            accepted.shutdown();
+            let (client, c, accepted, s) = pair(backend, &server, &upstream, SECOND).await;
+            assert!(c.expect("second").resumed, "{backend:?}: client resumed");
+            assert!(s.expect("second").resumed, "{backend:?}: server resumed");
+            client.shutdown();
+            accepted.shutdown();
+        })
+        .expect("runtime");
+    }
+}
+
+#[test]
+fn certificates_that_must_not_be_trusted_are_refused_with_their_reason() {
+    let ca = Ca::new("refuse");
+    let other = Ca::new("other");
+    let (good_cert, good_key) = ca.leaf("good", &["localhost"], false);
+    let (wrong_cert, wrong_key) = ca.leaf("wrong", &["elsewhere.example"], false);
+    let (old_cert, old_key) = ca.leaf("old", &["localhost"], true);
+    let cases = [
+        (
+            &wrong_cert,
+            &wrong_key,
+            &ca.pem,
+            TlsFailure::CertificateName,
+        ),
+        (&old_cert, &old_key, &ca.pem, TlsFailure::CertificateExpired),
+        (
+            &good_cert,
+            &good_key,
+            &other.pem,
+            TlsFailure::CertificateUnknownIssuer,
+        ),
+    ];
+    for backend in backends() {
+        for (cert, key, trust, want) in &cases {
+            let server = server_config(cert, key).expect("server config");
+            let upstream = Upstream::new("localhost", Some(trust)).expect("upstream");
+            block_on(backend, async {
+                let (client, c, accepted, s) = pair(backend, &server, &upstream, SECOND).await;
+                let e = c.expect_err("the client refuses");
+                assert_eq!(e.failure(), *want, "{backend:?}: {e}");
+                // The server hears why (the client's alert), not a timeout.
+                let e = s.expect_err("the server fails too");
+                assert_eq!(e.failure(), TlsFailure::AlertReceived, "{backend:?}: {e}");
+                client.shutdown();
+                accepted.shutdown();
+            })
+            .expect("runtime");
+        }
+    }
+}
+
+#[test]
+fn hostile_input_fails_the_handshake_alone() {
+    let ca = Ca::new("hostile");
+    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
+    let server = server_config(&cert, &key).expect("server config");
+    // A ClientHello record header promising 512 bytes, and 5 of them.
+    let truncated: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03];
+    let cases: [(&[u8], bool, TlsFailure); 3] = [
+        (
+            b"GET /mcp HTTP/1.1\r\nHost: x\r\n\r\n",
+            false,
+            TlsFailure::Protocol,
+        ),
+        (truncated, false, TlsFailure::Timeout),
+        (truncated, true, TlsFailure::Closed),
+    ];
+    for backend in backends() {
+        for (bytes, close, want) in &cases {
+            block_on(backend, async {
+                let (listener, addr) = listen(backend);
+                let mut peer = std::net::TcpStream::connect(addr).expect("connect");
+                let (accepted, _) = listener.accept().await.expect("accept");
+                peer.write_all(bytes).expect("send");
+                if *close {
+                    peer.shutdown(std::net::Shutdown::Both).expect("close");
+                }
+                let accepted = accepted.with_tls(server_session(&server).expect("session"));
+                let e = accepted
+                    .handshake(Duration::from_millis(200))
+                    .await
+                    .expect_err("no handshake");
+                assert_eq!(e.failure(), *want, "{backend:?}: {e}");
+                accepted.shutdown();
+            })
+            .expect("runtime");
+        }
+    }
+}
+
+#[test]
+fn config_errors_name_the_file() {
+    let ca = Ca::new("files");
+    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
+    let missing = ca.dir.join("missing.pem");
+    let e = server_config(&missing, &key).expect_err("missing cert");
+    assert!(e.contains("missing.pem: cannot read"), "{e}");
+    let e = server_config(&cert, &cert).expect_err("a cert is not a key");
+    assert!(
+        e.contains("localhost.pem: expected a PEM private key"),
+        "{e}"
+    );
+    let (_, other_key) = ca.leaf("other", &["localhost"], false);
+    let e = server_config(&cert, &other_key).expect_err("key of another cert");
+    assert!(e.contains("does not go with the certificate"), "{e}");
+    let e = server_config(&key, &key).expect_err("a key is not a cert");
+    assert!(e.contains("no certificate in it"), "{e}");
+    let e = client_config(Some(&missing)).expect_err("missing ca");
+    assert!(e.contains("missing.pem: cannot read"), "{e}");
+}
