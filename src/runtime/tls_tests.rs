@@ -314,3 +314,159 @@ fn config_errors_name_the_file() {
     let e = client_config(Some(&missing)).expect_err("missing ca");
     assert!(e.contains("missing.pem: cannot read"), "{e}");
 }
+
+/// A server-side [`Tls`] with nothing read yet.
+fn server_tls(config: &Arc<ServerConfig>) -> Tls {
+    Tls {
+        session: RefCell::new(server_session(config).expect("session")),
+        early: RefCell::new(BytesMut::new()),
+        peer_closed: Cell::new(false),
+        writing: Cell::new(false),
+    }
+}
+
+/// A small seeded generator (xorshift64*): the same cases on every run.
+struct Seeded(u64);
+
+impl Seeded {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// Runs a whole handshake in memory between a rustls client and the server side of the
+/// adapter; returns the client, ready to send application data.
+fn handshake_in_memory(server: &Tls, upstream: &Upstream) -> rustls::ClientConnection {
+    let Ok(Connection::Client(mut client)) = upstream.session() else {
+        unreachable!("a client session")
+    };
+    for _ in 0..16 {
+        let mut flight = Vec::new();
+        while client.wants_write() {
+            client.write_tls(&mut flight).expect("client flight");
+        }
+        if !flight.is_empty() {
+            server
+                .feed(&flight, &mut server.early.borrow_mut())
+                .expect("server reads the client's flight");
+        }
+        let back = server.sealed_output().expect("server flight");
+        let mut back = &back[..];
+        while !back.is_empty() {
+            client.read_tls(&mut back).expect("client reads");
+            client.process_new_packets().expect("client accepts");
+        }
+        if !client.is_handshaking() && !server.session.borrow().is_handshaking() {
+            return client;
+        }
+    }
+    unreachable!("the handshake did not finish in 16 flights")
+}
+
+#[test]
+fn the_read_path_yields_the_same_plaintext_however_the_records_are_split() {
+    let ca = Ca::new("splits");
+    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
+    let config = server_config(&cert, &key).expect("server config");
+    let upstream = Upstream::new("localhost", Some(&ca.pem)).expect("upstream");
+    // Three records' worth: splits land inside headers, payloads and tags.
+    let message: Vec<u8> = (0..40_000).map(|i| (i % 253) as u8).collect();
+    let mut rng = Seeded(0x7e57_5eed);
+    for case in 0..200 {
+        let server = server_tls(&config);
+        let mut client = handshake_in_memory(&server, &upstream);
+        client.writer().write_all(&message).expect("seal");
+        let mut wire = Vec::new();
+        while client.wants_write() {
+            client.write_tls(&mut wire).expect("records");
+        }
+        // Case 0..64: one cut at every byte of the first record's header and start; then
+        // random cuts into up to 8 pieces.
+        let mut cuts: Vec<usize> = if case < 64 {
+            vec![case + 1]
+        } else {
+            (0..1 + rng.below(8))
+                .map(|_| 1 + rng.below(wire.len() - 1))
+                .collect()
+        };
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut out = BytesMut::new();
+        server.take_early(&mut out);
+        let mut from = 0;
+        for cut in cuts.into_iter().chain([wire.len()]) {
+            server
+                .decrypt(wire.get(from..cut).unwrap_or_default(), &mut out)
+                .expect("a valid record stream decrypts at any split");
+            from = cut;
+        }
+        assert!(out[..] == message[..], "case {case}: plaintext differs");
+        assert!(!server.peer_closed());
+    }
+}
+
+#[test]
+fn mutated_client_hellos_fail_cleanly_and_yield_nothing() {
+    let ca = Ca::new("mutate");
+    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
+    let config = server_config(&cert, &key).expect("server config");
+    let upstream = Upstream::new("localhost", Some(&ca.pem)).expect("upstream");
+    let Ok(Connection::Client(mut client)) = upstream.session() else {
+        unreachable!("a client session")
+    };
+    let mut hello = Vec::new();
+    client.write_tls(&mut hello).expect("hello");
+    let mut rng = Seeded(0xc11e_47e1);
+    let (mut refused, mut waiting) = (0, 0);
+    for _ in 0..3000 {
+        let mut input = hello.clone();
+        for _ in 0..1 + rng.below(6) {
+            match rng.below(4) {
+                0 => {
+                    let i = rng.below(input.len());
+                    if let Some(b) = input.get_mut(i) {
+                        *b ^= 1 << rng.below(8);
+                    }
+                }
+                1 => input.truncate(rng.below(input.len() + 1)),
+                2 => {
+                    let i = rng.below(input.len());
+                    if let Some(b) = input.get_mut(i) {
+                        *b = rng.next() as u8;
+                    }
+                }
+                _ => input.extend((0..rng.below(64)).map(|_| rng.next() as u8)),
+            }
+        }
+        let server = server_tls(&config);
+        let mut early = BytesMut::new();
+        let mut result = Ok(());
+        let mut from = 0;
+        while from < input.len() && result.is_ok() {
+            let to = (from + 1 + rng.below(300)).min(input.len());
+            result = server.feed(input.get(from..to).unwrap_or_default(), &mut early);
+            from = to;
+        }
+        assert!(early.is_empty(), "no plaintext before a handshake");
+        // What the server would send back (a flight or an alert) stays small.
+        let reply = server.sealed_output().expect("output");
+        assert!(reply.len() < 16 * 1024, "reply of {} bytes", reply.len());
+        if result.is_err() {
+            refused += 1;
+        } else {
+            waiting += 1;
+        }
+    }
+    assert!(
+        refused > 1000,
+        "most mutations are refused ({refused} of 3000)"
+    );
+    assert!(waiting > 0, "some only cut the hello short ({waiting})");
+}
