@@ -70,6 +70,16 @@ impl Drop for Ca {
     }
 }
 
+/// A CA (kept for its files), a server config for `localhost` it signed, and an upstream
+/// config trusting it.
+fn localhost(tag: &str) -> (Ca, Arc<ServerConfig>, Upstream) {
+    let ca = Ca::new(tag);
+    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
+    let server = server_config(&cert, &key).expect("server config");
+    let upstream = Upstream::new("localhost", Some(&ca.pem)).expect("upstream");
+    (ca, server, upstream)
+}
+
 /// A listener on this worker and its address.
 fn listen(backend: Backend) -> (Listener, std::net::SocketAddr) {
     let std = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -120,10 +130,7 @@ const SECOND: Duration = Duration::from_secs(5);
 
 #[test]
 fn bytes_cross_both_ways_and_close_notify_ends_the_stream() {
-    let ca = Ca::new("bytes");
-    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
-    let server = server_config(&cert, &key).expect("server config");
-    let upstream = Upstream::new("localhost", Some(&ca.pem)).expect("upstream");
+    let (_ca, server, upstream) = localhost("bytes");
     for backend in backends() {
         block_on(backend, async {
             let (client, c, accepted, s) = pair(backend, &server, &upstream, SECOND).await;
@@ -162,10 +169,7 @@ fn bytes_cross_both_ways_and_close_notify_ends_the_stream() {
 
 #[test]
 fn an_idle_connection_whose_peer_said_close_notify_is_unusable() {
-    let ca = Ca::new("idle");
-    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
-    let server = server_config(&cert, &key).expect("server config");
-    let upstream = Upstream::new("localhost", Some(&ca.pem)).expect("upstream");
+    let (_ca, server, upstream) = localhost("idle");
     for backend in backends() {
         block_on(backend, async {
             let (client, c, accepted, s) = pair(backend, &server, &upstream, SECOND).await;
@@ -372,10 +376,7 @@ fn handshake_in_memory(server: &Tls, upstream: &Upstream) -> rustls::ClientConne
 
 #[test]
 fn the_read_path_yields_the_same_plaintext_however_the_records_are_split() {
-    let ca = Ca::new("splits");
-    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
-    let config = server_config(&cert, &key).expect("server config");
-    let upstream = Upstream::new("localhost", Some(&ca.pem)).expect("upstream");
+    let (_ca, config, upstream) = localhost("splits");
     // Three records' worth: splits land inside headers, payloads and tags.
     let message: Vec<u8> = (0..40_000).map(|i| (i % 253) as u8).collect();
     let mut rng = Seeded(0x7e57_5eed);
@@ -414,10 +415,7 @@ fn the_read_path_yields_the_same_plaintext_however_the_records_are_split() {
 
 #[test]
 fn mutated_client_hellos_fail_cleanly_and_yield_nothing() {
-    let ca = Ca::new("mutate");
-    let (cert, key) = ca.leaf("localhost", &["localhost"], false);
-    let config = server_config(&cert, &key).expect("server config");
-    let upstream = Upstream::new("localhost", Some(&ca.pem)).expect("upstream");
+    let (_ca, config, upstream) = localhost("mutate");
     let Ok(Connection::Client(mut client)) = upstream.session() else {
         unreachable!("a client session")
     };
