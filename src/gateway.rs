@@ -14,6 +14,7 @@ use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task, tls};
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
 use crate::{log, metrics};
+use arc_swap::ArcSwap;
 use bytes::{BufMut, BytesMut};
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -43,7 +44,8 @@ struct WorkerPlan {
 /// every worker (rustls configs are thread-safe; resumption state is shared with them).
 #[derive(Default)]
 struct TlsSetups {
-    servers: BTreeMap<String, Arc<rustls::ServerConfig>>,
+    /// Swapped whole on SIGHUP (certificate reload); each new connection loads the current one.
+    servers: BTreeMap<String, Arc<ArcSwap<rustls::ServerConfig>>>,
     clients: BTreeMap<String, tls::Upstream>,
 }
 
@@ -55,7 +57,9 @@ fn tls_setups(config: &Config) -> Result<TlsSetups, String> {
                 if let Some(t) = &s.tls {
                     let built = tls::server_config(&t.cert, &t.key)
                         .map_err(|e| format!("{}: bindings.{name}.tls: {e}", config.source))?;
-                    setups.servers.insert(name.clone(), built);
+                    setups
+                        .servers
+                        .insert(name.clone(), Arc::new(ArcSwap::new(built)));
                 }
             }
             Binding::Client(c) if c.server.scheme == crate::config::Scheme::Https => {
@@ -184,6 +188,7 @@ pub fn run(config: Config) -> Result<(), String> {
                 Err(e) => log::warn(format_args!("metrics: cannot serve: {e}")),
             }
         }
+        tokio::spawn(reload_on_hangup(config.clone(), tls.clone()));
         wait_for_signal().await;
     });
     log::info(format_args!(
@@ -201,6 +206,50 @@ pub fn run(config: Config) -> Result<(), String> {
 fn tokio_listener(l: std::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
     l.set_nonblocking(true)?;
     tokio::net::TcpListener::from_std(l)
+}
+
+/// On every SIGHUP, reads each TLS server binding's certificate and key again and swaps
+/// them in for new connections; live connections keep the session they have. A file that
+/// does not load leaves the previous certificate in place (one log line says why).
+/// Resumption keys and the session cache carry over, so agents still resume.
+async fn reload_on_hangup(config: Arc<Config>, tls: Arc<TlsSetups>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        log::error(format_args!("gateway: cannot install the SIGHUP handler"));
+        return;
+    };
+    while hangup.recv().await.is_some() {
+        if tls.servers.is_empty() {
+            log::info(format_args!(
+                "gateway: SIGHUP: no TLS server binding to reload"
+            ));
+        }
+        for (name, current) in &tls.servers {
+            let Some(Binding::Server(server)) = config.bindings.get(name) else {
+                continue;
+            };
+            let Some(files) = &server.tls else {
+                continue;
+            };
+            match tls::server_config(&files.cert, &files.key) {
+                Ok(mut fresh) => {
+                    let old = current.load();
+                    if let Some(f) = Arc::get_mut(&mut fresh) {
+                        f.ticketer = old.ticketer.clone();
+                        f.session_storage = old.session_storage.clone();
+                    }
+                    current.store(fresh);
+                    log::info(format_args!(
+                        "server {name}: TLS certificate reloaded from {}",
+                        files.cert.display()
+                    ));
+                }
+                Err(e) => log::error(format_args!(
+                    "server {name}: TLS certificate not reloaded, the previous one stays: {e}"
+                )),
+            }
+        }
+    }
 }
 
 async fn wait_for_signal() {

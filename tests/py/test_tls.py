@@ -8,6 +8,7 @@ it signed (for the wrong name, expired), and a leaf signed by a CA nobody trusts
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import ssl
 import subprocess
@@ -240,3 +241,65 @@ def test_tls_config_errors_name_the_file_or_key(tls_material, tmp_path):
     )
     done = check(good, tmp_path)
     assert done.returncode == 0, done.stderr
+
+
+# --- certificate reload on SIGHUP ------------------------------------------------------------
+
+
+def served_certificate(host: str, port: int, ca: Path) -> bytes:
+    """The DER certificate a new TLS connection to mcpyard is given."""
+    context = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection((host, port), timeout=TIMEOUT_S) as raw:
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            der = tls.getpeercert(binary_form=True)
+            assert der is not None
+            return der
+
+
+def wait_for_log(child: harness.Child, text: str, count: int) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while child.stderr().count(text) < count:
+        assert time.monotonic() < deadline, f"no {count}× {text!r} in:\n{child.stderr()}"
+        time.sleep(0.05)
+
+
+@pytest.mark.mcpyard
+@pytest.mark.parametrize("runtime", RUNTIMES, ids=runtime_ids)
+def test_sighup_reloads_the_certificate_for_new_connections(runtime, tls_material, tmp_path, monkeypatch):
+    # mcpyard's own copy of the files, so the test can replace them.
+    cert, key = tmp_path / "north.pem", tmp_path / "north.key"
+    cert.write_bytes(tls_material.server.cert.read_bytes())
+    key.write_bytes(tls_material.server.key.read_bytes())
+    metrics_port = harness.free_port()
+    config = demo_over_tls(tls_material, runtime, metrics_port)
+    config = config.replace(str(tls_material.server.cert), str(cert)).replace(str(tls_material.server.key), str(key))
+    gateway = harness.start_mcpyard(config, tmp_path / "run", scheme="https")
+    host, port = gateway.address.split("//")[1].split("/")[0].split(":")
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_material.ca.pem))
+    try:
+        before = served_certificate(host, int(port), tls_material.ca.pem)
+        assert before == ssl.PEM_cert_to_DER_cert(tls_material.server.cert.read_text())
+        renewed = tls_material.ca.leaf("renewed", ["localhost", "127.0.0.1"])
+
+        async def scenario():
+            async with connect(gateway.address) as (session, _, _):
+                # The agent's connection is open; the certificate changes under it.
+                cert.write_bytes(renewed.cert.read_bytes())
+                key.write_bytes(renewed.key.read_bytes())
+                gateway.proc.send_signal(signal.SIGHUP)
+                await anyio.to_thread.run_sync(wait_for_log, gateway, "TLS certificate reloaded", 1)
+                after = served_certificate(host, int(port), tls_material.ca.pem)
+                assert after == ssl.PEM_cert_to_DER_cert(renewed.cert.read_text())
+                assert after != before
+                # A key that does not load: the renewed certificate stays.
+                key.write_text("not a key\n")
+                gateway.proc.send_signal(signal.SIGHUP)
+                await anyio.to_thread.run_sync(wait_for_log, gateway, "TLS certificate not reloaded", 1)
+                assert served_certificate(host, int(port), tls_material.ca.pem) == after
+                # The session opened before both reloads still works.
+                result = await session.call_tool("echo", {"text": "still here"})
+                assert tool_text(result) == "still here"
+
+        run(scenario)
+    finally:
+        harness.stop_mcpyard(gateway)

@@ -48,8 +48,8 @@ pub struct Server {
     loopback: bool,
     pub(crate) sessions: RefCell<HashMap<Rc<str>, Rc<Session>>>,
     draining: Cell<bool>,
-    /// Agents connect over TLS with this config; `None`: plain HTTP.
-    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
+    /// Agents connect over TLS with the current config (swapped on SIGHUP); `None`: plain.
+    pub(crate) tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,
 }
 
 thread_local! {
@@ -66,7 +66,7 @@ impl Server {
         worker: u8,
         exit: Rc<dyn Exit>,
         inboxes: Inboxes,
-        tls: Option<Arc<rustls::ServerConfig>>,
+        tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,
     ) -> Rc<Server> {
         let loopback = cfg.listen.ip().is_loopback();
         let server = Rc::new(Server {

@@ -121,7 +121,7 @@ pub async fn refuse(conn: Conn, tls: bool) {
 pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
     let conn = match &server.tls {
         None => conn,
-        Some(config) => match tls::server_session(config) {
+        Some(config) => match tls::server_session(&config.load_full()) {
             Ok(session) => conn.with_tls(session),
             Err(e) => {
                 log::warn(format_args!("server {}: TLS session: {e}", server.name));
