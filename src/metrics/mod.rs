@@ -97,6 +97,8 @@ pub struct WorkerMetrics {
     pub http_errors: u64,
     /// GET streams resumed from an event no longer in the session's replay ring.
     pub events_replay_missed: u64,
+    /// io_uring_enter calls of the worker's prompt-submission flusher (runtime::submit).
+    pub uring_flushes: u64,
     /// The upstream side (`client` bindings).
     pub upstream: UpstreamMetrics,
     /// The `proxy` bindings.
@@ -622,6 +624,7 @@ impl WorkerMetrics {
             handoffs: 0,
             http_errors: 0,
             events_replay_missed: 0,
+            uring_flushes: 0,
             upstream: UpstreamMetrics::default(),
             proxy: ProxyMetrics::default(),
             cache: CacheMetrics::default(),
@@ -657,6 +660,7 @@ impl WorkerMetrics {
         self.handoffs += other.handoffs;
         self.http_errors += other.http_errors;
         self.events_replay_missed += other.events_replay_missed;
+        self.uring_flushes += other.uring_flushes;
         self.upstream.merge(&other.upstream);
         self.proxy.merge(&other.proxy);
         self.cache.merge(&other.cache);
@@ -685,7 +689,9 @@ pub fn with<R>(f: impl FnOnce(&mut WorkerMetrics) -> R) -> R {
 
 /// A copy of this worker's metrics, for a scrape.
 pub fn snapshot() -> WorkerMetrics {
-    LOCAL.with(|m| m.borrow().clone())
+    let mut m = LOCAL.with(|m| m.borrow().clone());
+    m.uring_flushes = crate::runtime::submit::flushes();
+    m
 }
 
 fn method_index(method: &str) -> usize {
@@ -888,7 +894,12 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
     for (name, help, v) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
-    let counters: [(&str, &str, u64); 9] = [
+    let counters: [(&str, &str, u64); 10] = [
+        (
+            "mcpyard_uring_flushes_total",
+            "io_uring_enter calls that submitted a scheduler round's operations at once.",
+            all.uring_flushes,
+        ),
         (
             "mcpyard_window_stalls_slow_total",
             "Window stalls longer than 1 ms.",

@@ -62,12 +62,16 @@ impl Socket {
     pub(super) async fn read(&self, buf: ReadBuf) -> (io::Result<usize>, ReadBuf) {
         match (self, buf) {
             (Socket::Uring(s), ReadBuf::Fixed(b)) => {
-                let (r, b) = s.read_fixed(b).await;
+                let read = s.read_fixed(b);
+                super::submit::queued();
+                let (r, b) = read.await;
                 (r, ReadBuf::Fixed(b))
             }
             (Socket::Uring(s), ReadBuf::Heap(mut v)) => {
                 v.clear();
-                let (r, v) = s.read(v).await;
+                let read = s.read(v);
+                super::submit::queued();
+                let (r, v) = read.await;
                 (r, ReadBuf::Heap(v))
             }
             (Socket::Epoll(s), ReadBuf::Heap(mut v)) => {
@@ -87,7 +91,11 @@ impl Socket {
             return Ok(());
         }
         match self {
-            Socket::Uring(s) => s.write_all(data).await.0,
+            Socket::Uring(s) => {
+                let write = s.write_all(data);
+                super::submit::queued();
+                write.await.0
+            }
             Socket::Epoll(s) => epoll_write_all(s, &data).await,
         }
     }
@@ -398,7 +406,9 @@ impl Listener {
     pub async fn accept(&self) -> io::Result<(Conn, SocketAddr)> {
         match self {
             Listener::Uring(l) => {
-                let (s, peer) = l.accept().await?;
+                let accept = l.accept();
+                super::submit::queued();
+                let (s, peer) = accept.await?;
                 s.set_nodelay(true)?;
                 Ok((Conn::plain(Socket::Uring(s)), peer))
             }

@@ -9,6 +9,7 @@
 
 pub mod io;
 pub mod slots;
+pub mod submit;
 pub mod tls;
 
 use crate::limits::CROSS_WORKER_QUEUE_LEN;
@@ -83,16 +84,7 @@ const RING_ENTRIES: u32 = 1024;
 /// Runs `main` on a new event loop of `backend` on this thread.
 pub fn block_on<F: std::future::Future>(backend: Backend, main: F) -> std::io::Result<F::Output> {
     match backend {
-        Backend::Uring => {
-            let mut uring = tokio_uring::uring_builder();
-            uring.setup_coop_taskrun().setup_single_issuer();
-            let rt = tokio_uring::Runtime::new(
-                tokio_uring::builder()
-                    .entries(RING_ENTRIES)
-                    .uring_builder(&uring),
-            )?;
-            Ok(rt.block_on(main))
-        }
+        Backend::Uring => uring_block_on(submit::wanted(), main),
         Backend::Epoll => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -100,6 +92,26 @@ pub fn block_on<F: std::future::Future>(backend: Backend, main: F) -> std::io::R
             Ok(tokio::task::LocalSet::new().block_on(&rt, main))
         }
     }
+}
+
+/// [`block_on`] on io_uring, submitting promptly (`prompt`, see [`submit`]) or only when
+/// the worker parks.
+fn uring_block_on<F: std::future::Future>(prompt: bool, main: F) -> std::io::Result<F::Output> {
+    let mut uring = tokio_uring::uring_builder();
+    uring.setup_coop_taskrun().setup_single_issuer();
+    let (rt, ring) = submit::create(prompt, || {
+        tokio_uring::Runtime::new(
+            tokio_uring::builder()
+                .entries(RING_ENTRIES)
+                .uring_builder(&uring),
+        )
+    })?;
+    Ok(rt.block_on(async move {
+        if let Some(fd) = ring {
+            tokio::task::spawn_local(submit::flusher(fd));
+        }
+        main.await
+    }))
 }
 
 /// Picks the backend for `runtime.io`: `auto` tries io_uring and falls back to epoll,
@@ -169,4 +181,83 @@ pub fn worker_count(configured: usize) -> usize {
 /// Sleeps on the current worker's timer (both backends run tokio's timer).
 pub async fn sleep(d: Duration) {
     tokio::time::sleep(d).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use std::io::Read;
+    use std::rc::Rc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    /// Ready again at once: a task that keeps the worker busy, so it never parks.
+    async fn busy_turn() {
+        let mut turned = false;
+        std::future::poll_fn(|cx| {
+            if std::mem::replace(&mut turned, true) {
+                std::task::Poll::Ready(())
+            } else {
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    /// Whether bytes written while the worker stays busy reach the peer within 1 s, with
+    /// prompt submission on or off.
+    fn write_reaches_a_busy_workers_peer(prompt: bool) -> bool {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let arrived = std::sync::Arc::new(AtomicBool::new(false));
+        let seen = arrived.clone();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut b = [0u8; 4];
+            if s.read_exact(&mut b).is_ok() {
+                seen.store(true, Ordering::SeqCst);
+            }
+        });
+        let reached = uring_block_on(prompt, async move {
+            let conn = Rc::new(
+                io::Conn::connect(addr, Backend::Uring)
+                    .await
+                    .expect("connect"),
+            );
+            let writer = conn.clone();
+            tokio::task::spawn_local(async move {
+                let _ = writer.write_all(Bytes::from_static(b"ping")).await;
+            });
+            let start = Instant::now();
+            while !arrived.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(1) {
+                busy_turn().await;
+            }
+            let reached = arrived.load(Ordering::SeqCst);
+            conn.shutdown();
+            // Idle now: whatever is queued goes to the kernel, the peer finishes.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            reached
+        })
+        .expect("runtime");
+        let _ = peer.join();
+        reached
+    }
+
+    #[test]
+    fn a_busy_worker_submits_its_writes_without_parking() {
+        if io::uring_available().is_err() {
+            return;
+        }
+        assert!(
+            write_reaches_a_busy_workers_peer(true),
+            "with prompt submission the write goes out while the worker is busy"
+        );
+        // The control: tokio-uring alone holds the write until the worker parks.
+        assert!(
+            !write_reaches_a_busy_workers_peer(false),
+            "without it the write waits for the worker to park"
+        );
+    }
 }
