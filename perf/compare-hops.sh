@@ -3,6 +3,10 @@
 # io_uring/epoll) vs through nginx (1/2 worker processes); max throughput, then latency at
 # 25/50/75 % of mcpyard's (1 worker, uring) max. Writes perf/results/compare-hops.{md,json}.
 # Usage: perf/compare-hops.sh [--connections N] [--max-duration D] [--rate-duration D] [--warmup D]
+#                             [--phases plain,tls] [--handshake-rounds N]
+# --phases tls: the same hops with TLS on every hop (mcpyard server(tls) -> client(https) vs
+# nginx listen ssl + proxy_pass https://), 1 worker, with a handshake-cost row set; writes
+# perf/results/compare-tls.{md,json}.
 # The Python harness owns every process it starts (own process group each) and stops them
 # on exit, error, SIGINT, SIGTERM or SIGHUP.
 set -euo pipefail

@@ -14,6 +14,7 @@ use crate::limits::{
     PARAMS_BYTES_MAX, RATE_MAX, REQUEST_ID_MAX, REQUEST_TIMEOUT_DEFAULT, RUN_DURATION_MAX,
     SESSIONS_MAX,
 };
+use crate::tls::Resumption;
 
 /// The usage text printed for `--help` and after an argument error.
 pub const USAGE: &str = "\
@@ -21,17 +22,22 @@ usage:
   mcpyard-loadgen upstream --listen ADDR [--result-bytes N] [--delay-ms F] [--progress N]
                            [--progress-interval-ms F] [--delay-from arrival|read] [--sse]
                            [--workers N] [--tools N] [--page-size P]
-  mcpyard-loadgen run --url http://HOST:PORT/PATH [--scenario S] [--rate R | --mode closed]
+                           [--tls-cert PEM --tls-key PEM]
+  mcpyard-loadgen run --url http[s]://HOST:PORT/PATH [--scenario S] [--rate R | --mode closed]
                       [--connections N] [--duration D] [--warmup D] [--timeout D]
                       [--params-bytes N] [--tool NAME] [--args JSON]
                       [--receive-time kernel|read] [--sessions N] [--trigger URL] [--rounds N]
-                      [--no-initialize] [--request-id N]
+                      [--no-initialize] [--request-id N] [--new-connection]
+                      [--tls-ca PEM] [--tls-resumption on|off]
                       [--json FILE] [--hgrm FILE] [--svg FILE]
 scenarios: initialize, tools-call (default), tools-call-progress, tools-list,
            idle-sessions, fanout
 durations: 10s, 500ms, 250us, 2m, or plain seconds (1.5)
 --no-initialize: no session (a stateless reference that answers every POST alike);
 --request-id N: every request carries id N (a reference answering fixed bytes matches it)
+--new-connection: a new connection (and TLS handshake) per request, closed after it
+https: trusts --tls-ca (else the platform roots), SNI from the URL host; request scenarios
+       only; --tls-resumption off makes every new connection a full handshake (default on)
 tools: echo, big, then tool_00003 ... up to --tools in all (default 2); --page-size 0
        (default) answers tools/list in one page
 `mcpyard-loadgen --url ... [--connections N] [--seconds S]` (no subcommand) is `run`.";
@@ -111,6 +117,10 @@ pub struct UpstreamArgs {
     pub tools: usize,
     /// Tools per tools/list page; 0 answers with the whole list in one page.
     pub page_size: usize,
+    /// Serve TLS with this certificate chain (PEM) and `tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Where the fixture's delay of a reply starts.
@@ -211,32 +221,40 @@ impl ReceiveTime {
     }
 }
 
-/// An `http://` URL split the way the client needs it.
+/// An `http://` or `https://` URL split the way the client needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     /// `host:port` as written: the `Host` header and what is connected to.
     pub authority: String,
     /// The request target, starting with `/`.
     pub path: String,
+    /// `https://`: TLS to the target, the URL's host verified (and sent as SNI).
+    pub tls: bool,
 }
 
 impl Target {
-    /// Parses `http://host[:port][/path]`; the port defaults to 80 and the path to `/`.
+    /// Parses `http[s]://host[:port][/path]`; the port defaults to 80 (443 for https) and
+    /// the path to `/`.
     pub fn parse(flag: &'static str, url: &str) -> Result<Target, ArgError> {
         let invalid = |expected: &str| ArgError::Invalid {
             flag,
             value: url.to_owned(),
             expected: expected.to_owned(),
         };
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| invalid("an http:// URL (TLS is not supported)"))?;
+        let (rest, tls) = match url.strip_prefix("https://") {
+            Some(rest) => (rest, true),
+            None => (
+                url.strip_prefix("http://")
+                    .ok_or_else(|| invalid("an http:// or https:// URL"))?,
+                false,
+            ),
+        };
         let (authority, path) = match rest.find('/') {
             Some(at) => rest.split_at(at),
             None => (rest, "/"),
         };
         if authority.is_empty() || !authority.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(invalid("a host after http://"));
+            return Err(invalid("a host after the scheme"));
         }
         if !path.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(invalid("a path of visible ASCII"));
@@ -247,11 +265,12 @@ impl Target {
         {
             authority.to_owned()
         } else {
-            format!("{authority}:80")
+            format!("{authority}:{}", if tls { 443 } else { 80 })
         };
         Ok(Target {
             authority,
             path: path.to_owned(),
+            tls,
         })
     }
 }
@@ -300,6 +319,13 @@ pub struct RunArgs {
     pub hgrm: Option<PathBuf>,
     /// Where to write the SVG percentile plot.
     pub svg: Option<PathBuf>,
+    /// A new connection per request, closed after its response (`--new-connection`): with
+    /// https every request pays a TLS handshake.
+    pub new_connection: bool,
+    /// CA certificates (PEM) an https target is verified with; the platform roots without.
+    pub tls_ca: Option<PathBuf>,
+    /// Whether new TLS connections may resume earlier sessions.
+    pub tls_resumption: Resumption,
 }
 
 /// Parses the whole command line (without the program name).
@@ -413,6 +439,8 @@ fn parse_upstream(words: &[String]) -> Result<UpstreamArgs, ArgError> {
         workers: 1,
         tools: 2,
         page_size: 0,
+        tls_cert: None,
+        tls_key: None,
     };
     let mut flags = Flags {
         words: words.iter(),
@@ -454,11 +482,18 @@ fn parse_upstream(words: &[String]) -> Result<UpstreamArgs, ArgError> {
             "--page-size" => {
                 a.page_size = flags.number("--page-size", FIXTURE_PAGE_SIZE_MAX as u64)?
             }
+            "--tls-cert" => a.tls_cert = Some(PathBuf::from(flags.value("--tls-cert")?)),
+            "--tls-key" => a.tls_key = Some(PathBuf::from(flags.value("--tls-key")?)),
             "--help" | "-h" => return Err(ArgError::Help),
             other => return Err(ArgError::Unknown(other.to_owned())),
         }
     }
     a.listen = listen.ok_or(ArgError::Required("--listen"))?;
+    match (&a.tls_cert, &a.tls_key) {
+        (Some(_), None) => return Err(ArgError::Required("--tls-key")),
+        (None, Some(_)) => return Err(ArgError::Required("--tls-cert")),
+        _ => {}
+    }
     for (flag, value) in [("--workers", a.workers), ("--tools", a.tools)] {
         if value == 0 {
             return Err(ArgError::Invalid {
@@ -492,6 +527,9 @@ fn default_run(target: Target) -> RunArgs {
         json: None,
         hgrm: None,
         svg: None,
+        new_connection: false,
+        tls_ca: None,
+        tls_resumption: Resumption::On,
     }
 }
 
@@ -499,6 +537,7 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
     let mut a = default_run(Target {
         authority: String::new(),
         path: String::new(),
+        tls: false,
     });
     let (mut url, mut rate, mut closed) = (None, None, false);
     let mut flags = Flags {
@@ -543,6 +582,19 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
             "--json" => a.json = Some(PathBuf::from(flags.value("--json")?)),
             "--hgrm" => a.hgrm = Some(PathBuf::from(flags.value("--hgrm")?)),
             "--svg" => a.svg = Some(PathBuf::from(flags.value("--svg")?)),
+            "--new-connection" => a.new_connection = true,
+            "--tls-ca" => a.tls_ca = Some(PathBuf::from(flags.value("--tls-ca")?)),
+            "--tls-resumption" => {
+                let value = flags.value("--tls-resumption")?;
+                a.tls_resumption = [Resumption::On, Resumption::Off]
+                    .into_iter()
+                    .find(|r| r.name() == value)
+                    .ok_or_else(|| ArgError::Invalid {
+                        flag: "--tls-resumption",
+                        value: value.to_owned(),
+                        expected: "on or off".into(),
+                    })?;
+            }
             "--help" | "-h" => return Err(ArgError::Help),
             other => return Err(ArgError::Unknown(other.to_owned())),
         }
@@ -639,6 +691,18 @@ fn check_run(a: &RunArgs) -> Result<(), ArgError> {
             flag: "--no-initialize",
             value: a.scenario.name().to_owned(),
             expected: "a request scenario: tools-call, tools-call-progress or tools-list".into(),
+        });
+    }
+    // The GET-stream scenarios run on their own async client, which speaks plain HTTP.
+    let streams = matches!(a.scenario, Scenario::IdleSessions | Scenario::Fanout);
+    let tls = a.target.tls || a.trigger.as_ref().is_some_and(|t| t.tls);
+    if streams && (tls || a.new_connection) {
+        return Err(ArgError::Invalid {
+            flag: if tls { "--url" } else { "--new-connection" },
+            value: a.scenario.name().to_owned(),
+            expected: "a request scenario (idle-sessions and fanout speak plain http:// on \
+                       long-lived connections)"
+                .into(),
         });
     }
     if a.scenario == Scenario::Fanout && a.mode != Mode::Closed {
@@ -740,11 +804,53 @@ mod tests {
             t,
             Ok(Target {
                 authority: "example.test:80".into(),
-                path: "/".into()
+                path: "/".into(),
+                tls: false,
             })
         );
-        assert!(Target::parse("--url", "https://h/mcp").is_err());
+        assert!(Target::parse("--url", "ftp://h/mcp").is_err());
         assert!(Target::parse("--url", "http:///mcp").is_err());
+    }
+
+    #[test]
+    fn https_urls_default_to_443_and_take_the_tls_flags() {
+        let t = Target::parse("--url", "https://localhost/mcp");
+        assert_eq!(
+            t,
+            Ok(Target {
+                authority: "localhost:443".into(),
+                path: "/mcp".into(),
+                tls: true,
+            })
+        );
+        let line = "run --url https://127.0.0.1:8443/mcp --tls-ca ca.pem --new-connection \
+                    --tls-resumption off";
+        let Ok(Command::Run(a)) = parse(&words(line)) else {
+            panic!("{line}");
+        };
+        assert!(a.target.tls && a.new_connection);
+        assert_eq!(a.tls_ca, Some(PathBuf::from("ca.pem")));
+        assert_eq!(a.tls_resumption, Resumption::Off);
+        let Ok(Command::Run(a)) = parse(&words("run --url http://h:1/")) else {
+            panic!("defaults");
+        };
+        assert!(!a.target.tls && !a.new_connection && a.tls_ca.is_none());
+        assert_eq!(a.tls_resumption, Resumption::On);
+        assert!(matches!(
+            parse(&words("run --url https://h/ --tls-resumption maybe")),
+            Err(ArgError::Invalid {
+                flag: "--tls-resumption",
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&words("run --url https://h/ --scenario idle-sessions")),
+            Err(ArgError::Invalid { flag: "--url", .. })
+        ));
+        assert!(matches!(
+            parse(&words("upstream --listen 127.0.0.1:0 --tls-cert c.pem")),
+            Err(ArgError::Required("--tls-key"))
+        ));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::args::{ReceiveTime, Target};
 use crate::arrival::arrival;
 use crate::limits::{READ_CHUNK_BYTES, RESPONSE_BYTES_MAX};
 use crate::record::{ErrorKind, Failure};
+use crate::tls::{ClientTls, Layer};
 
 /// The protocol version the generator speaks.
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
@@ -207,10 +208,14 @@ pub fn io_failure(err: &io::Error, doing: &str) -> Failure {
     Failure::new(kind, format!("{doing}: {err}"))
 }
 
-/// A blocking keep-alive connection with a read timeout.
+/// A blocking keep-alive connection with a read timeout, plain or TLS.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
+    /// The TLS session of an https target; its records pass through `scratch` (reads) and
+    /// `sealed` (writes), and `read` holds plaintext only.
+    tls: Option<Box<Layer>>,
+    sealed: Vec<u8>,
     /// True if the socket stamps what it receives (`--receive-time kernel` and the kernel
     /// agreed).
     stamped: bool,
@@ -223,11 +228,14 @@ pub struct Conn {
 impl Conn {
     /// Connects to `target` within `timeout`; a refused or unreachable target is a
     /// `Connect` failure. With `ReceiveTime::Kernel` the socket stamps what it receives
-    /// (if the kernel refuses, responses are timed when read).
+    /// (if the kernel refuses, responses are timed when read). With `tls` the TLS
+    /// handshake runs here, within `timeout` per read; a refused handshake is a `Connect`
+    /// failure too.
     pub fn open(
         target: &Target,
         timeout: Duration,
         receive_time: ReceiveTime,
+        tls: Option<&ClientTls>,
     ) -> Result<Conn, Failure> {
         let connect_failure = |e: &dyn std::fmt::Display| {
             Failure::new(ErrorKind::Connect, format!("{}: {e}", target.authority))
@@ -248,13 +256,84 @@ impl Conn {
             .map_err(|e| connect_failure(&e))?;
         let stamped = receive_time == ReceiveTime::Kernel
             && crate::sys::enable_receive_timestamps(stream.as_raw_fd()).is_ok();
-        Ok(Conn {
+        let mut conn = Conn {
             stream,
+            tls: None,
+            sealed: Vec::new(),
             stamped,
             read: BytesMut::with_capacity(READ_CHUNK_BYTES),
             write: BytesMut::with_capacity(READ_CHUNK_BYTES),
             scratch: vec![0; READ_CHUNK_BYTES].into_boxed_slice(),
-        })
+        };
+        if let Some(tls) = tls {
+            let layer = tls.session().map_err(|e| connect_failure(&e))?;
+            conn.tls = Some(Box::new(layer));
+            conn.handshake()
+                .map_err(|f| connect_failure(&format!("TLS handshake: {f}")))?;
+        }
+        Ok(conn)
+    }
+
+    /// Runs the TLS handshake to its end: flights out, answers in.
+    fn handshake(&mut self) -> Result<(), Failure> {
+        loop {
+            let Some(layer) = self.tls.as_deref_mut() else {
+                return Ok(());
+            };
+            layer
+                .pending(&mut self.sealed)
+                .map_err(|e| io_failure(&e, "TLS"))?;
+            let handshaking = layer.is_handshaking();
+            self.flush_sealed()?;
+            if !handshaking {
+                return Ok(());
+            }
+            let (n, _) = crate::sys::recv_stamped(self.stream.as_raw_fd(), &mut self.scratch)
+                .map_err(|e| io_failure(&e, "read"))?;
+            if n == 0 {
+                return Err(Failure::new(
+                    ErrorKind::Io,
+                    "the target closed the connection in the TLS handshake",
+                ));
+            }
+            self.take_raw(n)?;
+        }
+    }
+
+    /// Writes the sealed records waiting in `self.sealed`.
+    fn flush_sealed(&mut self) -> Result<(), Failure> {
+        if !self.sealed.is_empty() {
+            let written = self.stream.write_all(&self.sealed);
+            self.sealed.clear();
+            written.map_err(|e| io_failure(&e, "write"))?;
+        }
+        Ok(())
+    }
+
+    /// Hands the `n` bytes a read left in `scratch` on: to `read` as they are, or through
+    /// TLS (plaintext to `read`, answers such as alerts written at once).
+    fn take_raw(&mut self, n: usize) -> Result<(), Failure> {
+        let raw = self.scratch.get(..n).unwrap_or_default();
+        match self.tls.as_deref_mut() {
+            None => self.read.extend_from_slice(raw),
+            Some(layer) => {
+                let result = layer.received(raw, &mut self.read, &mut self.sealed);
+                let flushed = self.flush_sealed();
+                result.map_err(|e| Failure::new(ErrorKind::Io, format!("TLS: {e}")))?;
+                flushed?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the connection politely: close_notify on TLS (best effort), then the socket
+    /// closes when `self` drops.
+    pub fn close(mut self) {
+        if let Some(layer) = self.tls.as_deref_mut()
+            && layer.close(&mut self.sealed).is_ok()
+        {
+            let _ = self.flush_sealed();
+        }
     }
 
     /// Sends one request and reads its whole response; `Response::arrived` is the kernel's
@@ -269,9 +348,18 @@ impl Conn {
         self.write.clear();
         encode_request(method, target, session, body, &mut self.write);
         let written = Instant::now();
-        self.stream
-            .write_all(&self.write)
-            .map_err(|e| io_failure(&e, "write"))?;
+        match self.tls.as_deref_mut() {
+            None => self
+                .stream
+                .write_all(&self.write)
+                .map_err(|e| io_failure(&e, "write"))?,
+            Some(layer) => {
+                layer
+                    .seal(&self.write, &mut self.sealed)
+                    .map_err(|e| io_failure(&e, "TLS"))?;
+                self.flush_sealed()?;
+            }
+        }
         let mut collector = Collector::new();
         let mut arrived = None;
         loop {
@@ -290,6 +378,7 @@ impl Conn {
                 let read_at = Instant::now();
                 arrived = stamp.and_then(|stamp| arrival(read_at, real_at, stamp, written));
             }
+            // A TLS peer's close_notify is followed by the socket's end: n == 0 then.
             if n == 0 {
                 return collector.feed_eof(&mut self.read)?.ok_or_else(|| {
                     Failure::new(
@@ -298,8 +387,7 @@ impl Conn {
                     )
                 });
             }
-            self.read
-                .extend_from_slice(self.scratch.get(..n).unwrap_or_default());
+            self.take_raw(n)?;
         }
     }
 }

@@ -131,3 +131,6 @@ const _: () = assert!(FIXTURE_TOOLS_MAX * FIXTURE_TOOL_BYTES_MAX <= 100 * 1024 *
 const _: () = assert!(FIXTURE_ECHOED_NAME_BYTES_MAX * 6 + 256 <= mcpyard::jsonrpc::ERROR_BYTES_MAX);
 const _: () = assert!(PARAMS_BYTES_MAX < REQUEST_BYTES_MAX);
 const _: () = assert!(READ_CHUNK_BYTES <= mcpyard::limits::HEADER_BYTES_MAX * 2);
+
+/// Plaintext moved out of a TLS session per read call (a stack buffer).
+pub const TLS_PLAINTEXT_READ_BYTES: usize = 16 * 1024;

@@ -32,6 +32,7 @@ mod run;
 mod schedule;
 mod streams;
 mod sys;
+mod tls;
 mod upstream;
 
 use std::process::ExitCode;

@@ -26,6 +26,7 @@ use crate::record::{ErrorKind, Failure, Recorder, Served};
 use crate::schedule::{
     Exchange, MonotonicClock, Progress, Schedule, Window, drive_closed, drive_open, nanos,
 };
+use crate::tls::ClientTls;
 
 /// Why a run could not produce a result.
 #[derive(Debug)]
@@ -50,6 +51,8 @@ pub enum RunError {
     },
     /// The run finished without one successful request.
     NoSamples,
+    /// The TLS settings could not be used (an unreadable CA file, a host TLS cannot verify).
+    Tls(String),
 }
 
 impl fmt::Display for RunError {
@@ -63,6 +66,7 @@ impl fmt::Display for RunError {
             RunError::Thread(why) => write!(f, "connection thread: {why}"),
             RunError::Write { path, err } => write!(f, "cannot write {path}: {err}"),
             RunError::NoSamples => f.write_str("no successful request was recorded"),
+            RunError::Tls(why) => write!(f, "TLS: {why}"),
         }
     }
 }
@@ -86,12 +90,25 @@ pub struct Plan {
     pub no_initialize: bool,
     /// The id of every request (`--request-id`); `None` counts up from 1.
     pub request_id: Option<u64>,
+    /// A new connection per request (`--new-connection`).
+    pub new_connection: bool,
+    /// TLS to an https target, shared by every connection (and its resumption cache).
+    pub tls: Option<ClientTls>,
 }
 
 impl Plan {
-    /// Builds the plan of `args`.
-    pub fn new(args: &RunArgs) -> Plan {
-        Plan {
+    /// Builds the plan of `args`; fails if an https target's TLS settings are unusable.
+    pub fn new(args: &RunArgs) -> Result<Plan, RunError> {
+        let tls = if args.target.tls {
+            let host = crate::tls::host_of(&args.target.authority);
+            Some(
+                ClientTls::new(host, args.tls_ca.as_deref(), args.tls_resumption)
+                    .map_err(RunError::Tls)?,
+            )
+        } else {
+            None
+        };
+        Ok(Plan {
             target: args.target.clone(),
             scenario: args.scenario,
             timeout: args.timeout,
@@ -99,7 +116,9 @@ impl Plan {
             call: ToolsCall::new(&args.tool, args.args_json.as_deref(), args.params_bytes),
             no_initialize: args.no_initialize,
             request_id: args.request_id,
-        }
+            new_connection: args.new_connection,
+            tls,
+        })
     }
 }
 
@@ -136,11 +155,16 @@ impl Session {
                 &self.plan.target,
                 self.plan.timeout,
                 self.plan.receive_time,
+                self.plan.tls.as_ref(),
             )?),
         };
         match conn.send(method, &self.plan.target, session, &self.body) {
             Ok(response) => {
-                if !response.keep_alive {
+                if self.plan.new_connection {
+                    if let Some(conn) = self.conn.take() {
+                        conn.close();
+                    }
+                } else if !response.keep_alive {
                     self.conn = None;
                 }
                 Ok(response)
@@ -242,6 +266,9 @@ pub fn probe(plan: &Arc<Plan>) -> Result<(), RunError> {
     let mut session = Session::new(Arc::clone(plan));
     let probe_error = |doing, failure: Failure| {
         let hint = match failure.kind {
+            ErrorKind::Connect if failure.detail.contains("TLS handshake") => {
+                "the target's TLS was refused (is --tls-ca the CA that signed its certificate?)"
+            }
             ErrorKind::Connect => "is the target running and listening there?",
             ErrorKind::HttpStatus | ErrorKind::Decode => {
                 "is the URL an MCP Streamable HTTP endpoint (POST /mcp with JSON-RPC)?"
@@ -270,7 +297,7 @@ pub fn probe(plan: &Arc<Plan>) -> Result<(), RunError> {
 
 /// Runs a request scenario and returns every connection's measurements merged.
 pub fn run(args: &RunArgs) -> Result<Recorder, RunError> {
-    let plan = Arc::new(Plan::new(args));
+    let plan = Arc::new(Plan::new(args)?);
     probe(&plan)?;
     let window = Window {
         warmup_end: nanos(args.warmup),
@@ -456,7 +483,7 @@ mod tests {
         let Ok(Command::Run(args)) = parse(&words) else {
             panic!("{line}");
         };
-        Arc::new(Plan::new(&args))
+        Arc::new(Plan::new(&args).unwrap_or_else(|e| panic!("{e}")))
     }
 
     #[test]

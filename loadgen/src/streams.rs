@@ -134,7 +134,7 @@ impl Ctx {
 
 /// Runs `idle-sessions` or `fanout`.
 pub fn run(args: &RunArgs) -> Result<Outcome, RunError> {
-    crate::run::probe(&std::sync::Arc::new(crate::run::Plan::new(args)))?;
+    crate::run::probe(&std::sync::Arc::new(crate::run::Plan::new(args)?))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -46,7 +46,18 @@ def parse():
     ap.add_argument("--result-bytes", type=int, default=1024, help="fixture result size (1024)")
     add_quiet_args(ap)
     ap.add_argument("--no-profile", action="store_true", help="skip the perf profile of mcpyard")
-    return ap.parse_args()
+    ap.add_argument("--phases", default="plain",
+                    help="comma-separated: 'plain' (the phases above, compare-hops.md) and/or "
+                         "'tls' (TLS on every hop, 1 worker: max, latency at 50 %%, handshake "
+                         "cost per new connection; compare-tls.md). Default: plain")
+    ap.add_argument("--handshake-rounds", type=int, default=None,
+                    help="rounds of the tls phase's new-connection runs (default: --rounds)")
+    a = ap.parse_args()
+    a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
+    unknown = [x for x in a.phases if x not in ("plain", "tls")]
+    if unknown or not a.phases:
+        ap.error(f"--phases: expected plain and/or tls, got {a.phases}")
+    return a
 
 
 def median(xs):
@@ -84,6 +95,15 @@ def lat(r, key="response_us"):
 def run(procs):
     a = parse()
     set_quiet(a)
+    if "plain" in a.phases:
+        run_plain(procs, a)
+    if "tls" in a.phases:
+        import hops_tls
+
+        hops_tls.run_tls(procs, a)
+
+
+def run_plain(procs, a):
     gw, lg = binaries()
     nginx_bin = apt_install("nginx", ["nginx-light", "nginx"])
     nginx_version = subprocess.run([nginx_bin, "-v"], capture_output=True, text=True).stderr.strip()
@@ -460,5 +480,9 @@ def ratio(m, n):
 if __name__ == "__main__":
     if sys.argv[1:] == ["--report-only"]:
         rerender()
+    elif sys.argv[1:] == ["--report-only", "--phases", "tls"]:
+        import hops_tls
+
+        hops_tls.rerender()
     else:
         main_guard("compare-hops.sh", run)

@@ -232,13 +232,17 @@ def raise_nofile(needed):
 
 
 class Fixture:
-    def __init__(self, procs, lg, name, args, workers=1):
+    """The loadgen's upstream fixture; with `certs` (a `Certs`) it serves TLS."""
+
+    def __init__(self, procs, lg, name, args, workers=1, certs=None):
         self.name = name
         self.args = ["upstream", "--listen", "127.0.0.1:0", "--workers", str(workers)] + args
+        if certs:
+            self.args += ["--tls-cert", certs.cert, "--tls-key", certs.key]
         out = os.path.join(RAW, f"{name}.log")
         self.p = procs.start(name, [lg] + self.args, out)
         self.addr = wait_for_line(out, r"^listening (\S+)", self.p).group(1)
-        self.url = f"http://{self.addr}/mcp"
+        self.url = f"{'https' if certs else 'http'}://{self.addr}/mcp"
         self.pid = self.p.pid
 
 
@@ -250,12 +254,12 @@ class Gateway:
     `cache` (a TTL such as "5m") too, that proxy serves its lists from a memory store."""
 
     def __init__(self, procs, gw, name, upstream_url, workers=1, io="uring", wrapper=None,
-                 routes=None, cache=None):
+                 routes=None, cache=None, certs=None):
         self.name = name
         self.workers = workers
         self.io = io
         cfg = os.path.join(RAW, f"{name}.yaml")
-        self.config_text = gateway_config(upstream_url, workers, io, routes, cache)
+        self.config_text = gateway_config(upstream_url, workers, io, routes, cache, certs)
         with open(cfg, "w") as f:
             f.write(self.config_text)
         self.config = cfg
@@ -265,7 +269,7 @@ class Gateway:
         t = 120.0 if wrapper else 15.0
         north = wait_for_line(out, r"listening north (\S+)", self.p, t).group(1)
         metrics = wait_for_line(out, r"listening metrics (\S+)", self.p, t).group(1)
-        self.url = f"http://{north}/mcp"
+        self.url = f"{'https' if certs else 'http'}://{north}/mcp"
         self.metrics_url = f"http://{metrics}/metrics"
         self.pid = self.p.pid  # under valgrind too: valgrind runs the tool in its own process
 
@@ -273,14 +277,18 @@ class Gateway:
         return scrape(self.metrics_url)
 
 
-def gateway_config(upstream_url, workers, io, routes=None, cache=None):
-    """The YAML config `Gateway` runs mcpyard with (see there)."""
+def gateway_config(upstream_url, workers, io, routes=None, cache=None, certs=None):
+    """The YAML config `Gateway` runs mcpyard with (see there). With `certs` the server
+    binding terminates TLS and an https:// upstream is trusted through `certs.ca`."""
     text = (f"runtime: {{ workers: {workers}, io: {io} }}\n"
             "telemetry: { metrics: 127.0.0.1:0 }\n")
     if routes and cache:
         text += "stores: { cache0: { type: memory } }\n"
+    north_tls = f", tls: {{ cert: {certs.cert}, key: {certs.key} }}" if certs else ""
+    up_tls = (f", tls: {{ ca: {certs.ca} }}"
+              if certs and upstream_url and upstream_url.startswith("https://") else "")
     text += ("bindings:\n"
-             "  north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up }\n")
+             f"  north: {{ kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up{north_tls} }}\n")
     if routes:
         text += "  up:\n    kind: proxy\n"
         if cache:
@@ -289,7 +297,7 @@ def gateway_config(upstream_url, workers, io, routes=None, cache=None):
         text += "".join(f"      - {{ toolkit: {t}, exit: up_{t} }}\n" for t, _ in routes)
         text += "".join(f'  up_{t}: {{ kind: client, server: "{u}" }}\n' for t, u in routes)
     elif upstream_url:
-        text += f'  up: {{ kind: client, server: "{upstream_url}" }}\n'
+        text += f'  up: {{ kind: client, server: "{upstream_url}"{up_tls} }}\n'
     else:
         text += "  up: { kind: demo }\n"
     return text
@@ -298,7 +306,7 @@ def gateway_config(upstream_url, workers, io, routes=None, cache=None):
 class Nginx:
     """nginx as a plain keep-alive reverse proxy, foreground, temp prefix."""
 
-    def __init__(self, procs, nginx_bin, name, upstream_addr, workers=1):
+    def __init__(self, procs, nginx_bin, name, upstream_addr, workers=1, certs=None):
         self.name = name
         self.workers = workers
         prefix = tempfile.mkdtemp(prefix=f"mcpyard-perf-{name}-")
@@ -308,7 +316,7 @@ class Nginx:
             port = free_port()
             conf = os.path.join(prefix, "nginx.conf")
             with open(conf, "w") as f:
-                f.write(nginx_conf(prefix, port, upstream_addr, workers))
+                f.write(nginx_conf(prefix, port, upstream_addr, workers, certs))
             out = os.path.join(RAW, f"{name}.log")
             self.p = procs.start(
                 name, [nginx_bin, "-p", prefix, "-c", conf, "-e", os.path.join(prefix, "error.log")],
@@ -319,12 +327,29 @@ class Nginx:
             procs.stop(self.p)
         else:
             raise Fail(f"nginx did not start; see {prefix}/error.log")
-        self.url = f"http://127.0.0.1:{port}/mcp"
+        self.url = f"{'https' if certs else 'http'}://127.0.0.1:{port}/mcp"
         self.pid = self.p.pid
-        self.conf_text = nginx_conf("<tmp>", "<port>", "<fixture>", workers)
+        self.conf_text = nginx_conf("<tmp>", "<port>", "<fixture>", workers, certs and Certs.shown())
 
 
-def nginx_conf(prefix, port, upstream_addr, workers):
+def nginx_conf(prefix, port, upstream_addr, workers, certs=None):
+    """A keep-alive reverse proxy; with `certs`, `listen ssl` and TLS to the upstream too
+    (verified against certs.ca as `localhost`, sessions reused, connections kept alive)."""
+    if certs:
+        listen = f"listen 127.0.0.1:{port} ssl;"
+        server_tls = f"""
+        ssl_certificate {certs.cert};
+        ssl_certificate_key {certs.key};
+        ssl_session_cache shared:SSL:10m;
+        ssl_session_tickets on;"""
+        scheme = "https"
+        proxy_tls = f"""
+            proxy_ssl_trusted_certificate {certs.ca};
+            proxy_ssl_verify on;
+            proxy_ssl_name localhost;
+            proxy_ssl_session_reuse on;"""
+    else:
+        listen, server_tls, scheme, proxy_tls = f"listen 127.0.0.1:{port};", "", "http", ""
     return f"""worker_processes {workers};
 daemon off;
 pid {prefix}/nginx.pid;
@@ -339,9 +364,9 @@ http {{
     scgi_temp_path {prefix}/scgi;
     upstream fixture {{ server {upstream_addr}; keepalive 64; }}
     server {{
-        listen 127.0.0.1:{port};
+        {listen}{server_tls}
         location / {{
-            proxy_pass http://fixture;
+            proxy_pass {scheme}://fixture;{proxy_tls}
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_buffering off;
@@ -349,6 +374,51 @@ http {{
     }}
 }}
 """
+
+
+class Certs:
+    """A CA and a server certificate (ECDSA P-256, SAN localhost and 127.0.0.1) made with the
+    openssl CLI in `directory`; the same files serve every TLS hop."""
+
+    CURVE = "prime256v1"
+    DAYS = "2"
+
+    def __init__(self, directory):
+        openssl = shutil.which("openssl")
+        if not openssl:
+            raise Fail("openssl (the CLI) is needed to make the test certificates")
+        os.makedirs(directory, exist_ok=True)
+        self.ca = os.path.join(directory, "ca.pem")
+        self.cert = os.path.join(directory, "cert.pem")
+        self.key = os.path.join(directory, "key.pem")
+        ca_key = os.path.join(directory, "ca-key.pem")
+        csr = os.path.join(directory, "cert.csr")
+        ext = os.path.join(directory, "cert.ext")
+        with open(ext, "w") as f:
+            f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n"
+                    "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n"
+                    "extendedKeyUsage=serverAuth\n")
+        ec = ["-newkey", "ec", "-pkeyopt", f"ec_paramgen_curve:{self.CURVE}", "-nodes"]
+        steps = [
+            [openssl, "req", "-x509", *ec, "-keyout", ca_key, "-out", self.ca, "-days", self.DAYS,
+             "-subj", "/CN=mcpyard perf CA"],
+            [openssl, "req", *ec, "-keyout", self.key, "-out", csr, "-subj", "/CN=localhost"],
+            [openssl, "x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", ca_key,
+             "-CAcreateserial", "-out", self.cert, "-days", self.DAYS, "-extfile", ext],
+        ]
+        for argv in steps:
+            r = subprocess.run(argv, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise Fail(f"openssl failed: {' '.join(argv)}\n{r.stderr[-1500:]}")
+        self.describe = (f"ECDSA {self.CURVE} CA and server certificate (SAN localhost, "
+                         "127.0.0.1), made with the openssl CLI at run time")
+
+    @staticmethod
+    def shown():
+        """Placeholders for printing a config."""
+        c = Certs.__new__(Certs)
+        c.ca, c.cert, c.key = "<tmp>/ca.pem", "<tmp>/cert.pem", "<tmp>/key.pem"
+        return c
 
 
 def wait_port(port, p, timeout=10.0):

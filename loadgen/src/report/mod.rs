@@ -66,15 +66,24 @@ pub fn table(args: &RunArgs, rec: &Recorder) -> String {
     // `fmt::Write` for `String` never fails; results are ignored for that reason.
     let _ = writeln!(
         out,
-        "mcpyard-loadgen {} {mode}, {} connections, {:.1} s (+{:.1} s warm-up), http://{}{}, \
-         receive time: {}",
+        "mcpyard-loadgen {} {mode}, {} connections, {:.1} s (+{:.1} s warm-up), {}://{}{}, \
+         receive time: {}{}",
         args.scenario.name(),
         args.connections,
         args.duration.as_secs_f64(),
         args.warmup.as_secs_f64(),
+        if args.target.tls { "https" } else { "http" },
         args.target.authority,
         args.target.path,
-        args.receive_time.name()
+        args.receive_time.name(),
+        match (args.new_connection, args.target.tls) {
+            (true, true) => format!(
+                ", a new connection per request (TLS resumption {})",
+                args.tls_resumption.name()
+            ),
+            (true, false) => ", a new connection per request".to_owned(),
+            (false, _) => String::new(),
+        }
     );
     let _ = write!(
         out,
@@ -183,7 +192,15 @@ pub fn run_json(args: &RunArgs, rec: &Recorder) -> Value {
         "scenario": args.scenario.name(),
         "mode": if fig.target_rate.is_some() { "open" } else { "closed" },
         "target_rate": fig.target_rate,
-        "url": format!("http://{}{}", args.target.authority, args.target.path),
+        "url": format!(
+            "{}://{}{}",
+            if args.target.tls { "https" } else { "http" },
+            args.target.authority,
+            args.target.path
+        ),
+        "tls": args.target.tls,
+        "tls_resumption": args.target.tls.then(|| args.tls_resumption.name()),
+        "new_connection": args.new_connection,
         "connections": args.connections,
         "duration_s": args.duration.as_secs_f64(),
         "warmup_s": args.warmup.as_secs_f64(),
@@ -244,6 +261,7 @@ mod tests {
             target: Target {
                 authority: "127.0.0.1:1".into(),
                 path: "/mcp".into(),
+                tls: false,
             },
             scenario: Scenario::ToolsCall,
             mode,
@@ -263,6 +281,9 @@ mod tests {
             json: None,
             hgrm: None,
             svg: None,
+            new_connection: false,
+            tls_ca: None,
+            tls_resumption: crate::tls::Resumption::On,
         }
     }
 

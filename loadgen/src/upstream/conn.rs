@@ -36,6 +36,7 @@ use crate::limits::{
     FIXTURE_COPY_BYTES_MAX, FIXTURE_KEEPALIVE, READ_CHUNK_BYTES, REQUEST_BYTES_MAX,
 };
 use crate::sys::{enable_receive_timestamps, recv_stamped_buf, sleep_until_precise};
+use crate::tls::Layer;
 
 /// `{"jsonrpc":"2.0","id":` `,"result":` `}` around an id and a result.
 const RESULT_FRAME_BYTES: usize = r#"{"jsonrpc":"2.0","id":,"result":}"#.len();
@@ -46,9 +47,53 @@ struct Request {
     body: Bytes,
 }
 
+/// The socket, plain or with TLS: everything written goes through [`Wire::send`].
+pub struct Wire {
+    stream: TcpStream,
+    /// The TLS session (`--tls-cert`); the handshake runs as its records arrive.
+    tls: Option<Box<Layer>>,
+    /// Raw records read, before TLS opens them.
+    raw: BytesMut,
+    /// Records sealed, before they are written.
+    sealed: Vec<u8>,
+}
+
+impl Wire {
+    /// Writes `bytes` whole (sealed first on TLS).
+    async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self.tls.as_deref_mut() {
+            None => self.stream.write_all(bytes).await,
+            Some(layer) => {
+                layer.seal(bytes, &mut self.sealed)?;
+                self.flush_sealed().await
+            }
+        }
+    }
+
+    /// Writes the segments of `buf` whole (one vectored write where plain).
+    async fn send_buf(&mut self, buf: &mut impl Buf) -> io::Result<()> {
+        let Some(layer) = self.tls.as_deref_mut() else {
+            return self.stream.write_all_buf(buf).await;
+        };
+        while buf.has_remaining() {
+            let chunk = buf.chunk();
+            layer.seal(chunk, &mut self.sealed)?;
+            let n = chunk.len();
+            buf.advance(n);
+        }
+        self.flush_sealed().await
+    }
+
+    async fn flush_sealed(&mut self) -> io::Result<()> {
+        let written = self.stream.write_all(&self.sealed).await;
+        self.sealed.clear();
+        written
+    }
+}
+
 /// A connection and its buffers.
 pub struct Connection {
-    stream: TcpStream,
+    wire: Wire,
     shared: Arc<Shared>,
     decoder: RequestDecoder,
     read: BytesMut,
@@ -62,8 +107,8 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Wraps an accepted stream.
-    pub fn new(stream: TcpStream, shared: Arc<Shared>) -> Connection {
+    /// Wraps an accepted stream; with `tls` it speaks TLS (handshake first).
+    pub fn new(stream: TcpStream, shared: Arc<Shared>, tls: Option<Layer>) -> Connection {
         let args = &shared.args;
         let delays = !args.delay.is_zero() || !args.progress_interval.is_zero();
         // Stamps cost a clock read per segment: only when a delay uses them.
@@ -72,7 +117,12 @@ impl Connection {
             && enable_receive_timestamps(stream.as_raw_fd()).is_ok();
         let now = Instant::now();
         Connection {
-            stream,
+            wire: Wire {
+                stream,
+                tls: tls.map(Box::new),
+                raw: BytesMut::new(),
+                sealed: Vec::new(),
+            },
             shared,
             stamped,
             arrived: now,
@@ -85,7 +135,7 @@ impl Connection {
 
     /// Serves requests until the peer closes, asks to close, or errs.
     pub async fn serve(mut self) {
-        let _ = self.stream.set_nodelay(true);
+        let _ = self.wire.stream.set_nodelay(true);
         loop {
             let request = match self.read_request().await {
                 Ok(Some(request)) => request,
@@ -142,9 +192,7 @@ impl Connection {
             match self.decoder.decode(&mut self.read) {
                 Ok(Some(RequestEvent::Head(h))) => {
                     if h.expects_continue() {
-                        self.stream
-                            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                            .await?;
+                        self.wire.send(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
                     }
                     head = Some(h);
                 }
@@ -176,7 +224,7 @@ impl Connection {
                 Err(err) => {
                     self.out.clear();
                     encode_error_response(&err, &mut self.out);
-                    self.stream.write_all(&self.out).await?;
+                    self.wire.send(&self.out).await?;
                     return Ok(None);
                 }
             }
@@ -184,16 +232,40 @@ impl Connection {
     }
 
     /// Reads what the socket has into `self.read` and notes when it arrived; returns the
-    /// byte count (0 when the peer closed).
+    /// byte count (0 when the peer closed). On TLS the count is of plaintext: reads that
+    /// bring only handshake records (answered here) or tickets are read past.
     async fn receive(&mut self) -> io::Result<usize> {
-        let fd = self.stream.as_raw_fd();
-        let read = &mut self.read;
-        let (n, stamp) = self
-            .stream
-            .async_io(Interest::READABLE, || {
-                recv_stamped_buf(fd, read, READ_CHUNK_BYTES)
-            })
-            .await?;
+        let fd = self.wire.stream.as_raw_fd();
+        let (n, stamp) = loop {
+            let wire = &mut self.wire;
+            let into = if wire.tls.is_some() {
+                &mut wire.raw
+            } else {
+                &mut self.read
+            };
+            let (n, stamp) = wire
+                .stream
+                .async_io(Interest::READABLE, || {
+                    recv_stamped_buf(fd, into, READ_CHUNK_BYTES)
+                })
+                .await?;
+            let Some(layer) = wire.tls.as_deref_mut() else {
+                break (n, stamp);
+            };
+            if n == 0 {
+                break (0, stamp);
+            }
+            let opened = layer.received(&wire.raw, &mut self.read, &mut wire.sealed);
+            wire.raw.clear();
+            let closed = layer.peer_closed();
+            if !wire.sealed.is_empty() {
+                wire.flush_sealed().await?;
+            }
+            let opened = opened?;
+            if opened > 0 || closed {
+                break (opened, stamp);
+            }
+        };
         // The wall clock first, then the monotonic one (see `arrival.rs`).
         let real_at = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -209,7 +281,7 @@ impl Connection {
     }
 
     async fn flush_out(&mut self) -> io::Result<()> {
-        self.stream.write_all(&self.out).await?;
+        self.wire.send(&self.out).await?;
         self.out.clear();
         Ok(())
     }
@@ -286,7 +358,7 @@ impl Connection {
         }
         let head = self.out.split().freeze();
         let mut segments = head.chain(result.clone()).chain(&b"}"[..]);
-        self.stream.write_all_buf(&mut segments).await
+        self.wire.send_buf(&mut segments).await
     }
 
     /// Writes a chunked `text/event-stream` reply: progress event `i` at `start + i *
@@ -369,12 +441,13 @@ impl Connection {
                     encode_chunk(&comment, &mut chunk);
                     chunk.freeze()
                 }
-                read = self.stream.read(&mut scratch) => match read {
+                // Raw bytes, TLS records too: nothing is expected on a GET stream.
+                read = self.wire.stream.read(&mut scratch) => match read {
                     Ok(0) | Err(_) => return,
                     Ok(_) => continue, // nothing is expected on a GET stream; ignore it
                 },
             };
-            if self.stream.write_all(&chunk).await.is_err() {
+            if self.wire.send(&chunk).await.is_err() {
                 return;
             }
         }

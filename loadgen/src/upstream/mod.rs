@@ -23,6 +23,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use rustls::ServerConfig;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 
@@ -49,6 +50,8 @@ pub enum UpstreamError {
     Bind(SocketAddr, io::Error),
     /// A worker thread or its runtime could not be started.
     Worker(io::Error),
+    /// The TLS certificate or key could not be used.
+    Tls(String),
 }
 
 impl fmt::Display for UpstreamError {
@@ -56,6 +59,7 @@ impl fmt::Display for UpstreamError {
         match self {
             UpstreamError::Bind(addr, err) => write!(f, "cannot listen on {addr}: {err}"),
             UpstreamError::Worker(err) => write!(f, "cannot start a worker: {err}"),
+            UpstreamError::Tls(why) => write!(f, "TLS: {why}"),
         }
     }
 }
@@ -66,6 +70,12 @@ impl std::error::Error for UpstreamError {}
 pub fn serve(args: UpstreamArgs) -> Result<(), UpstreamError> {
     // Thousands of idle sessions need as many descriptors; best effort.
     let _ = crate::sys::raise_nofile_limit();
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(crate::tls::server_config(cert, key).map_err(UpstreamError::Tls)?)
+        }
+        _ => None,
+    };
     let first = reuseport_listener(args.listen).map_err(|e| UpstreamError::Bind(args.listen, e))?;
     // With port 0 the first bind picked the port; the others join it.
     let addr = first
@@ -79,9 +89,10 @@ pub fn serve(args: UpstreamArgs) -> Result<(), UpstreamError> {
     let mut workers = Vec::with_capacity(listeners.len());
     for (index, listener) in listeners.into_iter().enumerate() {
         let shared = Arc::clone(&shared);
+        let tls = tls.clone();
         let worker = std::thread::Builder::new()
             .name(format!("fixture-{index}"))
-            .spawn(move || run_worker(listener, shared))
+            .spawn(move || run_worker(listener, shared, tls))
             .map_err(UpstreamError::Worker)?;
         workers.push(worker);
     }
@@ -111,15 +122,23 @@ fn reuseport_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 }
 
 /// One worker: a current_thread runtime accepting on its own listener.
-fn run_worker(listener: std::net::TcpListener, shared: Arc<Shared>) -> io::Result<()> {
+fn run_worker(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    tls: Option<Arc<ServerConfig>>,
+) -> io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, accept_loop(listener, shared))
+    local.block_on(&runtime, accept_loop(listener, shared, tls))
 }
 
-async fn accept_loop(listener: std::net::TcpListener, shared: Arc<Shared>) -> io::Result<()> {
+async fn accept_loop(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    tls: Option<Arc<ServerConfig>>,
+) -> io::Result<()> {
     let listener = TcpListener::from_std(listener)?;
     let open = Rc::new(Cell::new(0usize));
     loop {
@@ -137,9 +156,17 @@ async fn accept_loop(listener: std::net::TcpListener, shared: Arc<Shared>) -> io
             });
             continue;
         }
+        let session = match &tls {
+            None => None,
+            Some(config) => match crate::tls::server_session(config) {
+                Ok(session) => Some(session),
+                // rustls refuses a session only when the config is unusable: drop this one.
+                Err(_) => continue,
+            },
+        };
         open.set(open.get() + 1);
         let open = Rc::clone(&open);
-        let connection = Connection::new(stream, Arc::clone(&shared));
+        let connection = Connection::new(stream, Arc::clone(&shared), session);
         tokio::task::spawn_local(async move {
             connection.serve().await;
             open.set(open.get() - 1);

@@ -251,6 +251,8 @@ fn test_args(result_bytes: usize, progress: u32, sse: bool) -> UpstreamArgs {
         workers: 1,
         tools: 2,
         page_size: 0,
+        tls_cert: None,
+        tls_key: None,
     }
 }
 
