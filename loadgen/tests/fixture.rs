@@ -2,54 +2,18 @@
 //! against it in each scenario. Every fixture listens on 127.0.0.1:0 and is killed when
 //! its test ends. Assertions are on counts and bytes, never on how long anything took.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_mcpyard-loadgen");
+mod common;
+
+use common::{BIN, Fixture};
 
 /// Generous socket timeout so a hung fixture fails the test instead of hanging it.
 const IO_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// A running fixture, killed on drop.
-struct Fixture {
-    child: Child,
-    addr: String,
-}
-
-impl Fixture {
-    fn start(extra: &[&str]) -> Fixture {
-        let mut child = Command::new(BIN)
-            .args(["upstream", "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
-        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .unwrap_or_else(|e| panic!("read listening line: {e}"));
-        let addr = line
-            .strip_prefix("listening ")
-            .map(|a| a.trim().to_owned())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Fixture { child, addr }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/mcp", self.addr)
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Sends raw bytes on a new connection and returns everything until the peer's response
 /// is complete (Content-Length bodies only) as (head, body).

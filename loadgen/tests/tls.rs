@@ -3,13 +3,27 @@
 //! certificates made at test time (rcgen). Assertions are on counts and bytes, never on how
 //! long anything took.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mcpyard-loadgen");
+mod common;
+
+use common::{BIN, Fixture};
+
+/// The fixture serving TLS with `certs`, and `extra` flags.
+fn tls_fixture(certs: &Certs, extra: &[&str]) -> Fixture {
+    let path = |p: &Path| {
+        p.to_str()
+            .unwrap_or_else(|| panic!("a UTF-8 temp path"))
+            .to_owned()
+    };
+    let (cert, key) = (path(&certs.cert), path(&certs.key));
+    let mut args = vec!["--tls-cert", &cert, "--tls-key", &key];
+    args.extend_from_slice(extra);
+    Fixture::start(&args)
+}
 
 /// A CA and a server certificate for 127.0.0.1 and localhost, as PEM files in a temp dir.
 struct Certs {
@@ -67,46 +81,6 @@ impl Drop for Certs {
 }
 
 /// A running TLS fixture, killed on drop.
-struct Fixture {
-    child: Child,
-    addr: String,
-}
-
-impl Fixture {
-    fn start(certs: &Certs, extra: &[&str]) -> Fixture {
-        let mut child = Command::new(BIN)
-            .args(["upstream", "--listen", "127.0.0.1:0", "--tls-cert"])
-            .arg(&certs.cert)
-            .arg("--tls-key")
-            .arg(&certs.key)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
-        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .unwrap_or_else(|e| panic!("read listening line: {e}"));
-        let addr = line
-            .strip_prefix("listening ")
-            .map(|a| a.trim().to_owned())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Fixture { child, addr }
-    }
-
-    fn url(&self) -> String {
-        format!("https://{}/mcp", self.addr)
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `run` against `url` trusting `ca`, with `extra` flags; returns the output and the
 /// parsed JSON report (Null when the run wrote none).
 fn run(url: &str, ca: &Path, tag: &str, extra: &[&str]) -> (Output, serde_json::Value) {
@@ -138,7 +112,7 @@ fn errors(v: &serde_json::Value) -> u64 {
 #[test]
 fn every_request_scenario_runs_over_tls() {
     let certs = Certs::new("scenarios");
-    let fx = Fixture::start(&certs, &["--progress", "3"]);
+    let fx = tls_fixture(&certs, &["--progress", "3"]);
     for scenario in [
         "initialize",
         "tools-call",
@@ -182,7 +156,7 @@ fn every_request_scenario_runs_over_tls() {
 #[test]
 fn large_results_cross_many_records() {
     let certs = Certs::new("large");
-    let fx = Fixture::start(&certs, &["--result-bytes", "300000"]);
+    let fx = tls_fixture(&certs, &["--result-bytes", "300000"]);
     let (out, v) = run(
         &fx.url(),
         &certs.ca,
@@ -201,7 +175,7 @@ fn large_results_cross_many_records() {
 #[test]
 fn a_new_connection_per_request_handshakes_with_and_without_resumption() {
     let certs = Certs::new("newconn");
-    let fx = Fixture::start(&certs, &[]);
+    let fx = tls_fixture(&certs, &[]);
     for resumption in ["off", "on"] {
         let (out, v) = run(
             &fx.url(),
@@ -240,7 +214,7 @@ fn a_new_connection_per_request_handshakes_with_and_without_resumption() {
 fn a_certificate_from_another_ca_is_refused_clearly() {
     let certs = Certs::new("served");
     let other = Certs::new("other");
-    let fx = Fixture::start(&certs, &[]);
+    let fx = tls_fixture(&certs, &[]);
     let (out, _) = run(
         &fx.url(),
         &other.ca,
@@ -260,7 +234,7 @@ fn a_certificate_from_another_ca_is_refused_clearly() {
 #[test]
 fn a_missing_ca_file_and_a_lone_key_are_refused() {
     let certs = Certs::new("files");
-    let fx = Fixture::start(&certs, &[]);
+    let fx = tls_fixture(&certs, &[]);
     let (out, _) = run(
         &fx.url(),
         Path::new("/nonexistent/ca.pem"),

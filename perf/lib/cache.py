@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from perfkit import (  # noqa: E402
     CLK_TCK, RAW, RESULTS, Fail, Fixture, Gateway, add_quiet_args, binaries, fd_count, fmt,
     free_port, gateway_config, loadgen, loadgen_cmd, log, machine_info, machine_line,
-    main_guard, pgroup_ticks, raise_nofile, rss_kib, set_quiet, system_ticks, table,
+    main_guard, nginx_head, pgroup_ticks, raise_nofile, rss_kib, set_quiet, system_ticks, table,
     wait_for_line, wait_port, wait_quiet, write_report,
 )
 from hops import lat, median, summarize  # noqa: E402
@@ -212,19 +212,7 @@ def static_conf(prefix, port, body_path, workers):
     # an internal GET of the same file answered 200 (the usual way to serve a file to POST).
     # keepalive_requests: nginx closes a connection after 1,000 requests by default, and the
     # generator would then reconnect; mcpyard has no such limit.
-    return f"""worker_processes {workers};
-daemon off;
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {prefix}/body;
-    proxy_temp_path {prefix}/proxy;
-    fastcgi_temp_path {prefix}/fastcgi;
-    uwsgi_temp_path {prefix}/uwsgi;
-    scgi_temp_path {prefix}/scgi;
-    types {{ }}
+    return nginx_head(prefix, workers) + f"""    types {{ }}
     default_type application/json;
     etag off;
     sendfile on;

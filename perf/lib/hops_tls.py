@@ -24,7 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from perfkit import (  # noqa: E402
     RAW, RESULTS, Certs, Fixture, Gateway, Nginx, apt_install, binaries, fmt, loadgen,
-    loadgen_cmd, log, machine_info, machine_line, nginx_conf, table, write_report,
+    loadgen_cmd, log, machine_info, machine_line, median, nginx_conf, summarize, table, write_report,
 )
 
 NAME = "compare-tls"
@@ -34,33 +34,6 @@ NGINX = "nginx-w1"
 ORDER = ["direct", "mcpyard-w1-uring", "mcpyard-w1-epoll", "nginx-w1"]
 FRACTION = 0.50
 RESUMPTION = ("off", "on")
-
-
-def median(xs):
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return None
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
-
-
-def summarize(rs):
-    out = {"rounds": rs}
-    for key in ("response_us", "service_us"):
-        out[key] = {q: median([r[key][q] for r in rs]) for q in ("p50", "p90", "p99", "p99_9", "max")}
-        out[key]["p99_min"] = min(r[key]["p99"] for r in rs)
-        out[key]["p99_max"] = max(r[key]["p99"] for r in rs)
-    out["throughput_rps"] = median([r["throughput_rps"] for r in rs])
-    out["throughput_min"] = min(r["throughput_rps"] for r in rs)
-    out["throughput_max"] = max(r["throughput_rps"] for r in rs)
-    out["cpu_us_per_req"] = {k: median([r["cpu_us_per_req"].get(k) for r in rs])
-                             for k in rs[0]["cpu_us_per_req"]}
-    out["foreign_busy_pct"] = max(r["foreign_busy_pct"] for r in rs)
-    out["machine_busy_pct"] = median([r["machine_busy_pct"] for r in rs])
-    out["errors"] = {k: sum(r["errors"][k] for r in rs) for k in rs[0]["errors"]}
-    out["unsent"] = sum(r["unsent"] for r in rs)
-    out["argv"] = rs[-1]["argv"]
-    return out
 
 
 def run_tls(procs, a):

@@ -332,6 +332,24 @@ class Nginx:
         self.conf_text = nginx_conf("<tmp>", "<port>", "<fixture>", workers, certs and Certs.shown())
 
 
+def nginx_head(prefix, workers):
+    """The start of every generated nginx.conf, up to inside `http {`: foreground, files in
+    `prefix`, no access log."""
+    return f"""worker_processes {workers};
+daemon off;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+"""
+
+
 def nginx_conf(prefix, port, upstream_addr, workers, certs=None):
     """A keep-alive reverse proxy; with `certs`, `listen ssl` and TLS to the upstream too
     (verified against certs.ca as `localhost`, sessions reused, connections kept alive)."""
@@ -350,19 +368,7 @@ def nginx_conf(prefix, port, upstream_addr, workers, certs=None):
             proxy_ssl_session_reuse on;"""
     else:
         listen, server_tls, scheme, proxy_tls = f"listen 127.0.0.1:{port};", "", "http", ""
-    return f"""worker_processes {workers};
-daemon off;
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {prefix}/body;
-    proxy_temp_path {prefix}/proxy;
-    fastcgi_temp_path {prefix}/fastcgi;
-    uwsgi_temp_path {prefix}/uwsgi;
-    scgi_temp_path {prefix}/scgi;
-    upstream fixture {{ server {upstream_addr}; keepalive 64; }}
+    return nginx_head(prefix, workers) + f"""    upstream fixture {{ server {upstream_addr}; keepalive 64; }}
     server {{
         {listen}{server_tls}
         location / {{
@@ -758,3 +764,31 @@ def main_guard(script, fn):
         sys.exit(1)
     finally:
         procs.stop_all()
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def summarize(rs):
+    """Median over rounds of every figure (each percentile on its own), plus the spread."""
+    out = {"rounds": rs}
+    for key in ("response_us", "service_us"):
+        out[key] = {q: median([r[key][q] for r in rs]) for q in ("p50", "p90", "p99", "p99_9", "max")}
+        out[key]["p99_min"] = min(r[key]["p99"] for r in rs)
+        out[key]["p99_max"] = max(r[key]["p99"] for r in rs)
+    out["throughput_rps"] = median([r["throughput_rps"] for r in rs])
+    out["throughput_min"] = min(r["throughput_rps"] for r in rs)
+    out["throughput_max"] = max(r["throughput_rps"] for r in rs)
+    out["cpu_us_per_req"] = {k: median([r["cpu_us_per_req"].get(k) for r in rs])
+                             for k in rs[0]["cpu_us_per_req"]}
+    out["foreign_busy_pct"] = max(r["foreign_busy_pct"] for r in rs)
+    out["machine_busy_pct"] = median([r.get("machine_busy_pct") for r in rs])
+    out["errors"] = {k: sum(r["errors"][k] for r in rs) for k in rs[0]["errors"]}
+    out["unsent"] = sum(r["unsent"] for r in rs)
+    out["argv"] = rs[-1]["argv"]
+    return out
