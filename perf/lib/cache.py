@@ -42,6 +42,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perfkit import rerender as perfkit_rerender  # noqa: E402
+from perfkit import errs  # noqa: E402,F401
 from perfkit import (  # noqa: E402
     CLK_TCK, RAW, RESULTS, Fail, Fixture, Gateway, add_quiet_args, binaries, fd_count, fmt,
     free_port, gateway_config, loadgen, loadgen_cmd, log, machine_info, machine_line,
@@ -757,25 +759,21 @@ def strip(data):
 
 def rerender():
     """--report-only: rewrites compare-cache.md from compare-cache.json (no measuring)."""
-    with open(os.path.join(RESULTS, f"{NAME}.json")) as f:
-        d = json.load(f)
-    d["machine"]["rerendered"] = True
-    d["list"] = {int(k): v for k, v in d.get("list", {}).items()}
-    d["breakdown"] = {int(k): v for k, v in d.get("breakdown", {}).items()}
-    if "fanout" in d:
-        d["fanout"]["floor"] = {int(k): v for k, v in d["fanout"]["floor"].items()}
-    if not d["breakdown"]:
-        d.pop("breakdown")
-    with open(os.path.join(RESULTS, f"{NAME}.md"), "w") as f:
-        f.write(report(d))
-    log(f"rewrote perf/results/{NAME}.md from perf/results/{NAME}.json")
+
+    def adapt(d):
+        d["list"] = {int(k): v for k, v in d.get("list", {}).items()}
+        d["breakdown"] = {int(k): v for k, v in d.get("breakdown", {}).items()}
+        if "fanout" in d:
+            d["fanout"]["floor"] = {int(k): v for k, v in d["fanout"]["floor"].items()}
+        if not d["breakdown"]:
+            d.pop("breakdown")
+
+    return perfkit_rerender(NAME, report, adapt)
 
 
 # --------------------------------------------------------------------------- report
 
 
-def errs(r):
-    return f"{sum(r['errors'].values())}/{r['unsent']}"
 
 
 def ms(us):

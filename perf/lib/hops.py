@@ -13,6 +13,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perfkit import rerender as perfkit_rerender  # noqa: E402
+from perfkit import errs  # noqa: E402,F401
 from perfkit import (  # noqa: E402
     RAW, RESULTS, Fail, Fixture, add_quiet_args, set_quiet, Gateway, Nginx, apt_install, binaries, fmt, loadgen,
     loadgen_cmd, log, machine_info, machine_line, main_guard, median, nginx_conf, summarize, table, write_report,
@@ -173,17 +175,13 @@ def run_plain(procs, a):
 
 def rerender():
     """--report-only: rewrites compare-hops.md from compare-hops.json (no measuring)."""
-    import json
 
-    with open(os.path.join(RESULTS, f"{NAME}.json")) as f:
-        d = json.load(f)
-    d["at"] = {int(k): v for k, v in d["at"].items()}
-    d["rates"] = {int(k): v for k, v in d["rates"].items()}
-    d.setdefault("argv", [])
-    d["machine"]["rerendered"] = True
-    with open(os.path.join(RESULTS, f"{NAME}.md"), "w") as f:
-        f.write(report(d))
-    log(f"rewrote perf/results/{NAME}.md from perf/results/{NAME}.json")
+    def adapt(d):
+        d["at"] = {int(k): v for k, v in d["at"].items()}
+        d["rates"] = {int(k): v for k, v in d["rates"].items()}
+        d.setdefault("argv", [])
+
+    return perfkit_rerender(NAME, report, adapt)
 
 
 def keep_round_one():

@@ -792,3 +792,23 @@ def summarize(rs):
     out["unsent"] = sum(r["unsent"] for r in rs)
     out["argv"] = rs[-1]["argv"]
     return out
+
+
+def rerender(name, report, adapt=None):
+    """--report-only: rewrites perf/results/<name>.md from <name>.json with `report` (no
+    measuring); `adapt` first turns what JSON changed back (e.g. integer keys). Returns the
+    data."""
+    with open(os.path.join(RESULTS, f"{name}.json")) as f:
+        d = json.load(f)
+    d["machine"]["rerendered"] = True
+    if adapt:
+        adapt(d)
+    with open(os.path.join(RESULTS, f"{name}.md"), "w") as f:
+        f.write(report(d))
+    log(f"rewrote perf/results/{name}.md from perf/results/{name}.json")
+    return d
+
+
+def errs(r):
+    """`errors/unsent` of a loadgen result, for the report tables."""
+    return f"{sum(r['errors'].values())}/{r['unsent']}"

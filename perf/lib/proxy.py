@@ -25,6 +25,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perfkit import rerender as perfkit_rerender  # noqa: E402
+from perfkit import errs  # noqa: E402,F401
 from perfkit import (  # noqa: E402
     CLK_TCK, RAW, REPO, RESULTS, Fail, Fixture, Gateway, Sampler, add_quiet_args, binaries, fmt,
     gateway_config, loadgen, loadgen_cmd, log, machine_info, machine_line, main_guard,
@@ -472,12 +474,7 @@ def strip(data):
 
 def rerender():
     """--report-only: rewrites compare-proxy.md from compare-proxy.json (no measuring)."""
-    with open(os.path.join(RESULTS, f"{NAME}.json")) as f:
-        d = json.load(f)
-    d["machine"]["rerendered"] = True
-    with open(os.path.join(RESULTS, f"{NAME}.md"), "w") as f:
-        f.write(report(d))
-    log(f"rewrote perf/results/{NAME}.md from perf/results/{NAME}.json")
+    return perfkit_rerender(NAME, report)
 
 
 # --------------------------------------------------------------------------- report
@@ -487,9 +484,6 @@ def mib(kib):
     return f"{kib / 1024:,.1f}"
 
 
-def errs(r):
-    e = sum(r["errors"].values())
-    return f"{e}/{r['unsent']}"
 
 
 def report(d):
