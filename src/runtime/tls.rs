@@ -15,8 +15,8 @@
 use super::io::{Conn, Socket, would_block};
 use super::slots::ReadBuf;
 use crate::limits::{
-    TLS_HANDSHAKE_READ_BYTES, TLS_IDLE_CHECK_READ_BYTES, TLS_IDLE_CHECK_READS_MAX,
-    TLS_WRITE_BATCH_BYTES,
+    TLS_HANDSHAKE_FIRST_READ_BYTES, TLS_HANDSHAKE_READ_BYTES, TLS_IDLE_CHECK_READ_BYTES,
+    TLS_IDLE_CHECK_READS_MAX, TLS_WRITE_BATCH_BYTES,
 };
 use crate::metrics::{self, TlsFailure, TlsSide};
 use bytes::{Bytes, BytesMut};
@@ -171,6 +171,8 @@ impl Conn {
     }
 
     async fn drive_handshake(&self, tls: &Tls) -> Result<Handshake, HandshakeError> {
+        // Small until a read fills its buffer (a certificate chain arriving, say).
+        let mut room = TLS_HANDSHAKE_FIRST_READ_BYTES;
         loop {
             let out = tls.sealed_output().map_err(HandshakeError::Io)?;
             if !out.is_empty() {
@@ -184,12 +186,17 @@ impl Conn {
                     tls.session.borrow().handshake_kind() == Some(rustls::HandshakeKind::Resumed);
                 return Ok(Handshake { resumed });
             }
-            let buf = ReadBuf::Heap(Vec::with_capacity(TLS_HANDSHAKE_READ_BYTES));
+            let buf = ReadBuf::Heap(Vec::with_capacity(room));
             let (result, buf) = self.socket.read(buf).await;
             let n = result.map_err(HandshakeError::Io)?;
             if n == 0 {
                 return Err(HandshakeError::Closed);
             }
+            room = if n >= room {
+                TLS_HANDSHAKE_READ_BYTES
+            } else {
+                TLS_HANDSHAKE_FIRST_READ_BYTES
+            };
             let fed = tls.feed(
                 buf.get(..n).unwrap_or_default(),
                 &mut tls.early.borrow_mut(),
