@@ -15,7 +15,6 @@ use crate::store::Store;
 use crate::store::memory::MemoryStore;
 use crate::{log, metrics};
 use arc_swap::ArcSwap;
-use bytes::{BufMut, BytesMut};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -331,16 +330,10 @@ impl Exits<'_> {
             })
             .max()
             .unwrap_or(DEMO_ROUTE_TIMEOUT);
-        let authorization = cache.authorization.as_ref().map(|secret| {
-            let mut value = BytesMut::with_capacity(7 + secret.expose().len());
-            value.put_slice(b"Bearer ");
-            value.put_slice(secret.expose().as_bytes());
-            value.freeze()
-        });
         Some(CacheSetup {
             store,
             ttl: cache.ttl,
-            authorization,
+            authorization: cache.authorization.as_ref().map(|s| s.bearer_header()),
             route_timeout,
         })
     }

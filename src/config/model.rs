@@ -265,6 +265,14 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// The `Authorization` header value that sends this credential: `Bearer <token>`.
+    pub fn bearer_header(&self) -> bytes::Bytes {
+        let mut value = bytes::BytesMut::with_capacity(7 + self.0.len());
+        value.extend_from_slice(b"Bearer ");
+        value.extend_from_slice(self.0.as_bytes());
+        value.freeze()
+    }
 }
 
 impl fmt::Debug for Secret {

@@ -127,6 +127,15 @@ impl Socket {
             }
         }
     }
+
+    /// Moves a tokio stream (non-blocking, registered) to an `AsyncFd` of its own.
+    fn epoll(stream: tokio::net::TcpStream) -> io::Result<Socket> {
+        let std = stream.into_std()?;
+        // SAFETY: `std` owns its socket's descriptor, and a `std::net::TcpStream` returns
+        // that same descriptor from `as_raw_fd` until it is dropped with the `AsyncFd`.
+        let fd = unsafe { AsyncFd::register(std) }.map_err(io::Error::from)?;
+        Ok(Socket::Epoll(fd))
+    }
 }
 
 impl Conn {
@@ -184,9 +193,7 @@ impl Conn {
         }
         self.socket.shutdown();
     }
-}
 
-impl Conn {
     /// Connects to `addr` on this worker's backend, with TCP_NODELAY set.
     ///
     /// The connect itself runs on tokio's readiness reactor (present on both backends), so
@@ -207,20 +214,7 @@ impl Conn {
             }
         }
     }
-}
 
-impl Socket {
-    /// Moves a tokio stream (non-blocking, registered) to an `AsyncFd` of its own.
-    fn epoll(stream: tokio::net::TcpStream) -> io::Result<Socket> {
-        let std = stream.into_std()?;
-        // SAFETY: `std` owns its socket's descriptor, and a `std::net::TcpStream` returns
-        // that same descriptor from `as_raw_fd` until it is dropped with the `AsyncFd`.
-        let fd = unsafe { AsyncFd::register(std) }.map_err(io::Error::from)?;
-        Ok(Socket::Epoll(fd))
-    }
-}
-
-impl Conn {
     /// True if the peer has closed (or reset) this idle connection, or sent bytes nobody
     /// asked for; either way it must not carry another request. Never blocks: a
     /// `MSG_PEEK | MSG_DONTWAIT` receive of one byte. On epoll that system call is skipped
@@ -257,17 +251,7 @@ impl Conn {
         }
         true // 0: the peer closed; > 0: unsolicited bytes
     }
-}
 
-/// EAGAIN or EINTR: nothing is wrong, there is just nothing now.
-pub(super) fn would_block(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-    )
-}
-
-impl Conn {
     /// True if a read may be awaited in place and dropped at any await: on epoll a read
     /// waits for readiness and owns nothing meanwhile. On io_uring a read must run to
     /// completion (its buffer belongs to the kernel until then), so it needs a task of
@@ -302,6 +286,14 @@ impl Conn {
             }
         }
     }
+}
+
+/// EAGAIN or EINTR: nothing is wrong, there is just nothing now.
+pub(super) fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
 }
 
 /// Reads once into the spare capacity of `v` (see [`recv_ready`]).

@@ -247,20 +247,15 @@ impl Tls {
     }
 
     pub(super) fn take_early(&self, out: &mut BytesMut) -> usize {
-        let mut early = self.early.borrow_mut();
-        let n = early.len();
+        let early = self.early.take();
         out.extend_from_slice(&early);
-        *early = BytesMut::new();
-        n
+        early.len()
     }
 
     /// The records rustls has queued to send (handshake flights, alerts, tickets).
     fn sealed_output(&self) -> io::Result<Bytes> {
-        let mut session = self.session.borrow_mut();
         let mut out = Vec::new();
-        while session.wants_write() {
-            session.write_tls(&mut out)?;
-        }
+        drain_records(&mut self.session.borrow_mut(), &mut out)?;
         Ok(Bytes::from(out))
     }
 
@@ -279,9 +274,7 @@ impl Tls {
                 let mut left = batch;
                 // rustls seals at most its buffer limit at a time: drain, then go on.
                 loop {
-                    while session.wants_write() {
-                        session.write_tls(&mut out)?;
-                    }
+                    drain_records(&mut session, &mut out)?;
                     if left.is_empty() {
                         break;
                     }
@@ -315,10 +308,8 @@ impl Tls {
         }
         session.send_close_notify();
         let mut out = Vec::new();
-        while session.wants_write() {
-            if session.write_tls(&mut out).is_err() {
-                return;
-            }
+        if drain_records(&mut session, &mut out).is_err() {
+            return;
         }
         drop(session);
         send_now(fd, &out);
@@ -350,6 +341,14 @@ impl Tls {
         }
         true
     }
+}
+
+/// Appends every record rustls has queued to send to `out`.
+fn drain_records(session: &mut Connection, out: &mut Vec<u8>) -> io::Result<()> {
+    while session.wants_write() {
+        session.write_tls(out)?;
+    }
+    Ok(())
 }
 
 /// Moves every plaintext byte rustls holds into `out`.

@@ -107,6 +107,14 @@ class Stack:
     def stop(self) -> None:
         harness.stop_mcpyard(self.gateway)
 
+    def run(self, scenario, **options) -> None:
+        """Runs the async `scenario` (`options` as for helpers.run), then stops the stack
+        (mcpyard must exit 0) either way."""
+        try:
+            run(scenario, **options)
+        finally:
+            self.stop()
+
 
 @pytest.fixture(scope="module")
 def upstreams(tmp_path_factory):
@@ -189,10 +197,7 @@ def test_lists_come_from_the_cache_without_upstream_round_trips(upstreams, tmp_p
             reply = await first.request("tools/call", {"name": "beta__whoami", "arguments": {}})
             assert reply.result["structuredContent"]["name"] == "beta"
 
-    try:
-        run(scenario)
-    finally:
-        stack.stop()
+    stack.run(scenario)
 
 
 def test_initialize_waits_for_the_first_hydration(upstreams, tmp_path):
@@ -211,9 +216,8 @@ def test_initialize_waits_for_the_first_hydration(upstreams, tmp_path):
             assert stack.metric("mcpyard_cache_misses_total") == 0, "the first list came from the cache"
 
     try:
-        run(scenario)
+        stack.run(scenario)
     finally:
-        stack.stop()
         harness.stop_upstream(slow)
 
 
@@ -232,10 +236,7 @@ def test_lists_are_refreshed_on_the_ttl(upstreams, tmp_path):
 
             await until(refreshed, "no refresh on the TTL")
 
-    try:
-        run(scenario)
-    finally:
-        stack.stop()
+    stack.run(scenario)
 
 
 async def open_stream(client: httpx2.AsyncClient, raw: RawSession):
@@ -298,10 +299,7 @@ def test_list_changed_once_per_session_and_only_when_lists_change(upstreams, tmp
             for response in streams:
                 await response.aclose()
 
-    try:
-        run(scenario)
-    finally:
-        stack.stop()
+    stack.run(scenario)
 
 
 def test_a_get_stream_holds_no_upstream_session_until_a_request_needs_one(upstreams, tmp_path):
@@ -333,10 +331,7 @@ def test_a_get_stream_holds_no_upstream_session_until_a_request_needs_one(upstre
             for response in streams:
                 await response.aclose()
 
-    try:
-        run(scenario)
-    finally:
-        stack.stop()
+    stack.run(scenario)
 
 
 async def _all_once(seen: list[list[str]]) -> bool:
@@ -387,9 +382,8 @@ def test_a_route_that_is_down_keeps_its_list_and_comes_back(upstreams, tmp_path)
             assert reply.result["structuredContent"]["name"] == "gamma"
 
     try:
-        run(scenario)
+        stack.run(scenario)
     finally:
-        stack.stop()
         harness.stop_upstream(gamma)
 
 
@@ -419,9 +413,8 @@ def test_hydration_carries_the_cache_credential_and_skips_a_route_refusing_it(up
             assert stack.metric("mcpyard_proxy_routes_skipped_total") >= 1
 
     try:
-        run(scenario)
+        stack.run(scenario)
     finally:
-        stack.stop()
         harness.stop_upstream(gate)
         harness.stop_upstream(locked)
     log = stack.gateway.stderr()
@@ -455,7 +448,4 @@ def test_one_worker_hydrates_for_a_hundred_sessions(upstreams, tmp_path):
             assert tool_lists <= hydrated / 4 + 1, (after - before, hydrated)
             assert stack.metric("mcpyard_cache_hits_total") >= 400
 
-    try:
-        run(scenario, timeout_s=60)
-    finally:
-        stack.stop()
+    stack.run(scenario, timeout_s=60)

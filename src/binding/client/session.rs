@@ -202,12 +202,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
     let authorization = match &client.authorization {
         None => None,
         Some(crate::config::ClientAuth::Forward) => hello.authorization.clone(),
-        Some(crate::config::ClientAuth::Bearer(secret)) => {
-            let mut value = BytesMut::with_capacity(7 + secret.expose().len());
-            value.put_slice(b"Bearer ");
-            value.put_slice(secret.expose().as_bytes());
-            Some(value.freeze())
-        }
+        Some(crate::config::ClientAuth::Bearer(secret)) => Some(secret.bearer_header()),
     };
     let session = Rc::new(UpSession {
         id: client.mint_session_id(),

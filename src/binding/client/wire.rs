@@ -130,12 +130,11 @@ impl Wire {
             self.burst.set(n >= buf_capacity(&buf));
             self.slots.give_back(buf);
             // TLS: a broken record stream ends the connection; close_notify after bytes
-            // ends it once those are taken (the next fill).
-            if n > 0 && received.is_ok() && !self.conn.tls_closed() {
-                return true;
-            }
+            // ends it once those are taken (the next fill finds it over).
             if n > 0 && received.is_ok() {
-                self.read_over();
+                if self.conn.tls_closed() {
+                    self.read_over();
+                }
                 return true;
             }
         }
