@@ -121,6 +121,13 @@ pub const UPSTREAM_POOL_IDLE_MAX: usize = 64;
 /// An idle pooled upstream connection older than this is closed instead of reused.
 pub const UPSTREAM_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A pooled plain-TCP upstream connection on io_uring idle for less than this is reused
+/// without the `MSG_PEEK` check (a system call per request there, which cannot see
+/// readiness): an upstream closing an idle connection does so after its own keep-alive
+/// timeout (seconds), and a close racing the reuse is what the one resend on a reused
+/// connection covers either way.
+pub const UPSTREAM_REUSE_CHECK_AFTER: Duration = Duration::from_millis(500);
+
 /// Addresses of a DNS name tried in turn when connecting upstream.
 pub const UPSTREAM_ADDRS_MAX: usize = 4;
 

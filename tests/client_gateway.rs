@@ -6,6 +6,7 @@
 
 mod support;
 
+use mcpyard::limits::UPSTREAM_REUSE_CHECK_AFTER;
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -371,8 +372,9 @@ fn a_pooled_connection_the_upstream_closed_is_never_used() {
     each_mode_exit(&exit, |gw| {
         let session = gw.initialize();
         for i in 0..3 {
-            // Let the upstream's close reach us before the next request takes the pool.
-            std::thread::sleep(Duration::from_millis(50));
+            // Let the upstream's close reach us before the next request takes the pool,
+            // and wait past the time within which io_uring reuses without a check.
+            std::thread::sleep(UPSTREAM_REUSE_CHECK_AFTER + Duration::from_millis(50));
             let r = gw.post(
                 Some(&session),
                 &format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"x","arguments":{{}}}}}}"#),
@@ -392,6 +394,36 @@ fn a_pooled_connection_the_upstream_closed_is_never_used() {
         // must never be.
         assert!(
             value("mcpyard_upstream_stale_retries_total") <= 1,
+            "{metrics}"
+        );
+        assert_eq!(value("mcpyard_upstream_failed_total"), 0, "{metrics}");
+    });
+}
+
+#[test]
+fn a_pooled_connection_closed_just_after_its_last_use_is_resent_once_and_answered() {
+    let addr = closing_upstream();
+    let exit = format!("{{kind: client, server: \"http://{addr}/mcp\"}}");
+    each_mode_exit(&exit, |gw| {
+        let session = gw.initialize();
+        for i in 0..5 {
+            // Well inside the window in which io_uring reuses a connection unchecked
+            // (epoll still sees the close when it has arrived): the dead connection is
+            // found by the request itself, which goes once more on a fresh one.
+            std::thread::sleep(Duration::from_millis(20));
+            let r = gw.post(
+                Some(&session),
+                &format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"x","arguments":{{}}}}}}"#),
+            );
+            assert!(r.json()["result"].is_object(), "call {i}: {}", r.text());
+        }
+        let metrics = scrape(gw);
+        let value = |name: &str| metric(&metrics, name);
+        // Every call found its connection dead one way or the other, and none failed.
+        assert!(
+            value("mcpyard_upstream_stale_dropped_total")
+                + value("mcpyard_upstream_stale_retries_total")
+                >= 5,
             "{metrics}"
         );
         assert_eq!(value("mcpyard_upstream_failed_total"), 0, "{metrics}");

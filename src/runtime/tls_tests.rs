@@ -154,7 +154,10 @@ fn bytes_cross_both_ways_and_close_notify_ends_the_stream() {
             read_plain(&client, &mut back, big.len()).await;
             assert!(back[..] == big[..], "{backend:?}: 200 KiB came back intact");
             // The idle client took the session tickets in with the data: still usable.
-            assert!(!client.unusable(), "{backend:?}: idle and sound");
+            assert!(
+                !client.unusable(Duration::ZERO),
+                "{backend:?}: idle and sound"
+            );
             // The server closes: close_notify, then the socket.
             accepted.shutdown();
             let mut rest = BytesMut::new();
@@ -176,10 +179,16 @@ fn an_idle_connection_whose_peer_said_close_notify_is_unusable() {
             assert!(c.is_ok() && s.is_ok(), "{backend:?}");
             // Tickets arrive on the idle client: taken in, still usable.
             tokio::time::sleep(Duration::from_millis(50)).await;
-            assert!(!client.unusable(), "{backend:?}: tickets alone");
+            assert!(
+                !client.unusable(Duration::ZERO),
+                "{backend:?}: tickets alone"
+            );
             accepted.shutdown();
             tokio::time::sleep(Duration::from_millis(50)).await;
-            assert!(client.unusable(), "{backend:?}: the peer closed");
+            assert!(
+                client.unusable(Duration::ZERO),
+                "{backend:?}: the peer closed"
+            );
             client.shutdown();
         })
         .expect("runtime");

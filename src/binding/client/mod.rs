@@ -23,7 +23,7 @@ mod request;
 mod session;
 mod wire;
 
-use crate::binding::Exit;
+use crate::binding::{Exit, Serving};
 use crate::config::{ClientAuth, ClientBinding, UpstreamUrl};
 use crate::http::{self, BodyFraming, ResponseEvent, ResponseHead};
 use crate::jsonrpc;
@@ -269,14 +269,13 @@ impl Client {
 }
 
 impl Exit for Client {
-    fn open(&self, callee: Callee) {
-        let Some(client) = self.me.upgrade() else {
-            return; // the worker is shutting down: dropping the callee aborts the stream
-        };
+    fn serve(&self, callee: Callee) -> Option<Serving> {
+        // None: the worker is shutting down; dropping the callee aborts the stream.
+        let client = self.me.upgrade()?;
         if callee.begin.kind == Kind::Lifecycle {
-            tokio::task::spawn_local(session::serve(client, callee));
+            Some(Box::pin(session::serve(client, callee)))
         } else {
-            tokio::task::spawn_local(request::serve(client, callee));
+            Some(Box::pin(request::serve(client, callee)))
         }
     }
 }

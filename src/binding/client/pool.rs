@@ -103,7 +103,8 @@ impl Pool {
             let Some((mut link, since)) = popped else {
                 break;
             };
-            if since.elapsed() < UPSTREAM_POOL_IDLE_TIMEOUT && link.wire().reusable() {
+            let idle_for = since.elapsed();
+            if idle_for < UPSTREAM_POOL_IDLE_TIMEOUT && link.wire().reusable(idle_for) {
                 link.reused = true;
                 metrics::with(|m| m.upstream.reused += 1);
                 return Ok(self.lease(link));

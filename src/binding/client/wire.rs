@@ -25,6 +25,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::time::Duration;
 
 /// An io_uring read in flight: it owns its buffer until the kernel is done with it.
 type InFlight = Pin<Box<dyn Future<Output = (io::Result<usize>, ReadBuf)>>>;
@@ -189,13 +190,13 @@ impl Wire {
         self.over.get() || self.closed.get()
     }
 
-    /// True if this idle connection may carry another request: not closed, nothing
-    /// unread, and the peer has not closed it meanwhile.
-    pub fn reusable(&self) -> bool {
+    /// True if this connection, idle for `idle_for`, may carry another request: not
+    /// closed, nothing unread, and the peer has not closed it meanwhile.
+    pub fn reusable(&self, idle_for: Duration) -> bool {
         !self.is_over()
             && self.inbox.borrow().is_empty()
             && self.in_flight.borrow().is_none()
-            && !self.conn.unusable()
+            && !self.conn.unusable(idle_for)
     }
 
     /// Closes the connection: a pending read or write completes. Idempotent.

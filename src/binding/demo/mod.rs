@@ -29,7 +29,7 @@ mod tools;
 #[cfg(test)]
 mod tests;
 
-use crate::binding::Exit;
+use crate::binding::{Exit, Serving};
 use crate::limits::{MESSAGE_BYTES_MAX, STREAM_WINDOW_BYTES, STREAMS_PER_WORKER_MAX};
 use crate::stream::{Callee, Caps, Event, Flush, Frame, Gone, Kind, ListKind, ReplyBegin};
 use bytes::Bytes;
@@ -169,12 +169,12 @@ impl Demo {
 }
 
 impl Exit for Demo {
-    fn open(&self, callee: Callee) {
+    fn serve(&self, callee: Callee) -> Option<Serving> {
         let worker = self.worker.clone();
         if callee.begin.kind == Kind::Lifecycle {
-            tokio::task::spawn_local(session::serve(worker, callee));
+            Some(Box::pin(session::serve(worker, callee)))
         } else {
-            tokio::task::spawn_local(serve_request(worker, callee));
+            Some(Box::pin(serve_request(worker, callee)))
         }
     }
 }

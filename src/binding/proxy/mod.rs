@@ -22,7 +22,7 @@ mod rename;
 mod request;
 mod session;
 
-use crate::binding::Exit;
+use crate::binding::{Exit, Serving};
 use crate::config::{AllowList, ProxyBinding};
 use crate::limits::SESSIONS_PER_WORKER_MAX;
 use crate::metrics;
@@ -255,19 +255,18 @@ impl Proxy {
 }
 
 impl Exit for Proxy {
-    fn open(&self, callee: Callee) {
-        let Some(proxy) = self.me.upgrade() else {
-            return; // the worker is shutting down: dropping the callee aborts the stream
-        };
+    fn serve(&self, callee: Callee) -> Option<Serving> {
+        // None: the worker is shutting down; dropping the callee aborts the stream.
+        let proxy = self.me.upgrade()?;
         if callee.begin.kind == Kind::Lifecycle {
             if self.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
                 metrics::with(|m| m.overload_rejections += 1);
                 fail(&callee, internal("Too many proxy sessions"));
-                return;
+                return None;
             }
-            tokio::task::spawn_local(session::serve(proxy, callee));
+            Some(Box::pin(session::serve(proxy, callee)))
         } else {
-            tokio::task::spawn_local(request::serve(proxy, callee));
+            Some(Box::pin(request::serve(proxy, callee)))
         }
     }
 }

@@ -160,28 +160,38 @@ async fn relay(
     };
     up.session = life.session.clone();
     let (caller, route_callee) = stream::open(up);
-    route.exit.open(route_callee);
-    let mut relay = Relay {
-        proxy,
-        route,
-        callee,
-        caller: &caller,
-        rewriter: rewrite_reply.then(|| {
-            Box::new(ItemRewriter::new(
-                ItemRules {
-                    array: b"contents",
-                    key: b"uri",
-                    prefix: route.uri_prefix.clone(),
-                },
-                ItemMode::Document,
-            ))
-        }),
+    // The route's work runs in this task, beside the relay: no task per request.
+    let serving = route.exit.serve(route_callee);
+    // Owns the caller's end: it drops when the relay is done, which the route sees.
+    let relaying = async move {
+        let mut relay = Relay {
+            proxy,
+            route,
+            callee,
+            caller: &caller,
+            rewriter: rewrite_reply.then(|| {
+                Box::new(ItemRewriter::new(
+                    ItemRules {
+                        array: b"contents",
+                        key: b"uri",
+                        prefix: route.uri_prefix.clone(),
+                    },
+                    ItemMode::Document,
+                ))
+            }),
+        };
+        let outcome = match relay.params(splice).await {
+            Ok(()) => relay.reply().await,
+            Err(outcome) => outcome,
+        };
+        metrics::record_toolkit(route.metrics, callee.begin.kind, outcome, started.elapsed());
     };
-    let outcome = match relay.params(splice).await {
-        Ok(()) => relay.reply().await,
-        Err(outcome) => outcome,
-    };
-    metrics::record_toolkit(route.metrics, callee.begin.kind, outcome, started.elapsed());
+    match serving {
+        Some(serving) => {
+            tokio::join!(serving, relaying);
+        }
+        None => relaying.await,
+    }
 }
 
 /// One request relayed to one route.

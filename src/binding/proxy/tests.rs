@@ -84,12 +84,12 @@ impl Fake {
 struct FakeExit(Rc<Fake>);
 
 impl Exit for FakeExit {
-    fn open(&self, callee: Callee) {
+    fn serve(&self, callee: Callee) -> Option<Serving> {
         let fake = self.0.clone();
         if callee.begin.kind == Kind::Lifecycle {
-            tokio::task::spawn_local(fake_lifecycle(fake, callee));
+            Some(Box::pin(fake_lifecycle(fake, callee)))
         } else {
-            tokio::task::spawn_local(fake_request(fake, callee));
+            Some(Box::pin(fake_request(fake, callee)))
         }
     }
 }
@@ -757,9 +757,9 @@ struct TakeoverExit {
 }
 
 impl Exit for TakeoverExit {
-    fn open(&self, callee: Callee) {
+    fn serve(&self, callee: Callee) -> Option<Serving> {
         let (worker, shared) = (self.worker, self.shared.clone());
-        tokio::task::spawn_local(takeover_route(worker, shared, callee));
+        Some(Box::pin(takeover_route(worker, shared, callee)))
     }
 }
 

@@ -447,20 +447,32 @@ async fn request(
     };
     let deadline = begin.deadline;
     let (caller, callee) = stream::open(begin);
-    server.exit.open(callee);
+    // The exit's work runs in this task, beside the caller's end: no task per request.
+    let serving = server.exit.serve(callee);
     let inflight = session.register(id.key(), Bytes::copy_from_slice(id.raw.as_bytes()), caller);
-    // If the exit refuses the params (Gone) its RESET is rendered from the reply below.
-    let _ = inflight.caller.initial.data(params).await;
-    let outcome = events::pump(
-        &session,
-        &inflight,
-        sink,
-        progress_token.is_some(),
-        deadline,
-    )
-    .await;
-    session.unregister(&inflight);
-    metrics::record_request(kind.method(), outcome, started.elapsed());
+    let calling = async {
+        // If the exit refuses the params (Gone) its RESET is rendered from the reply below.
+        let _ = inflight.caller.initial.data(params).await;
+        let outcome = events::pump(
+            &session,
+            &inflight,
+            sink,
+            progress_token.is_some(),
+            deadline,
+        )
+        .await;
+        // Done with the caller's end here, not after the exit's work: an exit still
+        // waiting on its upstream after the agent left must not hold the session's slot.
+        session.unregister(&inflight);
+        drop(inflight);
+        metrics::record_request(kind.method(), outcome, started.elapsed());
+    };
+    match serving {
+        Some(serving) => {
+            tokio::join!(serving, calling);
+        }
+        None => calling.await,
+    }
 }
 
 /// The name or uri a request acts on, decoded, and where its raw lexeme sits in `params`:
