@@ -36,7 +36,7 @@ use exchange::{BadBody, BodyKind, Broken, Messages, Response, Upward};
 use pool::{ConnectError, Lease, Pool};
 use session::UpSession;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use crate::FastMap;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
@@ -61,7 +61,7 @@ pub struct Client {
     pool: Pool,
     /// Upstream sessions of this worker, by the id given to the caller.
     /// Invariant: `len() <= SESSIONS_PER_WORKER_MAX`.
-    sessions: RefCell<HashMap<Rc<str>, Rc<UpSession>>>,
+    sessions: RefCell<FastMap<Rc<str>, Rc<UpSession>>>,
     worker: u8,
     /// Session ids minted on this worker so far.
     minted: Cell<u64>,
@@ -85,7 +85,7 @@ impl Client {
             url,
             authorization: cfg.authorization.clone(),
             response_timeout: cfg.response_timeout,
-            sessions: RefCell::new(HashMap::new()),
+            sessions: RefCell::new(FastMap::default()),
             worker,
             minted: Cell::new(0),
         })

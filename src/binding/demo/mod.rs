@@ -36,7 +36,7 @@ use bytes::Bytes;
 use json::{Failure, INTERNAL_ERROR, INVALID_REQUEST};
 use session::Session;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use crate::FastMap;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -131,7 +131,7 @@ struct Worker {
     shared: Arc<DemoShared>,
     /// Live sessions on this worker, by the id minted for them.
     /// Invariant: `len() <= SESSIONS_PER_WORKER_MAX`.
-    sessions: RefCell<HashMap<Rc<str>, Rc<Session>>>,
+    sessions: RefCell<FastMap<Rc<str>, Rc<Session>>>,
     /// Request streams being served. Invariant: `<= STREAMS_PER_WORKER_MAX`.
     requests: Cell<usize>,
 }
@@ -144,7 +144,7 @@ impl Demo {
         let version = shared.tools_version.subscribe();
         let worker = Rc::new(Worker {
             shared,
-            sessions: RefCell::new(HashMap::new()),
+            sessions: RefCell::new(FastMap::default()),
             requests: Cell::new(0),
         });
         tokio::task::spawn_local(watch_tools(Rc::downgrade(&worker), version));

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use event_id::Prefixes;
 use session::ProxySession;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use crate::FastMap;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
@@ -126,7 +126,7 @@ pub struct Proxy {
     prefixes: Prefixes,
     /// Live sessions of this worker, by the id handed to the caller.
     /// Invariant: `len() <= SESSIONS_PER_WORKER_MAX`.
-    sessions: RefCell<HashMap<Rc<str>, Rc<ProxySession>>>,
+    sessions: RefCell<FastMap<Rc<str>, Rc<ProxySession>>>,
     worker: u8,
     /// Session ids minted on this worker so far.
     minted: Cell<u64>,
@@ -182,7 +182,7 @@ impl Proxy {
             name: Rc::from(name),
             prefixes: Prefixes::new(&prefixes),
             routes,
-            sessions: RefCell::new(HashMap::new()),
+            sessions: RefCell::new(FastMap::default()),
             worker,
             minted: Cell::new(0),
             cache: cache.map(|setup| cache::Cache::new(name, setup)),

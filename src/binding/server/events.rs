@@ -22,7 +22,8 @@ use crate::stream::{
 };
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use crate::FastMap;
+use std::collections::VecDeque;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -47,8 +48,8 @@ enum AnswerTo {
 struct State {
     closed: bool,
     last_active: Instant,
-    requests: HashMap<IdKey, Rc<Inflight>>,
-    streams: HashMap<u32, Weak<Inflight>>,
+    requests: FastMap<IdKey, Rc<Inflight>>,
+    streams: FastMap<u32, Weak<Inflight>>,
     next_stream: u32,
     /// Encoded GET-stream events kept for replay, oldest first.
     ring: VecDeque<(u64, Bytes)>,
@@ -63,7 +64,7 @@ struct State {
     /// starts after it (what the exit sent before its answer belongs to the old flow).
     acked_at: u64,
     last_exit_event: Option<Rc<str>>,
-    answers: HashMap<IdKey, AnswerTo>,
+    answers: FastMap<IdKey, AnswerTo>,
 }
 
 /// One agent session, owned by the worker that created it.
@@ -109,8 +110,8 @@ impl Session {
             st: RefCell::new(State {
                 closed: false,
                 last_active: Instant::now(),
-                requests: HashMap::new(),
-                streams: HashMap::new(),
+                requests: FastMap::default(),
+                streams: FastMap::default(),
                 next_stream: 1,
                 ring: VecDeque::new(),
                 next_seq: 1,
@@ -120,7 +121,7 @@ impl Session {
                 acks: 0,
                 acked_at: 0,
                 last_exit_event: None,
-                answers: HashMap::new(),
+                answers: FastMap::default(),
             }),
             changed: Notify::new(),
         });

@@ -21,7 +21,7 @@ use events::Session;
 use net::Request;
 use sink::{ConnShared, Part, Sink};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use crate::FastMap;
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -46,7 +46,7 @@ pub struct Server {
     inboxes: Inboxes,
     /// The listener is a loopback address (tightens default Origin/Host rules).
     loopback: bool,
-    pub(crate) sessions: RefCell<HashMap<Rc<str>, Rc<Session>>>,
+    pub(crate) sessions: RefCell<FastMap<Rc<str>, Rc<Session>>>,
     draining: Cell<bool>,
     /// Agents connect over TLS with the current config (swapped on SIGHUP); `None`: plain.
     pub(crate) tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,
@@ -77,7 +77,7 @@ impl Server {
             exit,
             inboxes,
             loopback,
-            sessions: RefCell::new(HashMap::new()),
+            sessions: RefCell::new(FastMap::default()),
             draining: Cell::new(false),
             tls,
         });
