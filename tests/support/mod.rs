@@ -624,6 +624,10 @@ pub struct Upstream {
     child: Child,
     /// Where it listens.
     pub addr: SocketAddr,
+    /// After [`Upstream::kill`]: the port, bound and not listening, so connections to it
+    /// are refused and no listener of a test running beside this one can take it over
+    /// (which a gateway still pointed here would then reach instead).
+    held: Option<socket2::Socket>,
 }
 
 impl Upstream {
@@ -653,7 +657,11 @@ impl Upstream {
             .strip_prefix("listening ")
             .and_then(|a| a.trim().parse().ok())
             .unwrap_or_else(|| panic!("unexpected fixture line {line:?}"));
-        Upstream { child, addr }
+        Upstream {
+            child,
+            addr,
+            held: None,
+        }
     }
 
     /// The client-binding YAML for this upstream, with extra `key: value` pairs.
@@ -664,10 +672,13 @@ impl Upstream {
         )
     }
 
-    /// Kills the fixture now (an upstream that dies).
+    /// Kills the fixture now (an upstream that dies); its port stays refused.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if self.held.is_none() {
+            self.held = hold_port(self.addr);
+        }
     }
 }
 
@@ -675,6 +686,20 @@ impl Drop for Upstream {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Binds `addr` without listening (best effort: `None` if it cannot be had).
+fn hold_port(addr: SocketAddr) -> Option<socket2::Socket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .ok()?;
+    // The dead fixture's connections may linger in TIME_WAIT on this port.
+    socket.set_reuse_address(true).ok()?;
+    socket.bind(&addr.into()).ok()?;
+    Some(socket)
 }
 
 /// The child's stdout lines, read on a thread so a process that never gets ready fails

@@ -23,6 +23,7 @@ mod request;
 mod session;
 mod wire;
 
+use crate::FastMap;
 use crate::binding::{Exit, Serving};
 use crate::config::{ClientAuth, ClientBinding, UpstreamUrl};
 use crate::http::{self, BodyFraming, ResponseEvent, ResponseHead};
@@ -36,7 +37,6 @@ use exchange::{BadBody, BodyKind, Broken, Messages, Response, Upward};
 use pool::{ConnectError, Lease, Pool};
 use session::UpSession;
 use std::cell::{Cell, RefCell};
-use crate::FastMap;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 

@@ -29,6 +29,7 @@ mod tools;
 #[cfg(test)]
 mod tests;
 
+use crate::FastMap;
 use crate::binding::{Exit, Serving};
 use crate::limits::{MESSAGE_BYTES_MAX, STREAM_WINDOW_BYTES, STREAMS_PER_WORKER_MAX};
 use crate::stream::{Callee, Caps, Event, Flush, Frame, Gone, Kind, ListKind, ReplyBegin};
@@ -36,7 +37,6 @@ use bytes::Bytes;
 use json::{Failure, INTERNAL_ERROR, INVALID_REQUEST};
 use session::Session;
 use std::cell::{Cell, RefCell};
-use crate::FastMap;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};

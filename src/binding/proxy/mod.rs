@@ -22,6 +22,7 @@ mod rename;
 mod request;
 mod session;
 
+use crate::FastMap;
 use crate::binding::{Exit, Serving};
 use crate::config::{AllowList, ProxyBinding};
 use crate::limits::SESSIONS_PER_WORKER_MAX;
@@ -31,7 +32,6 @@ use bytes::Bytes;
 use event_id::Prefixes;
 use session::ProxySession;
 use std::cell::{Cell, RefCell};
-use crate::FastMap;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::rc::{Rc, Weak};

@@ -187,8 +187,9 @@ async fn relay(
         metrics::record_toolkit(route.metrics, callee.begin.kind, outcome, started.elapsed());
     };
     match serving {
+        // The relay first, so the route finds the params queued (see `server::app`).
         Some(serving) => {
-            tokio::join!(serving, relaying);
+            tokio::join!(biased; relaying, serving);
         }
         None => relaying.await,
     }

@@ -468,8 +468,10 @@ async fn request(
         metrics::record_request(kind.method(), outcome, started.elapsed());
     };
     match serving {
+        // The caller first: its params are queued before the exit looks for them, so the
+        // exit writes the upstream request in one piece instead of head, params and tail.
         Some(serving) => {
-            tokio::join!(serving, calling);
+            tokio::join!(biased; calling, serving);
         }
         None => calling.await,
     }

@@ -10,6 +10,7 @@ use super::Server;
 use super::app::{accepts_sse, http_error};
 use super::net::Request;
 use super::sink::Sink;
+use crate::FastMap;
 use crate::jsonrpc::{self, IdKey};
 use crate::limits::{
     EVENTS_PROBE_TIMEOUT, REQUEST_REPLAY_EVENTS_MAX, SESSION_REPLAY_EVENTS_MAX,
@@ -22,7 +23,6 @@ use crate::stream::{
 };
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
-use crate::FastMap;
 use std::collections::VecDeque;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};

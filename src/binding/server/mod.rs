@@ -12,6 +12,7 @@ pub mod net;
 pub mod session_id;
 pub mod sink;
 
+use crate::FastMap;
 use crate::binding::Exit;
 use crate::config::ServerBinding;
 use crate::http::Method;
@@ -21,7 +22,6 @@ use events::Session;
 use net::Request;
 use sink::{ConnShared, Part, Sink};
 use std::cell::{Cell, RefCell};
-use crate::FastMap;
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
