@@ -365,23 +365,33 @@ fn closing_upstream() -> SocketAddr {
     addr
 }
 
+/// A session and `calls` tools/calls, each after `pause`, each answered with a result;
+/// returns the metrics after them.
+fn calls_after_pauses(gw: &Gateway, calls: usize, pause: Duration) -> String {
+    let session = gw.initialize();
+    for i in 0..calls {
+        std::thread::sleep(pause);
+        let r = gw.post(
+            Some(&session),
+            &format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"x","arguments":{{}}}}}}"#),
+        );
+        assert!(r.json()["result"].is_object(), "call {i}: {}", r.text());
+    }
+    scrape(gw)
+}
+
 #[test]
 fn a_pooled_connection_the_upstream_closed_is_never_used() {
     let addr = closing_upstream();
     let exit = format!("{{kind: client, server: \"http://{addr}/mcp\"}}");
     each_mode_exit(&exit, |gw| {
-        let session = gw.initialize();
-        for i in 0..3 {
-            // Let the upstream's close reach us before the next request takes the pool,
-            // and wait past the time within which io_uring reuses without a check.
-            std::thread::sleep(UPSTREAM_REUSE_CHECK_AFTER + Duration::from_millis(50));
-            let r = gw.post(
-                Some(&session),
-                &format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"x","arguments":{{}}}}}}"#),
-            );
-            assert!(r.json()["result"].is_object(), "call {i}: {}", r.text());
-        }
-        let metrics = scrape(gw);
+        // Let the upstream's close reach us before the next request takes the pool, and
+        // wait past the time within which io_uring reuses without a check.
+        let metrics = calls_after_pauses(
+            gw,
+            3,
+            UPSTREAM_REUSE_CHECK_AFTER + Duration::from_millis(50),
+        );
         let value = |name: &str| metric(&metrics, name);
         assert!(
             value("mcpyard_upstream_stale_dropped_total") >= 3,
@@ -405,19 +415,10 @@ fn a_pooled_connection_closed_just_after_its_last_use_is_resent_once_and_answere
     let addr = closing_upstream();
     let exit = format!("{{kind: client, server: \"http://{addr}/mcp\"}}");
     each_mode_exit(&exit, |gw| {
-        let session = gw.initialize();
-        for i in 0..5 {
-            // Well inside the window in which io_uring reuses a connection unchecked
-            // (epoll still sees the close when it has arrived): the dead connection is
-            // found by the request itself, which goes once more on a fresh one.
-            std::thread::sleep(Duration::from_millis(20));
-            let r = gw.post(
-                Some(&session),
-                &format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"x","arguments":{{}}}}}}"#),
-            );
-            assert!(r.json()["result"].is_object(), "call {i}: {}", r.text());
-        }
-        let metrics = scrape(gw);
+        // Well inside the window in which io_uring reuses a connection unchecked (epoll
+        // still sees the close when it has arrived): the dead connection is found by the
+        // request itself, which goes once more on a fresh one.
+        let metrics = calls_after_pauses(gw, 5, Duration::from_millis(20));
         let value = |name: &str| metric(&metrics, name);
         // Every call found its connection dead one way or the other, and none failed.
         assert!(
