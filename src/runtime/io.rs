@@ -64,16 +64,12 @@ impl Socket {
     pub(super) async fn read(&self, buf: ReadBuf) -> (io::Result<usize>, ReadBuf) {
         match (self, buf) {
             (Socket::Uring(s), ReadBuf::Fixed(b)) => {
-                let read = s.read_fixed(b);
-                super::submit::queued();
-                let (r, b) = read.await;
+                let (r, b) = super::submit::submitted(s.read_fixed(b)).await;
                 (r, ReadBuf::Fixed(b))
             }
             (Socket::Uring(s), ReadBuf::Heap(mut v)) => {
                 v.clear();
-                let read = s.read(v);
-                super::submit::queued();
-                let (r, v) = read.await;
+                let (r, v) = super::submit::submitted(s.read(v)).await;
                 (r, ReadBuf::Heap(v))
             }
             (Socket::Epoll(s), ReadBuf::Heap(mut v)) => {
@@ -93,11 +89,7 @@ impl Socket {
             return Ok(());
         }
         match self {
-            Socket::Uring(s) => {
-                let write = s.write_all(data);
-                super::submit::queued();
-                write.await.0
-            }
+            Socket::Uring(s) => super::submit::submitted(s.write_all(data)).await.0,
             Socket::Epoll(s) => epoll_write_all(s, &data).await,
         }
     }
@@ -410,9 +402,7 @@ impl Listener {
     pub async fn accept(&self) -> io::Result<(Conn, SocketAddr)> {
         match self {
             Listener::Uring(l) => {
-                let accept = l.accept();
-                super::submit::queued();
-                let (s, peer) = accept.await?;
+                let (s, peer) = super::submit::submitted(l.accept()).await?;
                 s.set_nodelay(true)?;
                 Ok((Conn::plain(Socket::Uring(s)), peer))
             }

@@ -81,7 +81,7 @@ pub(super) fn create<T>(
 
 /// Marks that an operation is (about to be) queued on this worker's ring: the flusher
 /// submits it after the tasks already ready have run. Cheap when already marked.
-pub fn queued() {
+fn queued() {
     if PENDING.with(|p| p.replace(true)) {
         return;
     }
@@ -90,6 +90,12 @@ pub fn queued() {
             w.wake();
         }
     });
+}
+
+/// `op`, an io_uring operation just created (its entry is queued), marked for the flusher.
+pub fn submitted<F>(op: F) -> F {
+    queued();
+    op
 }
 
 /// The flusher of the worker whose ring is `fd`; runs until the runtime ends.

@@ -186,13 +186,12 @@ async fn relay(
         };
         metrics::record_toolkit(route.metrics, callee.begin.kind, outcome, started.elapsed());
     };
-    match serving {
-        // The relay first, so the route finds the params queued (see `server::app`).
-        Some(serving) => {
-            tokio::join!(biased; relaying, serving);
+    // The relay first, so the route finds the params queued (see `server::app`).
+    tokio::join!(biased; relaying, async {
+        if let Some(serving) = serving {
+            serving.await;
         }
-        None => relaying.await,
-    }
+    });
 }
 
 /// One request relayed to one route.

@@ -467,14 +467,13 @@ async fn request(
         drop(inflight);
         metrics::record_request(kind.method(), outcome, started.elapsed());
     };
-    match serving {
-        // The caller first: its params are queued before the exit looks for them, so the
-        // exit writes the upstream request in one piece instead of head, params and tail.
-        Some(serving) => {
-            tokio::join!(biased; calling, serving);
+    // The caller first: its params are queued before the exit looks for them, so the exit
+    // writes the upstream request in one piece instead of head, params and tail.
+    tokio::join!(biased; calling, async {
+        if let Some(serving) = serving {
+            serving.await;
         }
-        None => calling.await,
-    }
+    });
 }
 
 /// The name or uri a request acts on, decoded, and where its raw lexeme sits in `params`:
