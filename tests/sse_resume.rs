@@ -297,6 +297,48 @@ fn log_message_arrives_on_get_stream() {
     });
 }
 
+/// Events pushed while the GET stream's writer waits on a full socket are written after it,
+/// none skipped: the agent reads nothing until every `log` call was answered, so most of
+/// the events arrive while an earlier one is still being written.
+#[test]
+fn get_stream_writes_every_event_pushed_while_a_write_waits() {
+    // Enough bytes to fill the gateway's send buffer and the agent's receive window
+    // (a few MiB on loopback), in fewer events than the session keeps for replay.
+    const EVENTS: usize = 48;
+    const MESSAGE_BYTES: usize = 160 * 1024;
+    let message = "m".repeat(MESSAGE_BYTES);
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let mut get = open_get(gw, &session, None);
+        for i in 0..EVENTS {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"log","arguments":{{"level":"info","message":"{i}:{message}"}}}}}}"#
+            );
+            let r = gw.post(Some(&session), &body);
+            assert_eq!(r.status, 200);
+            assert_eq!(r.json()["result"]["isError"], false, "call {i}");
+        }
+        let mut last_seq = None;
+        for i in 0..EVENTS {
+            let e = get.expect();
+            let (stream, seq) = event_id(&e);
+            assert_eq!(stream, 0);
+            if let Some(last) = last_seq {
+                assert_eq!(seq, last + 1, "event {i} follows the one before it");
+            }
+            last_seq = Some(seq);
+            let v = e.json();
+            assert_eq!(v["method"], "notifications/message");
+            let data = v["params"]["data"].as_str().unwrap_or_default();
+            assert!(
+                data.starts_with(&format!("{i}:")),
+                "event {i} is log call {i}"
+            );
+            assert_eq!(data.len(), MESSAGE_BYTES + format!("{i}:").len());
+        }
+    });
+}
+
 #[test]
 fn subscribed_resource_update_arrives_on_get_stream() {
     each_mode(|gw| {

@@ -642,16 +642,18 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
                 replaced = true;
                 break;
             }
-            st.ring
-                .iter()
-                .filter(|(seq, _)| *seq > cursor)
-                .map(|(_, b)| b.clone())
-                .collect()
+            // The cursor moves past the events taken here only: events pushed while they
+            // are being written are the next round's (the `changed` above fires for them).
+            let before = cursor;
+            if let Some(&(last, _)) = st.ring.back() {
+                cursor = cursor.max(last);
+            }
+            let fresh = st.ring.iter().filter(|(seq, _)| *seq > before);
+            fresh.map(|(_, b)| b.clone()).collect()
         };
         if !pending.is_empty() {
             gone = !Box::pin(write_events(&mut sink, pending)).await;
         }
-        cursor = session.st.borrow().next_seq - 1;
         if gone {
             break;
         }
