@@ -8,6 +8,7 @@
 //! scrapes).
 
 pub mod io;
+pub mod notify;
 pub mod slots;
 pub mod submit;
 pub mod tls;

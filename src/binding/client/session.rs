@@ -20,6 +20,7 @@ use crate::limits::{
 };
 use crate::log;
 use crate::metrics;
+use crate::runtime::notify::Notify;
 use crate::stream::{Callee, Caps, Challenge, Event, Flush, Frame, ReplyBegin, Throttle};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
@@ -28,7 +29,6 @@ use std::cell::{Cell, Ref, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
-use tokio::sync::Notify;
 
 /// Longest upstream `MCP-Session-Id` accepted (the spec allows visible ASCII of any length;
 /// ours are 48 bytes, common ones are UUIDs).

@@ -13,12 +13,12 @@
 
 use super::Worker;
 use super::json::Failure;
+use crate::runtime::notify::Notify;
 use crate::stream::{Callee, Challenge, Event, Flush, Frame, ReplyBegin, Throttle};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashSet, VecDeque};
 use std::rc::Rc;
-use tokio::sync::Notify;
 
 /// Events queued for one session's lifecycle stream before they are FLUSHed; more are
 /// dropped (and counted). A live agent drains far faster than the demo produces.

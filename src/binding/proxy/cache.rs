@@ -31,6 +31,7 @@ use super::{Family, Proxy, Route, join_all};
 use crate::limits::{CACHE_LIST_BYTES_MAX, CACHE_RETRY_MIN};
 use crate::log;
 use crate::metrics;
+use crate::runtime::notify::Notify;
 use crate::store::{Store, Token, Value};
 use crate::stream::{
     self, Begin, Caps, Challenge, ClientHello, Event, Flush, Frame, Kind, ListKind,
@@ -41,7 +42,6 @@ use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 
 /// The cached list kinds, in slot order.
 pub const KINDS: [Kind; 4] = [

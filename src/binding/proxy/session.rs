@@ -22,6 +22,7 @@ use super::{Proxy, Route, fail, internal, join_all};
 use crate::limits::{EVENTS_PROBE_TIMEOUT, EXIT_EVENT_ID_BYTES_MAX};
 use crate::log;
 use crate::metrics;
+use crate::runtime::notify::Notify;
 use crate::stream::{
     self, Begin, Callee, Caller, Caps, Challenge, ClientHello, Event, Flush, Frame, ListKind,
     ReplyBegin, Reset, Throttle,
@@ -32,7 +33,6 @@ use std::future::{Future, poll_fn};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 
 /// A route that failed is not reopened by list requests or resumes for this long (an item
 /// request for it always tries again).

@@ -17,6 +17,7 @@ use crate::limits::{
     SSE_KEEPALIVE_INTERVAL,
 };
 use crate::metrics::{self, Outcome};
+use crate::runtime::notify::Notify;
 use crate::sse;
 use crate::stream::{
     BearerChallenge, Caller, Caps, Challenge, Event, Flush, Frame, ReplyBegin, Reset, Throttle,
@@ -26,7 +27,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 
 /// JSON-RPC code of the answer to a request the agent cancelled (the code MCP SDKs use).
 const REQUEST_CANCELLED: i32 = -32800;

@@ -20,6 +20,7 @@ use crate::limits::{
     CONNECTION_IDLE_TIMEOUT, CONNECTION_STREAM_READ_BYTES, MESSAGE_BYTES_MAX, PIPELINE_DEPTH_MAX,
     REQUEST_READ_TIMEOUT, SLOT_BYTES, TLS_HANDSHAKE_TIMEOUT,
 };
+use crate::runtime::notify::Notify;
 use crate::runtime::{Conn, ReadBuf, Slots, tls};
 use crate::{log, metrics};
 use bytes::{Bytes, BytesMut};
@@ -28,7 +29,6 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Instant;
-use tokio::sync::Notify;
 use tokio::time::Sleep;
 
 /// One complete request: its head and its whole body (bounded by MESSAGE_BYTES_MAX).

@@ -7,10 +7,11 @@
 
 use crate::http::{self, BodyFraming};
 use crate::runtime::Conn;
+use crate::runtime::notify::Notify;
 use bytes::{Bytes, BytesMut};
 use std::cell::Cell;
 use std::rc::Rc;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 /// The connection went away (write failed, peer closed, or the forwarding worker quit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
