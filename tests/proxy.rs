@@ -388,3 +388,42 @@ fn list_changed_from_any_route_reaches_the_agent() {
     );
     assert!(names(&result(&r), "tools", "name").contains(&"demo__extra".to_owned()));
 }
+
+/// Events that come right behind the answer to the agent's GET are written on it. The
+/// round waits for a route that cannot answer (a listener that never accepts), the demo
+/// route's log event waits behind the round, and both reach the server in one go when
+/// the round gives up on that route.
+#[test]
+fn an_event_right_behind_the_resume_answer_reaches_the_new_get_stream() {
+    let a = Upstream::start(&[]);
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let bindings = format!(
+        "  exit:\n    kind: proxy\n    routes:\n      \
+         - {{toolkit: a, exit: up_a}}\n      \
+         - {{toolkit: b, exit: up_b}}\n      \
+         - {{toolkit: demo, exit: demo}}\n  \
+         up_a: {}\n  up_b: {{kind: client, server: \"http://{}/mcp\", response_timeout: 1s}}\n  \
+         demo: {{kind: demo}}\n",
+        a.client_exit(""),
+        hole.local_addr().expect("addr"),
+    );
+    let gw = Gateway::start_bindings(MODES[0], &bindings);
+    let session = gw.initialize();
+    // Past the retry backoff of the route that failed, so the GET's resume tries it again.
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    let mut c = gw.conn();
+    c.send(&gw.get_bytes(&session, &[]));
+    let r = gw.post(
+        Some(&session),
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"demo__log","arguments":{"level":"info","message":"behind"}}}"#,
+    );
+    result(&r);
+    let head = c.read_head();
+    assert_eq!(head.status, 200, "{head:?}");
+    let mut events = c.into_events();
+    let priming = events.expect();
+    assert_eq!(priming.data, "", "{priming:?}");
+    let e = events.expect();
+    assert_eq!(e.json()["method"], "notifications/message", "{}", e.data);
+    assert_eq!(e.json()["params"]["data"], "behind");
+}

@@ -521,7 +521,13 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         Some(LastEvent::Foreign(id)) => Resume::Exit(Rc::from(id)),
         None => Resume::Now,
     };
-    let asked = session.st.borrow().acks;
+    // Where the stream starts without a resume point: the events from this moment on,
+    // including those that arrive while the exit is asked (they come right behind its
+    // answer, and the task that records them runs before this one resumes).
+    let (asked, now) = {
+        let st = session.st.borrow();
+        (st.acks, st.next_seq - 1)
+    };
     let last_event_id = match &resume {
         Resume::Exit(id) => Some(id.clone()),
         Resume::Ring(_) | Resume::Now => None,
@@ -550,7 +556,8 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         match resume {
             Resume::Ring(seq) => seq,
             Resume::Exit(_) if st.acks > asked => st.acked_at,
-            Resume::Exit(_) | Resume::Now => st.next_seq - 1,
+            Resume::Exit(_) => st.next_seq - 1,
+            Resume::Now => now,
         }
     };
     // The stream gets its own small task: the one answering this request is sized for
