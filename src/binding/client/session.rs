@@ -620,6 +620,10 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
         // Boxed, as is re-initializing: both are far larger than following the stream,
         // where this task spends its life (once per session with a GET stream).
         let resumed_from = session.last_event.borrow().clone();
+        // This attempt starts from the latest point asked for: a restart asked while no
+        // stream was followed (during the wait below) is served by it, not left to end
+        // the new stream at once and drop its resume point.
+        session.restart.set(false);
         let mut opened = Box::pin(open_events(&client, &session)).await;
         // Matched by reference: moving the response out would keep a second copy of it
         // in this task's state for as long as the stream is followed.
