@@ -32,6 +32,10 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+/// Bytes set aside for an upstream request's head (request line and a handful of short
+/// headers): a guess for the buffer's first size, not a limit (a longer head grows it).
+const HEAD_BYTES_TYPICAL: usize = 256;
+
 /// Serves one request stream.
 pub async fn serve(client: Rc<Client>, callee: Callee) {
     let found = client
@@ -223,7 +227,10 @@ impl Exchange<'_> {
         let suffix: &'static [u8] = b"}";
         let body_len = prefix.len() + params_len + suffix.len();
         let req = Outgoing::post(Some(self.session), body_len);
-        let mut out = BytesMut::with_capacity(256 + prefix.len());
+        // Room for the head, the prefix and the params coalesced below, so the params'
+        // copy does not grow (reallocate and copy) the buffer.
+        let coalesced = params_len.min(UPSTREAM_COALESCE_BYTES_MAX) + suffix.len();
+        let mut out = BytesMut::with_capacity(HEAD_BYTES_TYPICAL + prefix.len() + coalesced);
         self.client.head(&req, &mut out);
         out.put_slice(&prefix);
         let deadline = Instant::now() + self.client.response_timeout;
