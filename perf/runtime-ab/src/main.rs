@@ -33,11 +33,20 @@ fn message_len(buf: &[u8], request: bool) -> io::Result<Option<usize>> {
     let body = headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok())
+        .and_then(|h| {
+            std::str::from_utf8(h.value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
         .unwrap_or(0);
     let total = head_len + body;
     if total > MESSAGE_BYTES_MAX {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "message too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "message too large",
+        ));
     }
     Ok(Some(total))
 }
@@ -81,7 +90,9 @@ mod epoll {
     }
 
     pub fn run(listen: SocketAddr, upstream: SocketAddr) -> io::Result<()> {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()?;
         let local = tokio::task::LocalSet::new();
         local.block_on(&rt, async move {
             let listener = TcpListener::bind(listen).await?;
@@ -99,7 +110,11 @@ mod uring {
     use tokio_uring::buf::BoundedBuf;
     use tokio_uring::net::{TcpListener, TcpStream};
 
-    async fn read_message(s: &TcpStream, mut buf: Vec<u8>, request: bool) -> (io::Result<()>, Vec<u8>) {
+    async fn read_message(
+        s: &TcpStream,
+        mut buf: Vec<u8>,
+        request: bool,
+    ) -> (io::Result<()>, Vec<u8>) {
         buf.clear();
         loop {
             match complete(&buf, request) {
@@ -155,7 +170,11 @@ mod mono {
     use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
     use monoio::net::{TcpListener, TcpStream};
 
-    async fn read_message(s: &mut TcpStream, mut buf: Vec<u8>, request: bool) -> (io::Result<()>, Vec<u8>) {
+    async fn read_message(
+        s: &mut TcpStream,
+        mut buf: Vec<u8>,
+        request: bool,
+    ) -> (io::Result<()>, Vec<u8>) {
         buf.clear();
         loop {
             match complete(&buf, request) {
@@ -213,7 +232,9 @@ fn main() -> io::Result<()> {
             .position(|a| a == name)
             .and_then(|i| args.get(i + 1))
             .cloned()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{name} is required")))
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("{name} is required"))
+            })
     };
     let addr = |name: &str| -> io::Result<SocketAddr> {
         arg(name)?
@@ -225,6 +246,9 @@ fn main() -> io::Result<()> {
         "tokio-epoll" => epoll::run(listen, upstream),
         "tokio-uring" => uring::run(listen, upstream),
         "monoio" => mono::run(listen, upstream),
-        other => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("unknown runtime {other}"))),
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("unknown runtime {other}"),
+        )),
     }
 }
