@@ -34,29 +34,20 @@ pids=()
 cleanup() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT INT TERM HUP
 
-# Starts a process that prints `listening [name] ADDR` and echoes ADDR (waits up to 10 s).
-start() {
-  local log="$1"; shift
-  "$@" >"$log" 2>&1 &
-  pids+=("$!")
-  for _ in $(seq 100); do
-    addr="$(grep -m1 -oE 'listening( north)? [0-9.]+:[0-9]+' "$log" | awk '{print $NF}' || true)"
-    [ -n "$addr" ] && { echo "$addr"; return; }
-    sleep 0.1
-  done
-  echo "ab-builds.sh: $1 did not start; see $log" >&2; cat "$log" >&2; exit 1
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib/start.sh"
 
 one() { # one run of build dir $1; prints the figure
   local bin="$1" fixture gw
-  fixture="$(start "$work/fixture.log" "$loadgen" upstream --listen 127.0.0.1:0 --workers 1 --result-bytes "$bytes")"
+  start "$work/fixture.log" "$loadgen" upstream --listen 127.0.0.1:0 --workers 1 --result-bytes "$bytes"
+  fixture="$addr"
   cat >"$work/gw.yaml" <<EOF
 runtime: { workers: 1, io: $io }
 bindings:
   north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: up }
   up: { kind: client, server: "http://$fixture/mcp" }
 EOF
-  gw="$(start "$work/gw.log" "$bin/mcpyard" --config "$work/gw.yaml")"
+  start "$work/gw.log" "$bin/mcpyard" --config "$work/gw.yaml"
+  gw="$addr"
   local mode=(--mode closed)
   [ -n "$rate" ] && mode=(--rate "$rate")
   "$loadgen" run --url "http://$gw/mcp" "${mode[@]}" --connections 8 --duration "$duration" \

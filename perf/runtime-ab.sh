@@ -36,24 +36,12 @@ events="syscalls:sys_enter_io_uring_enter,syscalls:sys_enter_epoll_wait,syscalls
 perf_ok=no
 command -v perf >/dev/null && perf stat -e syscalls:sys_enter_epoll_wait -- true >/dev/null 2>&1 && perf_ok=yes
 
-# Starts a process that prints `listening [name] ADDR`; sets $pid and echoes ADDR.
-start() {
-  local log="$1"; shift
-  "$@" >"$log" 2>&1 &
-  pids+=("$!")
-  for _ in $(seq 100); do
-    addr="$(grep -m1 -oE 'listening( north)? [0-9.]+:[0-9]+' "$log" | awk '{print $NF}' || true)"
-    [ -n "$addr" ] && { echo "$addr"; return; }
-    sleep 0.1
-  done
-  echo "runtime-ab.sh: $1 did not start" >&2; cat "$log" >&2; exit 1
-}
+. "$here/lib/start.sh"
 
-start "$work/fixture.log" "$loadgen" upstream --listen 127.0.0.1:0 --workers 1 --result-bytes 1024 >"$work/addr"
-fixture="$(cat "$work/addr")"
+start "$work/fixture.log" "$loadgen" upstream --listen 127.0.0.1:0 --workers 1 --result-bytes 1024
+fixture="$addr"
 
-# Starts target $1 (in the background); prints its address. Its pid is the last in pids
-# (so it is called with a redirect, never in a command substitution's subshell).
+# Starts target $1 (in the background): `addr` is its address, its pid the last in pids.
 target() {
   case "$1" in
     mcpyard-*)
@@ -76,10 +64,10 @@ targets=(tokio-epoll tokio-uring monoio mcpyard-epoll mcpyard-uring)
 echo "runtime-ab: 1 KiB tools/call, 8 connections, ${duration}s per run, $rounds rounds, fixed rate $rate req/s; perf tracepoints: $perf_ok"
 for r in $(seq "$rounds"); do
   for t in "${targets[@]}"; do
-    target "$t" >"$work/addr"; addr="$(cat "$work/addr")"
+    target "$t"
     max="$(run "$addr" --mode closed | grep -oE 'throughput [0-9.]+' | awk '{print $2}')"
     stop_last
-    target "$t" >"$work/addr"; addr="$(cat "$work/addr")"; pid="${pids[-1]}"
+    target "$t"; pid="${pids[-1]}"
     c0="$(awk '{print $14+$15}' "/proc/$pid/stat")"
     if [ "$perf_ok" = yes ]; then
       perf stat -x, -e "$events" -p "$pid" -- sleep "$duration" 2>"$work/perf.txt" &

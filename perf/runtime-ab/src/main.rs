@@ -60,6 +60,69 @@ fn closed() -> io::Error {
     io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed")
 }
 
+/// Before a read of the owned-buffer runtimes: `Some` ends the message (whole, or bad).
+fn read_done(buf: &[u8], request: bool) -> Option<io::Result<()>> {
+    match complete(buf, request) {
+        Ok(true) => Some(Ok(())),
+        Ok(false) => None,
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// After a read of the owned-buffer runtimes: the error that ends the message, if any
+/// (0 bytes: the peer closed).
+fn read_failed(r: io::Result<usize>) -> Option<io::Error> {
+    match r {
+        Ok(0) => Some(closed()),
+        Ok(_) => None,
+        Err(e) => Some(e),
+    }
+}
+
+/// The relay on a runtime with owned-buffer reads and writes (tokio-uring, monoio): the
+/// same steps on each runtime's own stream type, `$slice` naming how its buffers are sliced.
+macro_rules! owned_buffer_relay {
+    ($stream:ty, $slice:ident) => {
+        async fn read_message(
+            s: &mut $stream,
+            mut buf: Vec<u8>,
+            request: bool,
+        ) -> (io::Result<()>, Vec<u8>) {
+            buf.clear();
+            loop {
+                if let Some(done) = read_done(&buf, request) {
+                    return (done, buf);
+                }
+                buf.reserve(READ_BYTES);
+                let at = buf.len();
+                let (r, b) = s.read(buf.$slice(at..)).await;
+                buf = b.into_inner();
+                if let Some(e) = read_failed(r) {
+                    return (Err(e), buf);
+                }
+            }
+        }
+
+        async fn relay(mut agent: $stream, upstream: SocketAddr) -> io::Result<()> {
+            let mut up = <$stream>::connect(upstream).await?;
+            up.set_nodelay(true)?;
+            agent.set_nodelay(true)?;
+            let mut buf = Vec::with_capacity(READ_BYTES);
+            loop {
+                let (r, b) = read_message(&mut agent, buf, true).await;
+                r?;
+                let (r, b) = up.write_all(b).await;
+                r?;
+                let (r, b) = read_message(&mut up, b, false).await;
+                r?;
+                let (r, b) = agent.write_all(b).await;
+                r?;
+                buf = b;
+            }
+        }
+    };
+}
+
 mod epoll {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -110,47 +173,7 @@ mod uring {
     use tokio_uring::buf::BoundedBuf;
     use tokio_uring::net::{TcpListener, TcpStream};
 
-    async fn read_message(
-        s: &TcpStream,
-        mut buf: Vec<u8>,
-        request: bool,
-    ) -> (io::Result<()>, Vec<u8>) {
-        buf.clear();
-        loop {
-            match complete(&buf, request) {
-                Ok(true) => return (Ok(()), buf),
-                Ok(false) => {}
-                Err(e) => return (Err(e), buf),
-            }
-            buf.reserve(READ_BYTES);
-            let at = buf.len();
-            let (r, b) = s.read(buf.slice(at..)).await;
-            buf = b.into_inner();
-            match r {
-                Ok(0) => return (Err(closed()), buf),
-                Ok(_) => {}
-                Err(e) => return (Err(e), buf),
-            }
-        }
-    }
-
-    async fn relay(agent: TcpStream, upstream: SocketAddr) -> io::Result<()> {
-        let up = TcpStream::connect(upstream).await?;
-        up.set_nodelay(true)?;
-        agent.set_nodelay(true)?;
-        let mut buf = Vec::with_capacity(READ_BYTES);
-        loop {
-            let (r, b) = read_message(&agent, buf, true).await;
-            r?;
-            let (r, b) = up.write_all(b).await;
-            r?;
-            let (r, b) = read_message(&up, b, false).await;
-            r?;
-            let (r, b) = agent.write_all(b).await;
-            r?;
-            buf = b;
-        }
-    }
+    owned_buffer_relay!(TcpStream, slice);
 
     pub fn run(listen: SocketAddr, upstream: SocketAddr) -> io::Result<()> {
         tokio_uring::start(async move {
@@ -170,47 +193,7 @@ mod mono {
     use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
     use monoio::net::{TcpListener, TcpStream};
 
-    async fn read_message(
-        s: &mut TcpStream,
-        mut buf: Vec<u8>,
-        request: bool,
-    ) -> (io::Result<()>, Vec<u8>) {
-        buf.clear();
-        loop {
-            match complete(&buf, request) {
-                Ok(true) => return (Ok(()), buf),
-                Ok(false) => {}
-                Err(e) => return (Err(e), buf),
-            }
-            buf.reserve(READ_BYTES);
-            let at = buf.len();
-            let (r, b) = s.read(buf.slice_mut(at..)).await;
-            buf = b.into_inner();
-            match r {
-                Ok(0) => return (Err(closed()), buf),
-                Ok(_) => {}
-                Err(e) => return (Err(e), buf),
-            }
-        }
-    }
-
-    async fn relay(mut agent: TcpStream, upstream: SocketAddr) -> io::Result<()> {
-        let mut up = TcpStream::connect(upstream).await?;
-        up.set_nodelay(true)?;
-        agent.set_nodelay(true)?;
-        let mut buf = Vec::with_capacity(READ_BYTES);
-        loop {
-            let (r, b) = read_message(&mut agent, buf, true).await;
-            r?;
-            let (r, b) = up.write_all(b).await;
-            r?;
-            let (r, b) = read_message(&mut up, b, false).await;
-            r?;
-            let (r, b) = agent.write_all(b).await;
-            r?;
-            buf = b;
-        }
-    }
+    owned_buffer_relay!(TcpStream, slice_mut);
 
     pub fn run(listen: SocketAddr, upstream: SocketAddr) -> io::Result<()> {
         let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().build()?;
