@@ -21,7 +21,7 @@ Modes:
 - `sse-resumable`: SSE with an in-memory event store: event ids, a priming event, `retry`,
   replay after `Last-Event-ID`, and `slow_progress(drop_at=k)` closing the stream mid-call.
 
-Only the SDK's public API is used, except `stream_present` (see `wait_stream`).
+Only the SDK's public API is used, except `stream_entry` (see `wait_stream`).
 """
 
 from __future__ import annotations
@@ -154,10 +154,12 @@ class Sleep:
 
 @dataclass
 class Paused:
-    """A `slow_progress` call waiting for `release(tag)`: its session, its request id."""
+    """A `slow_progress` call waiting for `release(tag)`: its session, its request id, and
+    the SDK's entry for its SSE stream when it paused (a resume replaces the entry)."""
 
     sid: str | None
     request_id: Any
+    stream: Any = None
     released: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -224,8 +226,10 @@ STATIC_TOOLS: list[types.Tool] = [
     ),
     types.Tool(
         name="release",
-        description="Lets the `slow_progress` call paused under `tag` go on; with `after_resume`, first waits until its SSE stream was dropped by the client and resumed.",
-        input_schema=obj_schema({"tag": STR, "after_resume": {"type": "boolean"}}, ["tag"]),
+        description="Lets the `slow_progress` call paused under `tag` go on; with `after_resume`, first waits until its SSE stream was dropped by the client and resumed. With `until_dropped`, only waits until the dropped stream is gone and lets nothing go on.",
+        input_schema=obj_schema(
+            {"tag": STR, "after_resume": {"type": "boolean"}, "until_dropped": {"type": "boolean"}}, ["tag"]
+        ),
     ),
     types.Tool(
         name="elicit_name",
@@ -539,7 +543,9 @@ async def tool_slow_progress(ctx: Any, args: dict[str, Any]) -> types.CallToolRe
             await ctx.close_sse_stream()
             await wait_stream(sid, ctx.request_id, present=True)
         if step == pause_at:
-            paused = STATE.paused[tag] = Paused(sid=sid, request_id=ctx.request_id)
+            paused = STATE.paused[tag] = Paused(
+                sid=sid, request_id=ctx.request_id, stream=stream_entry(sid, ctx.request_id)
+            )
             with anyio.move_on_after(PAUSE_MAX_S):
                 await paused.released.wait()
         await anyio.sleep(interval_s)
@@ -552,34 +558,47 @@ async def tool_release(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
     paused = STATE.paused.get(tag)
     if paused is None:
         return text_result(f"nothing paused under {tag}", error=True)
+    if arg(args, "until_dropped", bool, False):
+        # A resume that reaches the SDK while the dropped stream is still registered is
+        # never fed the live events (the SDK adds a stream only when none is there), so a
+        # client resuming direct waits for this first.
+        gone = await wait_stream(paused.sid, paused.request_id, present=False)
+        return text_result("dropped" if gone else "still live", error=not gone)
     resumed = True
     if after_resume:
         # The client dropped the call's response and resumes it with GET + Last-Event-ID:
         # go on only once the SDK has the stream live again, so nothing falls into the
-        # SDK's replay-to-live gap.
-        gone = await wait_stream(paused.sid, paused.request_id, present=False)
-        resumed = gone and await wait_stream(paused.sid, paused.request_id, present=True)
+        # SDK's replay-to-live gap. Live again = an entry other than the one the call paused
+        # with: the old one's removal and the resume's new entry can both happen before
+        # this looks, so waiting to see it gone first could wait for nothing.
+        resumed = await wait_until(
+            lambda: stream_entry(paused.sid, paused.request_id) not in (None, paused.stream)
+        )
     paused.released.set()
     return text_result("released" if resumed else "released without a resume", error=not resumed)
 
 
-def stream_present(sid: str | None, request_id: Any) -> bool:
+def stream_entry(sid: str | None, request_id: Any) -> Any:
+    """The SDK transport's entry for the request's live SSE stream, `None` without one."""
     manager = STATE.server.session_manager if STATE.server is not None else None
     transport = getattr(manager, "_server_instances", {}).get(sid)
-    return transport is not None and str(request_id) in getattr(transport, "_request_streams", {})
+    return getattr(transport, "_request_streams", {}).get(str(request_id)) if transport is not None else None
 
 
-async def wait_stream(sid: str | None, request_id: Any, *, present: bool, timeout_s: float = 10.0) -> bool:
-    """Waits until the request's SSE stream is (or is no longer) live in the SDK transport.
-
-    The SDK offers no hook for a stream going away or being resumed, so this looks at the
-    transport's stream table, every few milliseconds, for at most `timeout_s`. Returns
-    whether the state was reached."""
+async def wait_until(condition: Any, timeout_s: float = 10.0) -> bool:
+    """Waits until `condition()` holds, looking every few milliseconds (the SDK offers no
+    hook for a stream going away or being resumed), for at most `timeout_s`. Returns
+    whether it held."""
     with anyio.move_on_after(timeout_s):
-        while stream_present(sid, request_id) != present:
+        while not condition():
             await anyio.sleep(0.005)
         return True
     return False
+
+
+async def wait_stream(sid: str | None, request_id: Any, *, present: bool, timeout_s: float = 10.0) -> bool:
+    """Waits until the request's SSE stream is (or is no longer) live in the SDK transport."""
+    return await wait_until(lambda: (stream_entry(sid, request_id) is not None) == present, timeout_s)
 
 
 async def tool_elicit_name(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
