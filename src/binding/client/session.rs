@@ -124,12 +124,17 @@ impl UpSession {
     }
 
     /// Queues an event for the lifecycle reply, waiting for room; false if the session
-    /// closed first.
-    async fn post(&self, flush: Flush) -> bool {
+    /// closed first. An `upstream` event read from the GET stream is dropped instead once a
+    /// restart was asked (the restart cleared the outbox, and the replay brings the event
+    /// again).
+    async fn post(&self, flush: Flush, upstream: bool) -> bool {
         loop {
             let room = self.outbox_room.notified();
             if self.closed.get() {
                 return false;
+            }
+            if upstream && self.restart.get() {
+                return true;
             }
             {
                 let mut outbox = self.outbox.borrow_mut();
@@ -642,7 +647,7 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
                     id: None,
                     event: Event::Resumable,
                 };
-                if !Box::pin(session.post(live)).await {
+                if !Box::pin(session.post(live, false)).await {
                     return;
                 }
                 failures = 0;
@@ -788,6 +793,11 @@ async fn follow(session: &UpSession, response: &mut exchange::Response) -> Follo
             Ok(None) | Err(_) => return out,
         };
         out.seen = true;
+        if session.restart.get() {
+            // Read before the restart: the replay brings it again, and the resume point
+            // the restart asked for must not move past it.
+            continue;
+        }
         let retry = &mut out.retry;
         if let Some(ms) = incoming.retry_ms {
             *retry = Some(Duration::from_millis(ms).min(UPSTREAM_RETRY_MAX));
@@ -810,12 +820,8 @@ async fn follow(session: &UpSession, response: &mut exchange::Response) -> Follo
                 continue;
             }
         };
-        if session.restart.get() {
-            // Read before the restart: the replay brings it again.
-            continue;
-        }
         // Boxed: rare next to the wait above, and as large.
-        if !Box::pin(session.post(Flush { id, event })).await {
+        if !Box::pin(session.post(Flush { id, event }, true)).await {
             response.lease.link.wire().close();
             return out;
         }
