@@ -571,9 +571,11 @@ async def tool_release(ctx: Any, args: dict[str, Any]) -> types.CallToolResult:
         # SDK's replay-to-live gap. Live again = an entry other than the one the call paused
         # with: the old one's removal and the resume's new entry can both happen before
         # this looks, so waiting to see it gone first could wait for nothing.
-        resumed = await wait_until(
-            lambda: stream_entry(paused.sid, paused.request_id) not in (None, paused.stream)
-        )
+        def live_again() -> bool:
+            entry = stream_entry(paused.sid, paused.request_id)
+            return entry is not None and entry is not paused.stream
+
+        resumed = await wait_until(live_again)
     paused.released.set()
     return text_result("released" if resumed else "released without a resume", error=not resumed)
 
