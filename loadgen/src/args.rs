@@ -11,8 +11,8 @@ use std::time::Duration;
 use crate::limits::{
     CONNECTIONS_MAX, FANOUT_ROUNDS_MAX, FIXTURE_DELAY_MAX, FIXTURE_PAGE_SIZE_MAX,
     FIXTURE_PROGRESS_MAX, FIXTURE_RESULT_BYTES_MAX, FIXTURE_TOOLS_MAX, FIXTURE_WORKERS_MAX,
-    PARAMS_BYTES_MAX, RATE_MAX, REQUEST_ID_MAX, REQUEST_TIMEOUT_DEFAULT, RUN_DURATION_MAX,
-    SESSIONS_MAX,
+    INTERVAL_DEFAULT, INTERVAL_MIN, PARAMS_BYTES_MAX, RATE_MAX, REQUEST_ID_MAX,
+    REQUEST_TIMEOUT_DEFAULT, RUN_DURATION_MAX, SESSION_CALLS_MAX, SESSIONS_MAX,
 };
 use crate::tls::Resumption;
 
@@ -28,14 +28,20 @@ usage:
                       [--params-bytes N] [--tool NAME] [--args JSON]
                       [--receive-time kernel|read] [--sessions N] [--trigger URL] [--rounds N]
                       [--no-initialize] [--request-id N] [--new-connection]
-                      [--tls-ca PEM] [--tls-resumption on|off]
+                      [--session-calls N] [--tls-ca PEM] [--tls-resumption on|off]
                       [--json FILE] [--hgrm FILE] [--svg FILE]
+                      [--intervals FILE [--interval D]]
 scenarios: initialize, tools-call (default), tools-call-progress, tools-list,
            idle-sessions, fanout
 durations: 10s, 500ms, 250us, 2m, or plain seconds (1.5)
 --no-initialize: no session (a stateless reference that answers every POST alike);
 --request-id N: every request carries id N (a reference answering fixed bytes matches it)
 --new-connection: a new connection (and TLS handshake) per request, closed after it
+--session-calls N: end each session (DELETE) after N requests; the next request opens a
+       new one (initialize + initialized), inside its own latency (session churn)
+--intervals FILE: one JSON line per --interval (default 1s) while the run goes on: ok,
+       errors by kind, response-time percentiles of the requests intended in it, and the
+       exchanges that finished in it (request scenarios)
 https: trusts --tls-ca (else the platform roots), SNI from the URL host; request scenarios
        only; --tls-resumption off makes every new connection a full handshake (default on)
 tools: echo, big, then tool_00003 ... up to --tools in all (default 2); --page-size 0
@@ -326,6 +332,12 @@ pub struct RunArgs {
     pub tls_ca: Option<PathBuf>,
     /// Whether new TLS connections may resume earlier sessions.
     pub tls_resumption: Resumption,
+    /// End each session after this many requests and open a new one (0: never).
+    pub session_calls: u64,
+    /// Where to write one JSON line per interval while the run goes on.
+    pub intervals: Option<PathBuf>,
+    /// The length of those intervals.
+    pub interval: Duration,
 }
 
 /// Parses the whole command line (without the program name).
@@ -530,6 +542,9 @@ fn default_run(target: Target) -> RunArgs {
         new_connection: false,
         tls_ca: None,
         tls_resumption: Resumption::On,
+        session_calls: 0,
+        intervals: None,
+        interval: INTERVAL_DEFAULT,
     }
 }
 
@@ -583,6 +598,11 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
             "--hgrm" => a.hgrm = Some(PathBuf::from(flags.value("--hgrm")?)),
             "--svg" => a.svg = Some(PathBuf::from(flags.value("--svg")?)),
             "--new-connection" => a.new_connection = true,
+            "--session-calls" => {
+                a.session_calls = flags.number("--session-calls", SESSION_CALLS_MAX)?
+            }
+            "--intervals" => a.intervals = Some(PathBuf::from(flags.value("--intervals")?)),
+            "--interval" => a.interval = flags.duration("--interval", RUN_DURATION_MAX)?,
             "--tls-ca" => a.tls_ca = Some(PathBuf::from(flags.value("--tls-ca")?)),
             "--tls-resumption" => {
                 let value = flags.value("--tls-resumption")?;
@@ -710,6 +730,33 @@ fn check_run(a: &RunArgs) -> Result<(), ArgError> {
             flag: "--rate",
             value: format!("{:?}", a.mode),
             expected: "no --rate: fanout is timed per trigger".into(),
+        });
+    }
+    let requests = matches!(
+        a.scenario,
+        Scenario::ToolsCall | Scenario::ToolsCallProgress | Scenario::ToolsList
+    );
+    if a.session_calls > 0 && (!requests || a.no_initialize) {
+        return Err(ArgError::Invalid {
+            flag: "--session-calls",
+            value: a.session_calls.to_string(),
+            expected: "a request scenario (tools-call, tools-call-progress, tools-list) \
+                       with sessions"
+                .into(),
+        });
+    }
+    if a.intervals.is_some() && streams {
+        return Err(ArgError::Invalid {
+            flag: "--intervals",
+            value: a.scenario.name().to_owned(),
+            expected: "a scenario that sends requests (not idle-sessions or fanout)".into(),
+        });
+    }
+    if a.interval < INTERVAL_MIN {
+        return Err(ArgError::Invalid {
+            flag: "--interval",
+            value: format!("{:?}", a.interval),
+            expected: format!("at least {} ms", INTERVAL_MIN.as_millis()),
         });
     }
     Ok(())
@@ -887,6 +934,42 @@ mod tests {
             parse(&words("upstream")),
             Err(ArgError::Required("--listen"))
         );
+    }
+
+    #[test]
+    fn session_churn_and_intervals_are_for_request_scenarios() {
+        let Ok(Command::Run(a)) = parse(&words(
+            "run --url http://h:1/ --session-calls 20 --intervals s.jsonl --interval 250ms",
+        )) else {
+            panic!("parse");
+        };
+        assert_eq!(a.session_calls, 20);
+        assert_eq!(a.intervals, Some(PathBuf::from("s.jsonl")));
+        assert_eq!(a.interval, Duration::from_millis(250));
+        let Ok(Command::Run(a)) = parse(&words("run --url http://h:1/")) else {
+            panic!("parse");
+        };
+        assert_eq!((a.session_calls, a.interval), (0, Duration::from_secs(1)));
+        for (line, flag) in [
+            (
+                "run --url http://h:1/ --scenario initialize --session-calls 2",
+                "--session-calls",
+            ),
+            (
+                "run --url http://h:1/ --no-initialize --session-calls 2",
+                "--session-calls",
+            ),
+            (
+                "run --url http://h:1/ --scenario idle-sessions --intervals x",
+                "--intervals",
+            ),
+            ("run --url http://h:1/ --interval 5ms", "--interval"),
+        ] {
+            match parse(&words(line)) {
+                Err(ArgError::Invalid { flag: f, .. }) => assert_eq!(f, flag, "{line}"),
+                other => panic!("{line}: {other:?}"),
+            }
+        }
     }
 
     #[test]

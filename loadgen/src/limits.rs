@@ -26,6 +26,15 @@ pub const SESSION_SETUP_CONCURRENCY: usize = 64;
 /// Largest target rate, requests per second, over all connections.
 pub const RATE_MAX: u64 = 10_000_000;
 
+/// Largest `--session-calls` (requests per session before it is ended and renewed).
+pub const SESSION_CALLS_MAX: u64 = 1_000_000_000;
+
+/// Default length of an `--intervals` line.
+pub const INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+
+/// Shortest `--interval`: each one costs a merge of every connection's histogram.
+pub const INTERVAL_MIN: Duration = Duration::from_millis(10);
+
 /// Largest `--request-id`: ids are matched as JSON-RPC integers, which mcpyard's envelope
 /// reads as `i64`.
 pub const REQUEST_ID_MAX: u64 = i64::MAX as u64;

@@ -12,6 +12,7 @@
 //! - `arrival.rs`: kernel receive timestamps onto the run's clock.
 //! - `schedule.rs`: intended send times, the pacer, the open/closed loops (clock injected).
 //! - `record.rs`: per-connection histograms and error counts, merged at the end.
+//! - `series.rs`: `--intervals`, the run's figures per interval, written as it goes.
 //! - `client.rs`, `mcp.rs`: HTTP and MCP on the generator side, with mcpyard's codecs.
 //! - `run.rs`: request scenarios on one thread per connection.
 //! - `streams.rs`: idle-sessions and fanout, thousands of GET streams on one thread.
@@ -30,6 +31,7 @@ mod record;
 mod report;
 mod run;
 mod schedule;
+mod series;
 mod streams;
 mod sys;
 mod tls;

@@ -13,6 +13,7 @@ use hdrhistogram::Histogram;
 
 use crate::limits::{LATENCY_SIGFIG, LATENCY_US_MAX};
 use crate::schedule::Nanos;
+use crate::series::SeriesRec;
 
 /// Why one request (or scenario iteration) failed; the report counts each kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -172,7 +173,7 @@ pub fn nanos_to_us(span: Nanos) -> u64 {
 }
 
 /// One connection's measurements.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Recorder {
     /// Requests intended before this instant are warm-up: counted, never recorded.
     warmup_end: Nanos,
@@ -188,6 +189,8 @@ pub struct Recorder {
     pub unsent: u64,
     /// SSE notifications received with recorded responses.
     pub notifications: u64,
+    /// This connection's part of `--intervals` (warm-up included), if asked for.
+    pub series: Option<SeriesRec>,
 }
 
 impl Recorder {
@@ -201,6 +204,14 @@ impl Recorder {
             warmup_count: 0,
             unsent: 0,
             notifications: 0,
+            series: None,
+        }
+    }
+
+    /// Hands everything the connection's `--intervals` part still holds to the series.
+    pub fn finish_series(&mut self) {
+        if let Some(series) = self.series.take() {
+            series.finish();
         }
     }
 
@@ -216,6 +227,9 @@ impl Recorder {
         done: Nanos,
         outcome: &Result<Served, Failure>,
     ) {
+        if let Some(series) = &mut self.series {
+            series.on_complete(intended, done, outcome);
+        }
         if intended < self.warmup_end {
             self.warmup_count += 1;
             return;
@@ -237,7 +251,8 @@ impl Recorder {
         self.response.len()
     }
 
-    /// Adds `other` into this recorder (histograms, errors and counters).
+    /// Adds `other` into this recorder (histograms, errors and counters; `--intervals`
+    /// parts go to the series file, not here).
     ///
     /// Returns an error only if the histograms were created with incompatible bounds, which
     /// `latency_histogram` never does.

@@ -26,6 +26,7 @@ use crate::record::{ErrorKind, Failure, Recorder, Served};
 use crate::schedule::{
     Exchange, MonotonicClock, Progress, Schedule, Window, drive_closed, drive_open, nanos,
 };
+use crate::series::Series;
 use crate::tls::ClientTls;
 
 /// Why a run could not produce a result.
@@ -94,6 +95,8 @@ pub struct Plan {
     pub new_connection: bool,
     /// TLS to an https target, shared by every connection (and its resumption cache).
     pub tls: Option<ClientTls>,
+    /// End each session after this many requests (`--session-calls`; 0: never).
+    pub session_calls: u64,
 }
 
 impl Plan {
@@ -118,6 +121,7 @@ impl Plan {
             request_id: args.request_id,
             new_connection: args.new_connection,
             tls,
+            session_calls: args.session_calls,
         })
     }
 }
@@ -132,6 +136,8 @@ pub struct Session {
     session: Option<Option<String>>,
     next_id: u64,
     body: BytesMut,
+    /// Requests sent on the current session (for `--session-calls`).
+    calls: u64,
 }
 
 impl Session {
@@ -143,6 +149,7 @@ impl Session {
             session: None,
             next_id: 1,
             body: BytesMut::new(),
+            calls: 0,
         }
     }
 
@@ -224,7 +231,16 @@ impl Session {
     }
 
     fn request(&mut self, method: &'static str) -> Result<Served, Failure> {
+        if self.plan.session_calls > 0 && self.calls >= self.plan.session_calls {
+            // Session churn: this session has had its share; the new one is opened below,
+            // and both exchanges count in this request's latency.
+            self.calls = 0;
+            if let Some(Some(session)) = self.session.take() {
+                self.close_session(&session)?;
+            }
+        }
         self.ensure_session()?;
+        self.calls += 1;
         let id = self.take_id();
         self.body.clear();
         match self.plan.scenario {
@@ -237,6 +253,7 @@ impl Session {
         if response.status == 404 && !self.plan.no_initialize {
             // MCP: 404 means the session is gone; start a new one next time.
             self.session = None;
+            self.calls = 0;
         }
         let mut served = mcp::expect_result(&response, id, method)?;
         served.lead = lead(response.arrived, Instant::now());
@@ -306,6 +323,21 @@ pub fn run(args: &RunArgs) -> Result<Recorder, RunError> {
     };
     let connections = u32::try_from(args.connections)
         .map_err(|_| RunError::Thread("too many connections".into()))?;
+    let series = match &args.intervals {
+        Some(path) => Some(
+            Series::create(
+                path,
+                nanos(args.interval),
+                window.warmup_end,
+                args.connections,
+            )
+            .map_err(|err| RunError::Write {
+                path: path.display().to_string(),
+                err,
+            })?,
+        ),
+        None => None,
+    };
     let progress = Arc::new(Progress::default());
     let start = Arc::new(Barrier::new(args.connections + 1));
     let origin: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
@@ -320,6 +352,7 @@ pub fn run(args: &RunArgs) -> Result<Recorder, RunError> {
             progress: Arc::clone(&progress),
             start: Arc::clone(&start),
             origin: Arc::clone(&origin),
+            series: series.clone(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("conn-{index}"))
@@ -329,6 +362,9 @@ pub fn run(args: &RunArgs) -> Result<Recorder, RunError> {
     }
     start.wait(); // every connection has connected and opened its session
     let _ = origin.set(Instant::now());
+    if let Some(series) = &series {
+        series.start_now();
+    }
     start.wait(); // go
     show_progress(args, &progress, &threads);
     let mut total = Recorder::new(window.warmup_end);
@@ -339,6 +375,14 @@ pub fn run(args: &RunArgs) -> Result<Recorder, RunError> {
         total
             .merge(&rec)
             .map_err(|e| RunError::Thread(format!("histogram merge: {e}")))?;
+    }
+    if let (Some(series), Some(path)) = (&series, &args.intervals)
+        && let Some(err) = series.take_error()
+    {
+        return Err(RunError::Write {
+            path: path.display().to_string(),
+            err,
+        });
     }
     Ok(total)
 }
@@ -353,6 +397,7 @@ struct Job {
     progress: Arc<Progress>,
     start: Arc<Barrier>,
     origin: Arc<OnceLock<Instant>>,
+    series: Option<Arc<Series>>,
 }
 
 impl Job {
@@ -362,6 +407,10 @@ impl Job {
         let _ = crate::sys::set_precise_timer_slack();
         let mut session = Session::new(Arc::clone(&self.plan));
         let mut rec = Recorder::new(self.window.warmup_end);
+        rec.series = self
+            .series
+            .as_ref()
+            .map(|s| s.recorder(self.index as usize));
         // A failed setup is retried by the first request, whose latency then shows it.
         let _ = session.ensure_session();
         self.start.wait();
@@ -383,6 +432,7 @@ impl Job {
                 drive_closed(&clock, &mut session, &self.window, &mut rec, &self.progress);
             }
         }
+        rec.finish_series();
         rec
     }
 }
@@ -437,6 +487,15 @@ mod tests {
     /// A stateless reference on one connection: answers every request with `FIXED` and
     /// returns what it was asked once the client closes.
     fn reference() -> (String, std::thread::JoinHandle<Vec<Seen>>) {
+        scripted(|_, _, _| (200, None, FIXED.to_owned()))
+    }
+
+    /// A server on one connection whose answer to each request is `answer(method, session
+    /// header, body)` = (status, `mcp-session-id` to send, body); returns what it was asked
+    /// once the client closes.
+    fn scripted(
+        answer: impl Fn(&str, Option<&str>, &str) -> (u16, Option<String>, String) + Send + 'static,
+    ) -> (String, std::thread::JoinHandle<Vec<Seen>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
         let addr = listener
             .local_addr()
@@ -457,13 +516,21 @@ mod tests {
                         RequestEvent::End => {
                             let h = head.take().unwrap_or_else(|| panic!("no head"));
                             let text = String::from_utf8_lossy(&body).into_owned();
-                            let session = h.headers.get("mcp-session-id").is_some();
-                            seen.push((format!("{:?}", h.method), session, text));
+                            let session = h
+                                .headers
+                                .get("mcp-session-id")
+                                .map(|v| String::from_utf8_lossy(v).into_owned());
+                            let method = format!("{:?}", h.method);
+                            let (status, new_session, reply_body) =
+                                answer(&method, session.as_deref(), &text);
+                            seen.push((method, session.is_some(), text));
                             body.clear();
+                            let header = new_session
+                                .map_or(String::new(), |s| format!("mcp-session-id: {s}\r\n"));
                             let reply = format!(
-                                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
-                                 content-length: {}\r\n\r\n{FIXED}",
-                                FIXED.len()
+                                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n\
+                                 {header}content-length: {}\r\n\r\n{reply_body}",
+                                reply_body.len()
                             );
                             let _ = stream.write_all(reply.as_bytes());
                         }
@@ -527,5 +594,66 @@ mod tests {
             seen.iter()
                 .all(|(_, session, body)| !session && body.contains("\"id\":1"))
         );
+    }
+
+    #[test]
+    fn session_calls_end_each_session_after_n_requests_and_open_a_new_one() {
+        // An MCP server in miniature: sessions s1, s2, ... from initialize; 202 for
+        // notifications; every request answered with its own id.
+        let opened = std::sync::atomic::AtomicU64::new(0);
+        let (url, server) = scripted(move |method, _, body| {
+            if method == "Delete" {
+                return (200, None, String::new());
+            }
+            let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+            let id = v["id"].clone();
+            if id.is_null() {
+                return (202, None, String::new());
+            }
+            let result = if v["method"] == "initialize" {
+                r#"{"protocolVersion":"2025-11-25","capabilities":{}}"#
+            } else {
+                r#"{"content":[]}"#
+            };
+            let session = (v["method"] == "initialize").then(|| {
+                let n = opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                format!("s{n}")
+            });
+            (
+                200,
+                session,
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#),
+            )
+        });
+        let plan = plan(&format!("run --url {url} --session-calls 2"));
+        let mut session = Session::new(Arc::clone(&plan));
+        // Set-up opens the first session before the clock starts; then five calls.
+        assert!(session.ensure_session().is_ok());
+        for _ in 0..5 {
+            let served = session.exchange();
+            assert!(served.is_ok(), "{served:?}");
+        }
+        drop(session);
+        let seen = server.join().unwrap_or_else(|_| panic!("server"));
+        let steps: Vec<String> = seen
+            .iter()
+            .map(|(method, _, body)| {
+                let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+                match v["method"].as_str() {
+                    Some(m) => m.to_owned(),
+                    None => method.to_uppercase(),
+                }
+            })
+            .collect();
+        let session = [
+            "initialize",
+            "notifications/initialized",
+            "tools/call",
+            "tools/call",
+            "DELETE",
+        ];
+        let mut expected: Vec<&str> = [session, session].concat();
+        expected.extend(&session[..3]);
+        assert_eq!(steps, expected);
     }
 }

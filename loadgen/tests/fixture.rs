@@ -320,6 +320,72 @@ fn open_loop_sends_exactly_the_schedule() {
 }
 
 #[test]
+fn intervals_add_up_to_the_run_and_session_churn_runs_clean() {
+    // 400 req/s for 1 s after a 250 ms warm-up, in 250 ms lines, each session ended after
+    // 7 calls: every line is written, the measured lines add up to the summary, and the
+    // churn (DELETE, initialize, initialized every 7th call) fails nothing.
+    let fx = Fixture::start(&[]);
+    let (json, lines) = (temp_path("i.json"), temp_path("i.jsonl"));
+    let out = loadgen(&[
+        "run",
+        "--url",
+        &fx.url(),
+        "--rate",
+        "400",
+        "--connections",
+        "3",
+        "--duration",
+        "1s",
+        "--warmup",
+        "250ms",
+        "--session-calls",
+        "7",
+        "--json",
+        &json.to_string_lossy(),
+        "--intervals",
+        &lines.to_string_lossy(),
+        "--interval",
+        "250ms",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json_file(&json);
+    let text = std::fs::read_to_string(&lines).unwrap_or_default();
+    let got: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(got.len() >= 5, "{text}");
+    let sum = |key: &str, warmup: Option<bool>| -> u64 {
+        got.iter()
+            .filter(|l| warmup.is_none_or(|w| l["warmup"] == w))
+            .filter_map(|l| l[key].as_u64())
+            .sum()
+    };
+    assert_eq!(
+        sum("ok", Some(false)),
+        v["requests_ok"].as_u64().unwrap_or(0),
+        "{text}"
+    );
+    assert_eq!(sum("ok", Some(true)), 100, "{text}");
+    assert_eq!(sum("completed", None), 500, "{text}");
+    assert_eq!(sum("completed_ok", None), 500, "{text}");
+    for (i, l) in got.iter().enumerate() {
+        assert_eq!(l["t_s"].as_f64(), Some(i as f64 * 0.25), "{l}");
+        let errors: u64 = l["errors"].as_object().map_or(0, |m| {
+            m.values().filter_map(serde_json::Value::as_u64).sum()
+        });
+        assert_eq!(errors, 0, "{l}");
+    }
+    for path in [json, lines] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+#[test]
 fn every_request_scenario_runs_against_the_fixture() {
     let fx = Fixture::start(&["--progress", "3"]);
     for scenario in [

@@ -284,6 +284,9 @@ mod tests {
             new_connection: false,
             tls_ca: None,
             tls_resumption: crate::tls::Resumption::On,
+            session_calls: 0,
+            intervals: None,
+            interval: Duration::from_secs(1),
         }
     }
 
