@@ -228,7 +228,7 @@ impl Recorder {
         outcome: &Result<Served, Failure>,
     ) {
         if let Some(series) = &mut self.series {
-            series.on_complete(intended, done, outcome);
+            series.on_complete(intended, sent, done, outcome);
         }
         if intended < self.warmup_end {
             self.warmup_count += 1;

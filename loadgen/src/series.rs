@@ -5,7 +5,8 @@
 //! Each line describes the requests *intended* in that interval (open loop; the actual
 //! send in closed loop): how many succeeded, failures by kind, and the percentiles of
 //! their response time (from the intended send time, so a stall shows in the interval the
-//! waiting requests were due in). Beside them, `completed` counts the exchanges that
+//! waiting requests were due in), and of their service time (`service_p50_us`, ...: from
+//! the actual send, what the target took once asked). Beside them, `completed` counts the exchanges that
 //! *finished* in the interval (successful or not) and `completed_ok` the successful ones
 //! among them: the throughput a target managed in that second, dips included.
 //!
@@ -41,6 +42,8 @@ const QUANTILES: [(&str, f64); 4] = [
 struct Slot {
     /// Response times (µs) of the successful requests intended in the interval.
     response: Histogram<u64>,
+    /// Their service times (µs), from the actual send.
+    service: Histogram<u64>,
     /// Failures of requests intended in the interval, by `ErrorKind::ALL` order.
     errors: [u64; ErrorKind::ALL.len()],
     /// Exchanges (successful or not) that finished in the interval.
@@ -53,6 +56,7 @@ impl Slot {
     fn new() -> Slot {
         Slot {
             response: latency_histogram(),
+            service: latency_histogram(),
             errors: [0; ErrorKind::ALL.len()],
             completed: 0,
             completed_ok: 0,
@@ -62,6 +66,7 @@ impl Slot {
     fn add(&mut self, other: &Slot) {
         // Same bounds on both sides (`latency_histogram`), so adding cannot fail.
         let _ = self.response.add(&other.response);
+        let _ = self.service.add(&other.service);
         for (mine, theirs) in self.errors.iter_mut().zip(other.errors) {
             *mine += theirs;
         }
@@ -71,6 +76,7 @@ impl Slot {
 
     fn clear(&mut self) {
         self.response.reset();
+        self.service.reset();
         self.errors = [0; ErrorKind::ALL.len()];
         self.completed = 0;
         self.completed_ok = 0;
@@ -258,6 +264,13 @@ impl Series {
                 Value::Null
             };
         }
+        for (key, q) in QUANTILES {
+            v[format!("service_{key}")] = if ok > 0 {
+                json!(slot.service.value_at_quantile(q))
+            } else {
+                Value::Null
+            };
+        }
         v["max_us"] = if ok > 0 {
             json!(slot.response.max())
         } else {
@@ -295,17 +308,26 @@ pub struct SeriesRec {
 impl SeriesRec {
     /// Counts one exchange intended at `intended` that finished at `done` (a connection's
     /// exchanges come in intended order).
-    pub fn on_complete(&mut self, intended: Nanos, done: Nanos, outcome: &Result<Served, Failure>) {
+    pub fn on_complete(
+        &mut self,
+        intended: Nanos,
+        sent: Nanos,
+        done: Nanos,
+        outcome: &Result<Served, Failure>,
+    ) {
         let at = self.series.index_of(intended);
         if at > self.current {
             self.hand_in(at);
             self.current = at;
         }
         match outcome {
-            Ok(_) => self
-                .slot
-                .response
-                .saturating_record(nanos_to_us(done.saturating_sub(intended))),
+            Ok(_) => {
+                let slot = &mut self.slot;
+                slot.response
+                    .saturating_record(nanos_to_us(done.saturating_sub(intended)));
+                slot.service
+                    .saturating_record(nanos_to_us(done.saturating_sub(sent)));
+            }
             Err(failure) => {
                 let i = ErrorKind::ALL
                     .iter()
@@ -373,19 +395,20 @@ mod tests {
         // Connection a: 10 requests in second 0 (1 ms each), then one in second 2 that
         // failed; second 1 sees nothing from a.
         for i in 0..10 {
-            a.on_complete(i * 100 * MS, i * 100 * MS + MS, &ok);
+            a.on_complete(i * 100 * MS, i * 100 * MS, i * 100 * MS + MS, &ok);
         }
         a.on_complete(
+            2 * SEC,
             2 * SEC,
             2 * SEC + MS,
             &Err(Failure::new(ErrorKind::Io, "x")),
         );
         // a has moved past seconds 0 and 1, b has not started: nothing written yet.
         assert!(lines(&path).is_empty());
-        // Connection b: one request intended at 0.5 s that took 1 s (finished in second 1),
-        // then one at 1.6 s.
-        b.on_complete(SEC / 2, SEC / 2 + SEC, &ok);
-        b.on_complete(SEC + 600 * MS, SEC + 610 * MS, &ok);
+        // Connection b: one request intended at 0.5 s, sent at 0.9 s, finished 1 s after it
+        // was due (in second 1), then one at 1.6 s.
+        b.on_complete(SEC / 2, SEC / 2 + 400 * MS, SEC / 2 + SEC, &ok);
+        b.on_complete(SEC + 600 * MS, SEC + 600 * MS, SEC + 610 * MS, &ok);
         // Both have moved past second 0 now.
         let got = lines(&path);
         assert_eq!(got.len(), 1, "{got:?}");
@@ -399,6 +422,8 @@ mod tests {
             "{}",
             got[0]
         );
+        assert_eq!(got[0]["service_p999_us"], h.highest_equivalent(600_000));
+        assert_eq!(got[0]["service_p50_us"], h.highest_equivalent(1_000));
         assert!(got[0]["unix"].as_f64().is_some_and(|u| u > 1e9));
         a.finish();
         b.finish();
@@ -425,9 +450,14 @@ mod tests {
         let series = Series::create(&path, SEC, 0, 1).unwrap_or_else(|e| panic!("{e}"));
         let mut a = series.recorder(0);
         let ok = Ok(Served::default());
-        a.on_complete(0, MS, &ok);
+        a.on_complete(0, 0, MS, &ok);
         // A stall: the next request was intended at 3.2 s.
-        a.on_complete(3 * SEC + 200 * MS, 3 * SEC + 201 * MS, &ok);
+        a.on_complete(
+            3 * SEC + 200 * MS,
+            3 * SEC + 200 * MS,
+            3 * SEC + 201 * MS,
+            &ok,
+        );
         a.finish();
         let got = lines(&path);
         let oks: Vec<u64> = got.iter().filter_map(|v| v["ok"].as_u64()).collect();
