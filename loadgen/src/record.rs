@@ -191,6 +191,10 @@ pub struct Recorder {
     pub notifications: u64,
     /// This connection's part of `--intervals` (warm-up included), if asked for.
     pub series: Option<SeriesRec>,
+    /// When the next exchange could have gone out at the earliest (its intended time, or
+    /// the previous answer's arrival if that came later): set by the loop before each
+    /// `on_complete`, for the series' generator delay.
+    ready: Option<Nanos>,
 }
 
 impl Recorder {
@@ -205,7 +209,15 @@ impl Recorder {
             unsent: 0,
             notifications: 0,
             series: None,
+            ready: None,
         }
+    }
+
+    /// Notes when the exchange about to be recorded could have been sent at the earliest;
+    /// its actual send minus this is the generator's own delay (its thread waking up and
+    /// getting a CPU), which `--intervals` reports.
+    pub fn ready_at(&mut self, ready: Nanos) {
+        self.ready = Some(ready);
     }
 
     /// Hands everything the connection's `--intervals` part still holds to the series.
@@ -227,8 +239,9 @@ impl Recorder {
         done: Nanos,
         outcome: &Result<Served, Failure>,
     ) {
+        let ready = self.ready.take().unwrap_or(intended);
         if let Some(series) = &mut self.series {
-            series.on_complete(intended, sent, done, outcome);
+            series.on_complete(intended, ready, sent, done, outcome);
         }
         if intended < self.warmup_end {
             self.warmup_count += 1;

@@ -176,6 +176,7 @@ pub fn drive_open(
 ) {
     let owed = schedule.count_before(window.end);
     let mut i = 0;
+    let mut last_done: Nanos = 0;
     while i < owed {
         if clock.now() >= window.drain_end {
             rec.unsent += owed - i;
@@ -186,8 +187,11 @@ pub fn drive_open(
         let sent = clock.now();
         let outcome = exchange.exchange();
         let done = finished(clock.now(), sent, lead(&outcome));
+        // Due and the connection free: from then on, any wait before the send was ours.
+        rec.ready_at(intended.max(last_done));
         rec.on_complete(intended, sent, done, &outcome);
         progress.on_complete(&outcome);
+        last_done = done;
         i += 1;
     }
 }
@@ -200,6 +204,7 @@ pub fn drive_closed(
     rec: &mut Recorder,
     progress: &Progress,
 ) {
+    let mut last_done = None;
     loop {
         let sent = clock.now();
         if sent >= window.end {
@@ -207,6 +212,8 @@ pub fn drive_closed(
         }
         let outcome = exchange.exchange();
         let done = finished(clock.now(), sent, lead(&outcome));
+        rec.ready_at(last_done.unwrap_or(sent));
+        last_done = Some(done);
         rec.on_complete(sent, sent, done, &outcome);
         progress.on_complete(&outcome);
     }
@@ -433,6 +440,51 @@ mod tests {
         // Back to back, each exchange takes 1.06 ms of the loop's time but 1 ms of latency.
         assert_eq!(rec.ok_count(), 944);
         assert_eq!(rec.response.max(), 1000);
+    }
+
+    #[test]
+    fn the_generators_own_delay_is_what_it_takes_to_send_once_due_and_free() {
+        // 1000 req/s on one connection, 1 ms service, and a reader that runs 60 µs after
+        // each answer arrived: the connection falls behind, and from then on each request
+        // goes out 60 µs after it could have (the answer was in); service time stays 1 ms.
+        let path = std::env::temp_dir().join(format!(
+            "mcpyard-schedule-{}-delay.jsonl",
+            std::process::id()
+        ));
+        let series =
+            crate::series::Series::create(&path, SEC, 0, 1).unwrap_or_else(|e| panic!("{e}"));
+        let clock = SimClock { now: Cell::new(0) };
+        let mut target = LateReader {
+            clock: &clock,
+            service: MS,
+            wake: 60 * US,
+        };
+        let mut rec = Recorder::new(0);
+        rec.series = Some(series.recorder(0));
+        let schedule = Schedule::new(0, 1000, 1, 0);
+        drive_open(
+            &clock,
+            &mut target,
+            &schedule,
+            &window(0, SEC),
+            &mut rec,
+            &Progress::default(),
+        );
+        rec.finish_series();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let _ = std::fs::remove_file(&path);
+        let first: serde_json::Value = text
+            .lines()
+            .next()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("no line: {text}"));
+        assert_eq!(first["generator_delay_p99_us"], 60, "{first}");
+        assert_eq!(first["service_p99_us"], 1000, "{first}");
+        // Behind by 60 µs more with every request, so the response time grows.
+        assert!(
+            first["max_us"].as_u64().is_some_and(|m| m > 50_000),
+            "{first}"
+        );
     }
 
     #[test]

@@ -5,8 +5,13 @@
 //! Each line describes the requests *intended* in that interval (open loop; the actual
 //! send in closed loop): how many succeeded, failures by kind, and the percentiles of
 //! their response time (from the intended send time, so a stall shows in the interval the
-//! waiting requests were due in), and of their service time (`service_p50_us`, ...: from
-//! the actual send, what the target took once asked). Beside them, `completed` counts the exchanges that
+//! waiting requests were due in), of their service time (`service_p50_us`, ...: from the
+//! actual send, what the target took once asked), and of the generator's own delay
+//! (`generator_delay_p50_us`, ...: from the moment a request was due *and* its connection
+//! free, the previous answer having arrived, to its send: the connection thread waking
+//! up and getting a CPU; failed requests too). A target too slow for the schedule shows as
+//! high service times; a generator that cannot keep up (a busy machine) as high generator
+//! delays with service times that stay low. Beside them, `completed` counts the exchanges that
 //! *finished* in the interval (successful or not) and `completed_ok` the successful ones
 //! among them: the throughput a target managed in that second, dips included.
 //!
@@ -44,6 +49,8 @@ struct Slot {
     response: Histogram<u64>,
     /// Their service times (µs), from the actual send.
     service: Histogram<u64>,
+    /// The generator's delay (µs) before each send once it was due and possible.
+    delay: Histogram<u64>,
     /// Failures of requests intended in the interval, by `ErrorKind::ALL` order.
     errors: [u64; ErrorKind::ALL.len()],
     /// Exchanges (successful or not) that finished in the interval.
@@ -57,6 +64,7 @@ impl Slot {
         Slot {
             response: latency_histogram(),
             service: latency_histogram(),
+            delay: latency_histogram(),
             errors: [0; ErrorKind::ALL.len()],
             completed: 0,
             completed_ok: 0,
@@ -67,6 +75,7 @@ impl Slot {
         // Same bounds on both sides (`latency_histogram`), so adding cannot fail.
         let _ = self.response.add(&other.response);
         let _ = self.service.add(&other.service);
+        let _ = self.delay.add(&other.delay);
         for (mine, theirs) in self.errors.iter_mut().zip(other.errors) {
             *mine += theirs;
         }
@@ -77,6 +86,7 @@ impl Slot {
     fn clear(&mut self) {
         self.response.reset();
         self.service.reset();
+        self.delay.reset();
         self.errors = [0; ErrorKind::ALL.len()];
         self.completed = 0;
         self.completed_ok = 0;
@@ -271,6 +281,19 @@ impl Series {
                 Value::Null
             };
         }
+        let sent = slot.delay.len();
+        for (key, q) in [("p50_us", 0.5), ("p99_us", 0.99)] {
+            v[format!("generator_delay_{key}")] = if sent > 0 {
+                json!(slot.delay.value_at_quantile(q))
+            } else {
+                Value::Null
+            };
+        }
+        v["generator_delay_max_us"] = if sent > 0 {
+            json!(slot.delay.max())
+        } else {
+            Value::Null
+        };
         v["max_us"] = if ok > 0 {
             json!(slot.response.max())
         } else {
@@ -311,6 +334,7 @@ impl SeriesRec {
     pub fn on_complete(
         &mut self,
         intended: Nanos,
+        ready: Nanos,
         sent: Nanos,
         done: Nanos,
         outcome: &Result<Served, Failure>,
@@ -320,6 +344,9 @@ impl SeriesRec {
             self.hand_in(at);
             self.current = at;
         }
+        self.slot
+            .delay
+            .saturating_record(nanos_to_us(sent.saturating_sub(ready)));
         match outcome {
             Ok(_) => {
                 let slot = &mut self.slot;
@@ -395,9 +422,16 @@ mod tests {
         // Connection a: 10 requests in second 0 (1 ms each), then one in second 2 that
         // failed; second 1 sees nothing from a.
         for i in 0..10 {
-            a.on_complete(i * 100 * MS, i * 100 * MS, i * 100 * MS + MS, &ok);
+            a.on_complete(
+                i * 100 * MS,
+                i * 100 * MS,
+                i * 100 * MS,
+                i * 100 * MS + MS,
+                &ok,
+            );
         }
         a.on_complete(
+            2 * SEC,
             2 * SEC,
             2 * SEC,
             2 * SEC + MS,
@@ -407,8 +441,14 @@ mod tests {
         assert!(lines(&path).is_empty());
         // Connection b: one request intended at 0.5 s, sent at 0.9 s, finished 1 s after it
         // was due (in second 1), then one at 1.6 s.
-        b.on_complete(SEC / 2, SEC / 2 + 400 * MS, SEC / 2 + SEC, &ok);
-        b.on_complete(SEC + 600 * MS, SEC + 600 * MS, SEC + 610 * MS, &ok);
+        b.on_complete(SEC / 2, SEC / 2, SEC / 2 + 400 * MS, SEC / 2 + SEC, &ok);
+        b.on_complete(
+            SEC + 600 * MS,
+            SEC + 600 * MS,
+            SEC + 600 * MS,
+            SEC + 610 * MS,
+            &ok,
+        );
         // Both have moved past second 0 now.
         let got = lines(&path);
         assert_eq!(got.len(), 1, "{got:?}");
@@ -424,6 +464,12 @@ mod tests {
         );
         assert_eq!(got[0]["service_p999_us"], h.highest_equivalent(600_000));
         assert_eq!(got[0]["service_p50_us"], h.highest_equivalent(1_000));
+        // b's first was due at 0.5 s and went out at 0.9 s: the generator's delay.
+        assert_eq!(
+            got[0]["generator_delay_max_us"],
+            h.highest_equivalent(400_000)
+        );
+        assert_eq!(got[0]["generator_delay_p50_us"], 1);
         assert!(got[0]["unix"].as_f64().is_some_and(|u| u > 1e9));
         a.finish();
         b.finish();
@@ -450,9 +496,10 @@ mod tests {
         let series = Series::create(&path, SEC, 0, 1).unwrap_or_else(|e| panic!("{e}"));
         let mut a = series.recorder(0);
         let ok = Ok(Served::default());
-        a.on_complete(0, 0, MS, &ok);
+        a.on_complete(0, 0, 0, MS, &ok);
         // A stall: the next request was intended at 3.2 s.
         a.on_complete(
+            3 * SEC + 200 * MS,
             3 * SEC + 200 * MS,
             3 * SEC + 200 * MS,
             3 * SEC + 201 * MS,
