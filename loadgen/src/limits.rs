@@ -35,6 +35,18 @@ pub const INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// Shortest `--interval`: each one costs a merge of every connection's histogram.
 pub const INTERVAL_MIN: Duration = Duration::from_millis(10);
 
+/// Open loop: a connection busier than this share of the time (mean service time x its
+/// share of the rate) has too little idle time to absorb jitter of the target or the
+/// machine: when an exchange (or the generator's own thread) runs late, the connection
+/// falls behind and catches up only slowly, and latency from the intended send grows
+/// for seconds while service times stay flat (measured with `perf/soak.sh`: at 0.46 to
+/// 0.59, one-second p99s of up to 1 s; at 0.24, none above 25 ms). The report then warns
+/// and suggests a connection count.
+pub const CONNECTION_BUSY_WARN: f64 = 0.35;
+
+/// The busy share the suggested `--connections` aims at.
+pub const CONNECTION_BUSY_AIM: f64 = 0.25;
+
 /// Largest `--request-id`: ids are matched as JSON-RPC integers, which mcpyard's envelope
 /// reads as `i64`.
 pub const REQUEST_ID_MAX: u64 = i64::MAX as u64;

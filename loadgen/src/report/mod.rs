@@ -13,6 +13,7 @@ use hdrhistogram::Histogram;
 use serde_json::{Map, Value, json};
 
 use crate::args::{Mode, RunArgs};
+use crate::limits::{CONNECTION_BUSY_AIM, CONNECTION_BUSY_WARN};
 use crate::record::{ErrorKind, Recorder};
 use crate::run::RunError;
 
@@ -32,20 +33,36 @@ pub struct Figures {
     pub sent_rate: f64,
     /// The target rate, open loop only.
     pub target_rate: Option<u64>,
+    /// Open loop: the share of time each connection is busy with an exchange (mean
+    /// service time x rate / connections); 1 means no idle time at all.
+    pub connection_busy: Option<f64>,
 }
 
 impl Figures {
     /// Computes the figures of `rec` for a run of `args`.
     pub fn of(args: &RunArgs, rec: &Recorder) -> Figures {
         let secs = args.duration.as_secs_f64().max(1e-9);
+        let target_rate = match args.mode {
+            Mode::Open { rate } => Some(rate),
+            Mode::Closed => None,
+        };
+        let connection_busy = target_rate
+            .filter(|_| rec.ok_count() > 0)
+            .map(|rate| rec.service.mean() * 1e-6 * rate as f64 / args.connections.max(1) as f64);
         Figures {
             throughput: rec.ok_count() as f64 / secs,
             sent_rate: (rec.ok_count() + rec.errors.total()) as f64 / secs,
-            target_rate: match args.mode {
-                Mode::Open { rate } => Some(rate),
-                Mode::Closed => None,
-            },
+            target_rate,
+            connection_busy,
         }
+    }
+
+    /// The connections an open-loop run at this rate and service time should have, when
+    /// it had too few (see [`CONNECTION_BUSY_WARN`]).
+    pub fn connections_wanted(&self, connections: usize) -> Option<usize> {
+        let busy = self.connection_busy?;
+        (busy > CONNECTION_BUSY_WARN)
+            .then(|| (busy * connections as f64 / CONNECTION_BUSY_AIM).ceil() as usize)
     }
 
     /// Returns true if an open-loop run fell short of its target rate.
@@ -124,6 +141,19 @@ pub fn table(args: &RunArgs, rec: &Recorder) -> String {
         ("response", &rec.response),
         ("service", &rec.service),
     ]));
+    if let (Some(busy), Some(wanted)) = (
+        fig.connection_busy,
+        fig.connections_wanted(args.connections),
+    ) {
+        let _ = writeln!(
+            out,
+            "warning: each connection was busy {:.0} % of the time (mean service time x rate \
+             / connections): too little idle time to absorb a late answer, so the generator \
+             falls behind and latency from the intended send grows while service time does \
+             not; use --connections {wanted} or more",
+            busy * 100.0
+        );
+    }
     if fig.rate_short() {
         let _ = writeln!(
             out,
@@ -215,6 +245,7 @@ pub fn run_json(args: &RunArgs, rec: &Recorder) -> Value {
         "notifications": rec.notifications,
         "throughput_rps": fig.throughput,
         "sent_rps": fig.sent_rate,
+        "connection_busy": fig.connection_busy,
         "response_us": histogram_json(&rec.response),
         "service_us": histogram_json(&rec.service),
     })
@@ -322,6 +353,30 @@ mod tests {
         assert!(text.contains("first timeout: read: timed out"));
         assert!(text.contains("response             500       900       990       999      1000"));
         assert!(!text.contains("warning"));
+    }
+
+    #[test]
+    fn an_open_loop_run_with_busy_connections_is_told_to_use_more() {
+        // Mean service 500.5 µs at 2000 req/s over 2 connections: each is busy half the
+        // time; 5 connections bring that to a quarter.
+        let fig = Figures::of(&args(Mode::Open { rate: 2000 }), &recorder());
+        assert!(
+            fig.connection_busy
+                .is_some_and(|b| (b - 0.5005).abs() < 1e-3)
+        );
+        assert_eq!(fig.connections_wanted(2), Some(5));
+        let text = table(&args(Mode::Open { rate: 2000 }), &recorder());
+        assert!(text.contains("busy 50 % of the time"), "{text}");
+        assert!(text.contains("use --connections 5 or more"), "{text}");
+        // At 500 req/s each connection idles seven eighths of the time: no warning.
+        let fig = Figures::of(&args(Mode::Open { rate: 500 }), &recorder());
+        assert_eq!(fig.connections_wanted(2), None);
+        assert_eq!(
+            Figures::of(&args(Mode::Closed), &recorder()).connection_busy,
+            None
+        );
+        let v = run_json(&args(Mode::Open { rate: 2000 }), &recorder());
+        assert!(v["connection_busy"].as_f64().is_some());
     }
 
     #[test]
