@@ -458,7 +458,8 @@ pub struct UpstreamMetrics {
     pub connections: u64,
     /// Upstream sessions open now.
     pub sessions: u64,
-    /// Connections established, and attempts that failed (refused, timed out, unresolved).
+    /// Connections established, and new connections that no address gave (each refused,
+    /// timed out or failed its handshake): one failure however many addresses were tried.
     pub connects: u64,
     pub connect_failures: u64,
     /// Requests that reused a pooled connection.
