@@ -435,17 +435,21 @@ PERF_WINDOW_S = 10  # seconds of each profile window
 
 def perf_windows(perf, windows, a):
     """mcpyard's CPU by symbol (perf samples at 499 Hz) in the PERF_WINDOW_S seconds after
-    each restart of b and in as many seconds ending 5 s before each kill."""
+    each restart of b and in as many seconds ending 5 s before each kill, and in the 3 s
+    from 1 s before each kill against the 3 s ending 5 s before it."""
     out = []
     for i, (killed, started) in enumerate(windows):
-        for label, lo in (("before kill", killed - 5 - PERF_WINDOW_S), ("after restart", started)):
+        for label, lo, span in (("before kill", killed - 5 - PERF_WINDOW_S, PERF_WINDOW_S),
+                                ("after restart", started, PERF_WINDOW_S),
+                                ("3 s, 5 s before kill", killed - 8, 3),
+                                ("3 s around kill", killed - 1, 3)):
             if lo < a.warmup / 2:
                 continue
             t_lo = perf["mono0"] + lo
             rep = subprocess.run(
                 [perf["bin"], "report", "-i", perf["data"], "--stdio", "--no-children", "-n",
                  "--sort", "symbol", "--percent-limit", "0.5",
-                 "--time", f"{t_lo:.6f},{t_lo + PERF_WINDOW_S:.6f}"],
+                 "--time", f"{t_lo:.6f},{t_lo + span:.6f}"],
                 capture_output=True, text=True, timeout=300)
             rows, total = [], None
             for line in rep.stdout.splitlines():
@@ -458,8 +462,8 @@ def perf_windows(perf, windows, a):
                     rows.append({"pct": float(m.group(1)), "samples": int(m.group(2)),
                                  "symbol": re.split(r"\s{2,}", m.group(3).strip())[0][:90]})
             out.append({"kill": i + 1, "window": label, "from_s": round(lo, 1),
-                        "seconds": PERF_WINDOW_S, "cpu_s": total,
-                        "cpu_pct": 100.0 * total / PERF_WINDOW_S if total else None,
+                        "seconds": span, "cpu_s": total,
+                        "cpu_pct": 100.0 * total / span if total else None,
                         "top": rows[:20]})
     return out
 
@@ -1008,9 +1012,10 @@ def report(d):
                                                 list(d["log_lines"].items())[:12]], ["r", "l"]))
         lines.append("")
     if d.get("perf"):
-        lines.append(f"mcpyard's CPU by symbol (`perf record -F 499` over the soak, "
-                     f"{PERF_WINDOW_S} s windows ending 5 s before each kill and starting at "
-                     "each restart; CPU % of one core, then the top symbols' share):")
+        lines.append(f"mcpyard's CPU by symbol (`perf record -F 499` over the soak: "
+                     f"{PERF_WINDOW_S} s ending 5 s before each kill and from each restart, "
+                     "3 s ending 5 s before each kill and from 1 s before it; CPU % of one "
+                     "core, then the top symbols' share):")
         lines.append("")
         lines.append(table(["kill", "window", "from s", "CPU %", "top symbols (% of samples)"],
                            [[w["kill"], w["window"], w["from_s"], fmt(w["cpu_pct"]),
