@@ -47,7 +47,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from perfkit import (  # noqa: E402
-    CLK_TCK, RAW, REPO, RESULTS, Fail, Fixture, Gateway, add_quiet_args, binaries, fd_count, fmt,
+    CLK_TCK, QUIET, RAW, REPO, RESULTS, Fail, Fixture, Gateway, add_quiet_args, binaries, fd_count, fmt,
     loadgen, loadgen_cmd, log, machine_info, machine_line, main_guard, raise_nofile, rss_kib,
     scrape, set_quiet, system_ticks, table, wait_for_line, wait_quiet, write_report,
 )
@@ -325,7 +325,8 @@ def soak(procs, a):
                                          "-F", "499", "-p", str(gw.pid), "-o", perf["data"],
                                          "--", "sleep", f"{total_s + 5:.0f}"],
                                 os.path.join(rawdir, "perf.log"))
-    pids = {"mcpyard": gw.pid, "fixture-a": fa.p.pid, "fixture-b": fb.p.pid}
+    pids = {"mcpyard": gw.pid, "fixture-a": fa.p.pid, "fixture-b": fb.p.pid,
+            "harness": os.getpid()}
     if perf:
         pids["perf"] = perf["p"].pid
     pids.update({f"loadgen-{k}": p.pid for k, p in gens.items()})
@@ -424,6 +425,7 @@ def soak(procs, a):
         "totals": totals(summaries),
         "log_lines": log_counts(gw_log),
     }
+    info["waited_s"] = QUIET["waited_total_s"]
     analyse(d, seconds, a)
     if perf:
         d["perf"] = perf_windows(perf, d["down_windows"], a)
@@ -479,8 +481,16 @@ def take_sample(gw, pids, t0):
     ticks = group_ticks(list(pids.values()))
     s["cpu_ticks"] = {k: ticks.get(pid) for k, pid in pids.items()}
     s["system"] = system_ticks()
+    s["stat"] = cpu_fields()
     s["metrics"] = metrics_sample(gw.metrics_url)
     return s
+
+
+def cpu_fields():
+    """The machine's CPU ticks from /proc/stat: user, nice, system, idle, iowait, irq,
+    softirq, steal."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
 
 
 def busy_pct(before, after):
@@ -581,11 +591,19 @@ def per_second(t0, series, samples, gw_log, total_s):
                 if v is not None and pv is not None and v >= pv:
                     cpu[k] = 100.0 * (v - pv) / CLK_TCK / dt
             rec["cpu_pct"] = cpu
-            busy = s.get("machine_busy_pct")
-            if busy is not None:
-                # the machine's busy time not spent by anything started here, % of all cores
+            if s.get("stat") and prev.get("stat"):
+                # Of all cores: time in processes (user + system) not spent by anything
+                # started here is other people's work; interrupts and softirqs (mostly the
+                # loopback traffic of this very soak) and steal are counted apart.
+                dv = [x - y for x, y in zip(s["stat"], prev["stat"])]
+                total = sum(dv) or 1
                 ours = sum(cpu.values()) / (os.cpu_count() or 1)
-                rec["foreign_pct"] = max(0.0, busy - ours)
+                rec["foreign_pct"] = max(0.0, 100.0 * (dv[0] + dv[1] + dv[2]) / total - ours)
+                rec["irq_pct"] = 100.0 * (dv[5] + dv[6]) / total
+                rec["steal_pct"] = 100.0 * dv[7] / total
+            elif s.get("machine_busy_pct") is not None:
+                ours = sum(cpu.values()) / (os.cpu_count() or 1)
+                rec["foreign_pct"] = max(0.0, s["machine_busy_pct"] - ours)
             threads = {}
             for k, v in s["threads"].items():
                 pv = prev["threads"].get(k)
@@ -620,6 +638,7 @@ def down_windows(events, total_s):
     return out
 
 
+RSS_FLOOR_S = 60  # RSS at a steady point: the lowest of the seconds up to it (a kill period)
 RSS_GROWTH_MAX_KIB = 1024  # from the first steady point to the last
 FDS_GROWTH_MAX = 16  # the upstream pools follow the load's concurrency, within this
 FOREIGN_MAX_PCT = 25  # other work on the machine beyond which a run says nothing of latency
@@ -739,12 +758,17 @@ def analyse(d, seconds, a):
     marks = (kill_marks[1:] if len(kill_marks) >= 2 else kill_marks) or \
         [t for t in range(int(a.warmup), int(total_s), 60)]
     marks = marks + [total_s - 1]
+    rss = [(s["t"], s["rss_kib"]) for s in steady if s.get("rss_kib")]
     at = []
     for m in marks:
         s = min(steady or seconds, key=lambda s: abs(s["t"] - m))
-        at.append({"t": s["t"], "rss_kib": s.get("rss_kib"), "fds": s.get("fds"),
+        # RSS moves by a block of a MiB or two that the allocator takes and gives back
+        # again (for seconds to a minute): the floor of the minute up to the point is what a
+        # leak would raise
+        floor = [v for t, v in rss if m - RSS_FLOOR_S < t <= m + 0.5]
+        at.append({"t": s["t"], "rss_kib": min(floor) if floor else s.get("rss_kib"),
+                   "rss_now_kib": s.get("rss_kib"), "fds": s.get("fds"),
                    "slots_in_use": s.get("slots_in_use")})
-    rss = [(s["t"], s["rss_kib"]) for s in steady if s.get("rss_kib")]
     fds = [s["fds"] for s in steady if s.get("fds") is not None]
     rss_marks = [m["rss_kib"] for m in at if m["rss_kib"] is not None]
     fd_marks = [m["fds"] for m in at if m["fds"] is not None]
@@ -774,8 +798,12 @@ def analyse(d, seconds, a):
     # takes cores from the generators and mcpyard alike; then no latency verdict holds.
     foreign = [s["foreign_pct"] for s in steady if s.get("foreign_pct") is not None]
     unsent = (d.get("totals", {}).get("a") or {}).get("unsent") or 0
+    def smean(key):
+        vals = [s[key] for s in steady if s.get(key) is not None]
+        return statistics.mean(vals) if vals else None
     room = {"foreign_mean_pct": statistics.mean(foreign) if foreign else None,
-            "unsent_a": unsent}
+            "unsent_a": unsent, "machine_busy_mean_pct": smean("machine_busy_pct"),
+            "irq_mean_pct": smean("irq_pct"), "steal_mean_pct": smean("steal_pct")}
     v0 = (room["foreign_mean_pct"] is not None and room["foreign_mean_pct"] <= FOREIGN_MAX_PCT
           and unsent == 0)
     d["verdict"] = {"room": room, "room_ok": v0, "errors": errs, "errors_ok": v1,
@@ -858,7 +886,8 @@ def report(d):
     v = d["verdict"]
     lines = [f"# soak: {c['minutes']:g} minutes through server → proxy (cache) → 2 clients, "
              "route b's upstream killed every minute", ""]
-    lines.append(f"Generated by `perf/soak.sh {c['minutes']:g}` — " + machine_line(d["machine"]))
+    lines.append(f"Generated by `perf/soak.sh {c['minutes']:g}` — "
+                 + machine_line(d["machine"], d["machine"].get("waited_s")))
     lines.append("")
     kills = "never (A/B reference run)" if c["no_kill"] else (
         f"every {c['kill_every']:g} s from {c['kill_every'] / 2 + 1:g} s on (SIGKILL), started "
@@ -888,8 +917,10 @@ def report(d):
                  "failed call). RSS, fds (mcpyard's open file descriptors) and slots (read "
                  "slots in use, of 1,024 per worker) at the row's last second, with the "
                  "row's max beside fds and slots. mcpyard CPU: % of one core (its one worker "
-                 "can use 100); other work: the machine's busy time not spent by anything "
-                 "started here, % of both cores (other builds share this machine).")
+                 "can use 100); other work: the time the machine's cores spent in processes "
+                 "not started here, % of both cores (other builds share this machine; "
+                 "interrupts and softirqs, mostly this soak's own loopback traffic, are not "
+                 "counted in it).")
     lines.append("")
     lines.append("## Verdict")
     lines.append("")
@@ -904,7 +935,11 @@ def report(d):
              f"other work (not started here) took {fmt(v.get('room', {}).get('foreign_mean_pct'))} "
              f"% of both cores on average after warm-up, generator a left "
              f"{v.get('room', {}).get('unsent_a', 0):,} calls unsent (pass: ≤ {FOREIGN_MAX_PCT} "
-             "% and none; otherwise the latencies below measure the machine)"],
+             "% and none; otherwise the latencies below measure the machine). The machine was "
+             f"{fmt(v.get('room', {}).get('machine_busy_mean_pct'))} % busy in all, "
+             f"{fmt(v.get('room', {}).get('irq_mean_pct'))} % of it in interrupts and "
+             f"softirqs (the loopback traffic), {fmt(v.get('room', {}).get('steal_mean_pct'))} "
+             "% stolen by the hypervisor"],
             ["errors only on route b, only while its upstream is down", yes(v["errors_ok"]),
              f"route a (generators a and churn): {e['a_anywhere']:,} errors, mcpyard's "
              f"toolkit a errors {e['mcpyard_toolkit_a_errors']:,.0f}; route b: "
@@ -925,7 +960,9 @@ def report(d):
              f"at the steady points (3 s before each kill from the second on, and the end: "
              f"s {', '.join(str(m['t']) for m in f['marks'])}): RSS "
              f"{' → '.join(mib(m['rss_kib']) for m in f['marks'])} MiB "
-             f"({fmt(f['rss_growth_kib'])} KiB), fds "
+             f"({fmt(f['rss_growth_kib'])} KiB; the lowest of the {RSS_FLOOR_S} s up to each "
+             f"point, since RSS also moves by a block of 1–2 MiB that the allocator takes "
+             f"and gives back, see the plot), fds "
              f"{' → '.join(str(m['fds']) for m in f['marks'])}; over all steady seconds RSS "
              f"{mib(f['rss_first_kib'])} → {mib(f['rss_last_kib'])} MiB (max "
              f"{mib(f['rss_max_kib'])}), fds {f['fds_min']}–{f['fds_max']}"
@@ -1085,7 +1122,7 @@ def svg(d, seconds):
     for i, (title, series_, key, logy) in enumerate(panels):
         y0 = top + i * (panel_h + gap)
         pts = {tag: [(s["t"], value(s, key, tag)) for s in seconds
-                     if 0 <= s["t"] <= total and value(s, key, tag) is not None]
+                     if 0 <= s["t"] < total and value(s, key, tag) is not None]
                for tag, _ in series_}
         vals = [v for p in pts.values() for _, v in p]
         if logy:
