@@ -705,7 +705,7 @@ async fn refresh_kind(
 }
 
 /// `{"<array>":[` + the non-empty fragments joined by commas + `]}`.
-fn merge(array: &str, fragments: &[Option<Bytes>]) -> Bytes {
+pub(crate) fn merge(array: &str, fragments: &[Option<Bytes>]) -> Bytes {
     let len: usize = fragments.iter().flatten().map(|f| f.len() + 1).sum();
     let mut out = BytesMut::with_capacity(len + array.len() + 8);
     out.put_slice(b"{\"");

@@ -16,9 +16,9 @@
 //! sessions and streams stay there.
 
 pub mod cache;
-mod event_id;
+pub(crate) mod event_id;
 mod list;
-mod rename;
+pub(crate) mod rename;
 mod request;
 mod session;
 

@@ -430,7 +430,7 @@ fn expiry(session: &Session, timeout: Duration) -> (bool, Instant) {
 
 /// A `Last-Event-ID` as the agent sent it back.
 #[derive(Debug, PartialEq, Eq)]
-enum LastEvent<'a> {
+pub(crate) enum LastEvent<'a> {
     /// One of ours: `<stream>.<seq>`, and for the GET stream (0) perhaps `:<exit id>`.
     Ours {
         stream: u32,
@@ -442,7 +442,7 @@ enum LastEvent<'a> {
 }
 
 /// Reads a `Last-Event-ID`; `None` when it is not UTF-8 or empty.
-fn parse_event_id(raw: &[u8]) -> Option<LastEvent<'_>> {
+pub(crate) fn parse_event_id(raw: &[u8]) -> Option<LastEvent<'_>> {
     let text = std::str::from_utf8(raw).ok()?.trim();
     if text.is_empty() {
         return None;
