@@ -2,9 +2,11 @@
 # Builds every fuzz target once and runs each for SECONDS: `bash fuzz/run.sh SECONDS
 # [TARGET...]` (all targets when none are named). See fuzz/README.md.
 #
-# It installs what it needs by itself: cargo-fuzz (pinned, `cargo install --locked`, into
-# fuzz/.tools) on a machine with only rustup stable, gcc/g++ and crates.io. cargo-fuzz
-# passes -Z flags to rustc, which the stable toolchain accepts with RUSTC_BOOTSTRAP=1.
+# It installs what it needs by itself: cargo-fuzz (pinned, `cargo install --locked`) on a
+# machine with only rustup stable, gcc/g++ and crates.io, into a root of its own outside the
+# work tree ($FUZZ_TOOLS, by default ~/.cache/mcpyard/cargo-fuzz-<version>), so that fresh
+# clones on the same machine (CI's) do not build it again. cargo-fuzz passes -Z flags to
+# rustc, which the stable toolchain accepts with RUSTC_BOOTSTRAP=1.
 #
 # Each target's libFuzzer grows its own copy of the corpus in fuzz/work/<target>/, reading
 # the committed seeds in fuzz/corpus/<target>/ too; a crashing input goes to
@@ -17,10 +19,10 @@ cd "$(dirname "$0")"
 SECONDS_EACH=${1:?usage: bash fuzz/run.sh SECONDS [TARGET...]}
 shift
 CARGO_FUZZ_VERSION=0.13.2
-TOOLS="$PWD/.tools"
+TOOLS=${FUZZ_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/mcpyard/cargo-fuzz-$CARGO_FUZZ_VERSION}
 
 if [ "$("$TOOLS/bin/cargo-fuzz" --version 2>/dev/null)" != "cargo-fuzz $CARGO_FUZZ_VERSION" ]; then
-  echo "== installing cargo-fuzz $CARGO_FUZZ_VERSION into fuzz/.tools"
+  echo "== installing cargo-fuzz $CARGO_FUZZ_VERSION into $TOOLS"
   cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION" --root "$TOOLS"
 fi
 export PATH="$TOOLS/bin:$PATH"
@@ -49,8 +51,11 @@ for target in "${targets[@]}"; do
   # The HTTP decoders get room to reach their head and target limits (16 KiB, 4 KiB).
   max_len=4096
   case "$target" in http_request | http_response) max_len=20000 ;; esac
+  # The tokens a target's parser branches on, where there is a list of them.
+  dict=()
+  if [ -f "dict/$target.dict" ]; then dict=(-dict="dict/$target.dict"); fi
   status=0
-  "$bin_dir/$target" "work/$target" "corpus/$target" \
+  "$bin_dir/$target" "work/$target" "corpus/$target" "${dict[@]}" \
     -max_total_time="$SECONDS_EACH" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="artifacts/$target/" -print_final_stats=1 >"$log" 2>&1 || status=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)

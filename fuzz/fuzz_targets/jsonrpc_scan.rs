@@ -6,6 +6,10 @@
 //! raw member values serde_json finds, and the ones `parse_envelope` finds when that accepts
 //! the body as well (so a response is read the same whichever path its size sends it down).
 //!
+//! Known and tolerated (fuzz/README.md, finding 3): a body that breaks both the `id` or
+//! `error` size bound and the JSON syntax may be refused for either, depending on where the
+//! pieces end, since the bounds are checked at the end of each piece.
+//!
 //! Input: one byte picks the piece size, two the cut point; the rest is the body.
 #![no_main]
 
@@ -100,6 +104,14 @@ impl<'de> Visitor<'de> for MembersVisitor {
     }
 }
 
+/// True when two scans of the same body answered alike (see finding 3 above).
+fn alike(a: &Result<Outcome, ScanError>, b: &Result<Outcome, ScanError>) -> bool {
+    let bound = |r: &Result<Outcome, ScanError>| {
+        matches!(r, Err(ScanError::IdTooLarge | ScanError::ErrorTooLarge))
+    };
+    a == b || (a.is_err() && b.is_err() && (bound(a) || bound(b)))
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut input = Input::new(data);
     let piece = usize::from(input.byte() % 16).max(1);
@@ -109,12 +121,13 @@ fuzz_target!(|data: &[u8]| {
     let at = cut(selector, body.len());
     let whole = scan(std::slice::from_ref(&body));
     let halves = scan(&[body.slice(..at), body.slice(at..)]);
-    assert_eq!(whole, halves, "whole and cut in two differ");
+    assert!(alike(&whole, &halves), "whole and cut in two differ: {whole:?} {halves:?}");
     let small: Vec<Bytes> = (0..body.len())
         .step_by(piece)
         .map(|from| body.slice(from..(from + piece).min(body.len())))
         .collect();
-    assert_eq!(whole, scan(&small), "whole and in pieces of {piece} differ");
+    let small = scan(&small);
+    assert!(alike(&whole, &small), "whole and in pieces of {piece} differ: {whole:?} {small:?}");
 
     // IgnoredAny: serde_json checks the syntax but not what `\u` escapes spell, like the
     // scanner.
