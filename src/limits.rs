@@ -128,7 +128,8 @@ pub const UPSTREAM_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// connection covers either way.
 pub const UPSTREAM_REUSE_CHECK_AFTER: Duration = Duration::from_millis(500);
 
-/// Addresses of a DNS name tried in turn when connecting upstream.
+/// Addresses of a DNS name tried in turn when connecting upstream, each attempt (TCP connect
+/// and TLS handshake) within the client's `connect_timeout`.
 pub const UPSTREAM_ADDRS_MAX: usize = 4;
 
 /// Params at most this long are copied into the request head's write (one syscall);
@@ -140,7 +141,7 @@ pub const UPSTREAM_COALESCE_BYTES_MAX: usize = 16 * 1024;
 pub const UPSTREAM_RESULT_HOLD_BYTES: usize = STREAM_WINDOW_BYTES as usize;
 
 /// Deadline for an agent's TLS handshake, from accept to the handshake's last flight (an
-/// upstream's handshake is bounded by its client's `connect_timeout` instead).
+/// upstream's handshake shares its client's `connect_timeout` with the TCP connect instead).
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Bytes of the heap buffer a TLS handshake reads into: one TLS record at most. Handshakes

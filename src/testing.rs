@@ -1,5 +1,9 @@
 //! Test-only helpers shared by the tests of several modules: a seeded generator for the
-//! randomized ones, and a worker-like event loop for the binding tests.
+//! randomized ones, a worker-like event loop for the binding tests, and a certificate
+//! authority made at test time for the TLS tests (the adapter's and the upstream pool's).
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use std::path::PathBuf;
 
 /// xorshift64*: tiny, deterministic, good enough to pick test inputs.
 pub struct Rng(pub u64);
@@ -54,4 +58,57 @@ pub fn run_local<F: std::future::Future>(f: F) -> F::Output {
         .build()
         .unwrap_or_else(|e| panic!("test runtime: {e}"));
     tokio::task::LocalSet::new().block_on(&rt, f)
+}
+
+/// A CA, written to a directory of its own, that signs leaf certificates.
+pub struct Ca {
+    /// Its files and its leaves' (removed on drop).
+    pub dir: PathBuf,
+    issuer: Issuer<'static, KeyPair>,
+    /// The CA certificate (PEM), to trust.
+    pub pem: PathBuf,
+}
+
+impl Ca {
+    pub fn new(tag: &str) -> Ca {
+        let dir = std::env::temp_dir().join(format!("mcpyard-tls-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("mcpyard test CA {tag}"));
+        let cert = params.self_signed(&key).expect("self-signed");
+        let pem = dir.join("ca.pem");
+        std::fs::write(&pem, cert.pem()).expect("write ca");
+        Ca {
+            dir,
+            issuer: Issuer::new(params, key),
+            pem,
+        }
+    }
+
+    /// A leaf for `names`, valid now unless `expired`; returns (cert, key) files.
+    pub fn leaf(&self, file: &str, names: &[&str], expired: bool) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().expect("key");
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).expect("params");
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        let cert_path = self.dir.join(format!("{file}.pem"));
+        let key_path = self.dir.join(format!("{file}.key"));
+        std::fs::write(&cert_path, cert.pem()).expect("write cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        (cert_path, key_path)
+    }
+}
+
+impl Drop for Ca {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

@@ -71,13 +71,16 @@ pub fn body_kind(content_type: Option<&[u8]>) -> BodyKind {
 ///
 /// `session` adds `mcp-session-id` and `mcp-protocol-version`; a POST gets the JSON content
 /// type and the two-type `accept` MCP requires, a GET asks for an event stream.
+///
+/// `Err` (a decode failure: nothing written) when the session id the gateway gave would
+/// break the head (a control byte).
 pub fn encode_request(
     method: &str,
     target: &Target,
     session: Option<&str>,
     body: &[u8],
     out: &mut BytesMut,
-) {
+) -> Result<(), Failure> {
     let accept: &[u8] = if method == "GET" {
         b"text/event-stream"
     } else {
@@ -97,8 +100,10 @@ pub fn encode_request(
     } else {
         BodyFraming::None
     };
-    encode_request_head(method, &target.path, &headers, framing, out);
+    encode_request_head(method, &target.path, &headers, framing, out)
+        .map_err(|e| Failure::new(ErrorKind::Decode, format!("request not sent: {e}")))?;
     out.extend_from_slice(body);
+    Ok(())
 }
 
 /// Collects one response from bytes as they arrive.
@@ -346,7 +351,7 @@ impl Conn {
         body: &[u8],
     ) -> Result<Response, Failure> {
         self.write.clear();
-        encode_request(method, target, session, body, &mut self.write);
+        encode_request(method, target, session, body, &mut self.write)?;
         let written = Instant::now();
         match self.tls.as_deref_mut() {
             None => self

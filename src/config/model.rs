@@ -201,7 +201,8 @@ pub struct ClientBinding {
     pub server: UpstreamUrl,
     /// What credential goes upstream; `None` sends none.
     pub authorization: Option<ClientAuth>,
-    /// Deadline to establish a connection (TCP, and TLS for https). Default 5s.
+    /// Deadline of one connection attempt to one address: the TCP connect and, for https,
+    /// the TLS handshake together; a failed attempt moves on to the next address. Default 5s.
     pub connect_timeout: Duration,
     /// Deadline from sending a request to the upstream's response head. Default 60s.
     pub response_timeout: Duration,

@@ -1,9 +1,15 @@
 //! Encoders: request and response heads, chunks, and canned error responses.
 //!
 //! Everything appends to a caller-owned `BytesMut` and allocates nothing else: numbers are
-//! formatted on the stack. Header names and values are written exactly as passed; callers
-//! pass lowercase names and values free of CR, LF and NUL (values that came from outside were
-//! already validated by the decoders).
+//! formatted on the stack. Header names and values are written exactly as passed, after one
+//! check where they are written: a head is the one place where a stray CR or LF turns data
+//! into structure (a header of its own, or a second request on a shared connection), so a
+//! method or name that is not a token, a target with a space or a control byte, or a value
+//! with a control byte other than HTAB refuses the whole head ([`HeadError`]) and nothing is
+//! written. Values that came from outside (an agent's `Last-Event-ID`, an upstream's
+//! challenge or session id) are therefore safe here whatever path brought them.
+
+use std::fmt;
 
 use bytes::{BufMut, BytesMut};
 
@@ -23,6 +29,72 @@ const U64_DIGITS_MAX: usize = 20;
 /// below the threshold take glibc's vector loop, which is as fast in every layout; each
 /// extra call costs a few dozen instructions per 2 KiB.
 const COPY_PIECE_BYTES: usize = 2 * 1024;
+
+/// Why a head was not written: a piece that would change the message's structure.
+///
+/// The header name in `Value` passed the token check, so it is safe to log and show.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeadError {
+    /// The method is not an RFC 9110 token.
+    Method,
+    /// The request target is empty or holds a space or a control byte.
+    Target,
+    /// A header name is not an RFC 9110 token.
+    Name,
+    /// The value of this header holds a control byte other than HTAB (CR, LF, NUL, ...).
+    Value(String),
+}
+
+impl fmt::Display for HeadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeadError::Method => f.write_str("request method is not a token"),
+            HeadError::Target => f.write_str("request target holds a space or a control byte"),
+            HeadError::Name => f.write_str("header name is not a token"),
+            HeadError::Value(name) => write!(f, "value of header {name} holds a control byte"),
+        }
+    }
+}
+
+impl std::error::Error for HeadError {}
+
+/// True if `value` may be written as a field value: no control byte but HTAB (RFC 9110
+/// §5.5: CR, LF and NUL are never allowed, the other controls are not `field-vchar`s).
+/// Bytes 0x80 and above (obs-text) pass, as the decoders accept them.
+///
+/// Written as a fold without an early exit so that it compiles to a vector loop: values are
+/// short and almost always fine, so looking at every byte is cheaper than branching.
+pub fn field_value_ok(value: &[u8]) -> bool {
+    value.iter().fold(true, |ok, &b| {
+        ok & ((b >= 0x20 && b != 0x7f) | (b == b'\t'))
+    })
+}
+
+/// True for an RFC 9110 `token` (methods, header names): one or more `tchar`s.
+pub fn token_ok(text: &[u8]) -> bool {
+    !text.is_empty()
+        && text
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// True for a request target we may write: visible ASCII or obs-text, no space, not empty.
+fn target_ok(target: &[u8]) -> bool {
+    !target.is_empty() && target.iter().all(|&b| b > 0x20 && b != 0x7f)
+}
+
+/// Checks every header of a head before any of it is written.
+fn check_fields(headers: &[(&str, &[u8])]) -> Result<(), HeadError> {
+    for (name, value) in headers {
+        if !token_ok(name.as_bytes()) {
+            return Err(HeadError::Name);
+        }
+        if !field_value_ok(value) {
+            return Err(HeadError::Value((*name).to_owned()));
+        }
+    }
+    Ok(())
+}
 
 /// Returns the standard reason phrase for `status` (RFC 9110 §15), or `""` if it has none;
 /// an empty reason phrase is valid (RFC 9112 §4).
@@ -77,17 +149,21 @@ pub fn reason_phrase(status: u16) -> &'static str {
 /// `transfer-encoding: chunked` for `Chunked`; `None` and `CloseDelimited` write none. Pass
 /// `Length(0)` for an empty body: `None` suits only 1xx, 204, 304 and HEAD responses, since
 /// any other response without framing is read until close (RFC 9112 §6.3).
+///
+/// `Err` (nothing written) if a header name or value fails the check in the module doc.
 pub fn encode_response_head(
     status: u16,
     headers: &[(&str, &[u8])],
     body: BodyFraming,
     out: &mut BytesMut,
-) {
+) -> Result<(), HeadError> {
+    check_fields(headers)?;
     let mut digits = Digits::new();
     let status_digits = digits.format(u64::from(status), 10);
     let reason = reason_phrase(status).as_bytes();
     let start_line: [&[u8]; 5] = [b"HTTP/1.1 ", status_digits, b" ", reason, b"\r\n"];
     put_head(&start_line, headers, body, out);
+    Ok(())
 }
 
 /// Writes `<method> <target> HTTP/1.1\r\n`, the headers, the framing header and the blank
@@ -95,15 +171,26 @@ pub fn encode_response_head(
 ///
 /// Framing is written as for [`encode_response_head`]; a request has no close-delimited
 /// body, so `CloseDelimited` writes nothing, like `None`. The caller supplies `host`.
+///
+/// `Err` (nothing written) if the method, the target or a header fails the check in the
+/// module doc.
 pub fn encode_request_head(
     method: &str,
     target: &str,
     headers: &[(&str, &[u8])],
     body: BodyFraming,
     out: &mut BytesMut,
-) {
+) -> Result<(), HeadError> {
+    if !token_ok(method.as_bytes()) {
+        return Err(HeadError::Method);
+    }
+    if !target_ok(target.as_bytes()) {
+        return Err(HeadError::Target);
+    }
+    check_fields(headers)?;
     let start_line: [&[u8]; 4] = [method.as_bytes(), b" ", target.as_bytes(), b" HTTP/1.1\r\n"];
     put_head(&start_line, headers, body, out);
+    Ok(())
 }
 
 /// Writes one chunk, `<hex size>\r\n<data>\r\n` (RFC 9112 §7.1). Writes nothing for empty
@@ -159,12 +246,11 @@ const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 pub fn encode_error_response(err: &HttpError, out: &mut BytesMut) {
     let detail = err.detail().as_bytes();
     let body_bytes = detail.len() as u64 + 1;
-    encode_response_head(
-        err.status(),
-        &[("content-type", b"text/plain"), ("connection", b"close")],
-        BodyFraming::Length(body_bytes),
-        out,
-    );
+    // Constant headers only: the check cannot refuse them.
+    let headers: [(&str, &[u8]); 2] = [("content-type", b"text/plain"), ("connection", b"close")];
+    let written =
+        encode_response_head(err.status(), &headers, BodyFraming::Length(body_bytes), out);
+    assert!(written.is_ok());
     out.put_slice(detail);
     out.put_u8(b'\n');
 }
@@ -317,6 +403,7 @@ mod tests {
                 BodyFraming::Length(42),
                 out,
             )
+            .unwrap()
         });
         assert_eq!(
             out,
@@ -327,12 +414,13 @@ mod tests {
 
     #[test]
     fn response_head_framings() {
-        let chunked = encoded(|out| encode_response_head(200, &[], BodyFraming::Chunked, out));
+        let chunked =
+            encoded(|out| encode_response_head(200, &[], BodyFraming::Chunked, out).unwrap());
         assert_eq!(
             chunked,
             "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
         );
-        let none = encoded(|out| encode_response_head(204, &[], BodyFraming::None, out));
+        let none = encoded(|out| encode_response_head(204, &[], BodyFraming::None, out).unwrap());
         assert_eq!(none, "HTTP/1.1 204 No Content\r\n\r\n");
         let close = encoded(|out| {
             encode_response_head(
@@ -341,9 +429,11 @@ mod tests {
                 BodyFraming::CloseDelimited,
                 out,
             )
+            .unwrap()
         });
         assert_eq!(close, "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n");
-        let unknown = encoded(|out| encode_response_head(299, &[], BodyFraming::Length(0), out));
+        let unknown =
+            encoded(|out| encode_response_head(299, &[], BodyFraming::Length(0), out).unwrap());
         assert_eq!(unknown, "HTTP/1.1 299 \r\ncontent-length: 0\r\n\r\n");
     }
 
@@ -360,6 +450,7 @@ mod tests {
                 BodyFraming::Chunked,
                 out,
             )
+            .unwrap()
         });
         assert_eq!(
             post,
@@ -368,6 +459,7 @@ mod tests {
         );
         let get = encoded(|out| {
             encode_request_head("GET", "/mcp?x=1", &[("host", b"h")], BodyFraming::None, out)
+                .unwrap()
         });
         assert_eq!(get, "GET /mcp?x=1 HTTP/1.1\r\nhost: h\r\n\r\n");
         let delete = encoded(|out| {
@@ -378,6 +470,7 @@ mod tests {
                 BodyFraming::Length(0),
                 out,
             )
+            .unwrap()
         });
         assert_eq!(
             delete,
@@ -388,8 +481,8 @@ mod tests {
     #[test]
     fn heads_append_after_bytes_already_in_the_buffer() {
         let mut out = BytesMut::from(&b"earlier bytes|"[..]);
-        encode_response_head(200, &[("a", b"")], BodyFraming::Length(7), &mut out);
-        encode_request_head("GET", "/", &[], BodyFraming::None, &mut out);
+        encode_response_head(200, &[("a", b"")], BodyFraming::Length(7), &mut out).unwrap();
+        encode_request_head("GET", "/", &[], BodyFraming::None, &mut out).unwrap();
         assert_eq!(
             &out[..],
             b"earlier bytes|HTTP/1.1 200 OK\r\na: \r\ncontent-length: 7\r\n\r\nGET / HTTP/1.1\r\n\r\n"
@@ -475,5 +568,65 @@ mod tests {
         for (err, expected) in table {
             assert_eq!(encoded(|out| encode_error_response(&err, out)), expected);
         }
+    }
+
+    #[test]
+    fn heads_with_control_bytes_are_refused_and_nothing_is_written() {
+        // Every control byte but HTAB, and DEL, in a value refuses the head, wherever it sits.
+        let hostile: Vec<u8> = (0u8..0x20).filter(|b| *b != b'\t').chain([0x7f]).collect();
+        for b in hostile {
+            for value in [vec![b], vec![b'x', b, b'y'], vec![b'a', b'b', b'c', b]] {
+                let mut out = BytesMut::from(&b"kept"[..]);
+                let headers: [(&str, &[u8]); 2] = [("host", b"h"), ("last-event-id", &value)];
+                assert_eq!(
+                    encode_request_head("GET", "/mcp", &headers, BodyFraming::None, &mut out),
+                    Err(HeadError::Value("last-event-id".into())),
+                    "byte {b:#04x}"
+                );
+                assert_eq!(
+                    encode_response_head(200, &headers, BodyFraming::Length(0), &mut out),
+                    Err(HeadError::Value("last-event-id".into())),
+                );
+                assert_eq!(&out[..], b"kept", "nothing written for byte {b:#04x}");
+            }
+        }
+        // The smuggling shape of a Last-Event-ID, and a NUL.
+        let mut out = BytesMut::new();
+        let injected: [(&str, &[u8]); 1] = [("last-event-id", b"x\r\nX-Injected: 1")];
+        assert!(encode_request_head("GET", "/", &injected, BodyFraming::None, &mut out).is_err());
+        assert!(out.is_empty());
+        // HTAB, visible ASCII and obs-text pass.
+        let fine: [(&str, &[u8]); 1] = [("x", b"a\tb ~\x80\xff")];
+        assert!(encode_request_head("GET", "/", &fine, BodyFraming::None, &mut out).is_ok());
+    }
+
+    #[test]
+    fn methods_targets_and_names_must_keep_the_start_line_and_fields_whole() {
+        let mut out = BytesMut::new();
+        let none: [(&str, &[u8]); 0] = [];
+        for method in ["", "GE T", "GET\r\n", "G\0"] {
+            assert_eq!(
+                encode_request_head(method, "/", &none, BodyFraming::None, &mut out),
+                Err(HeadError::Method)
+            );
+        }
+        for target in ["", "/a b", "/a\r\nb", "/\0", "/\x7f"] {
+            assert_eq!(
+                encode_request_head("GET", target, &none, BodyFraming::None, &mut out),
+                Err(HeadError::Target)
+            );
+        }
+        for name in ["", "a b", "a:b", "a\r\nb"] {
+            let headers: [(&str, &[u8]); 1] = [(name, b"v")];
+            assert_eq!(
+                encode_response_head(200, &headers, BodyFraming::None, &mut out),
+                Err(HeadError::Name)
+            );
+        }
+        assert!(out.is_empty());
+        assert_eq!(
+            HeadError::Value("authorization".into()).to_string(),
+            "value of header authorization holds a control byte"
+        );
     }
 }

@@ -27,8 +27,8 @@ mod scan;
 mod testing;
 
 pub use encode::{
-    encode_chunk, encode_chunk_of, encode_error_response, encode_last_chunk, encode_request_head,
-    encode_response_head, reason_phrase,
+    HeadError, encode_chunk, encode_chunk_of, encode_error_response, encode_last_chunk,
+    encode_request_head, encode_response_head, field_value_ok, reason_phrase, token_ok,
 };
 pub use error::HttpError;
 pub use headers::Headers;

@@ -97,6 +97,10 @@ pub struct WorkerMetrics {
     pub http_errors: u64,
     /// GET streams resumed from an event no longer in the session's replay ring.
     pub events_replay_missed: u64,
+    /// Heads not written because a value held a control byte (`http::HeadError`): toward
+    /// agents (responses) and toward upstreams (requests).
+    pub heads_refused_downstream: u64,
+    pub heads_refused_upstream: u64,
     /// io_uring_enter calls of the worker's prompt-submission flusher (runtime::submit).
     pub uring_flushes: u64,
     /// The upstream side (`client` bindings).
@@ -454,7 +458,8 @@ pub struct UpstreamMetrics {
     pub connections: u64,
     /// Upstream sessions open now.
     pub sessions: u64,
-    /// Connections established, and attempts that failed (refused, timed out, unresolved).
+    /// Connections established, and new connections that no address gave (each refused,
+    /// timed out or failed its handshake): one failure however many addresses were tried.
     pub connects: u64,
     pub connect_failures: u64,
     /// Requests that reused a pooled connection.
@@ -624,6 +629,8 @@ impl WorkerMetrics {
             handoffs: 0,
             http_errors: 0,
             events_replay_missed: 0,
+            heads_refused_downstream: 0,
+            heads_refused_upstream: 0,
             uring_flushes: 0,
             upstream: UpstreamMetrics::default(),
             proxy: ProxyMetrics::default(),
@@ -660,6 +667,8 @@ impl WorkerMetrics {
         self.handoffs += other.handoffs;
         self.http_errors += other.http_errors;
         self.events_replay_missed += other.events_replay_missed;
+        self.heads_refused_downstream += other.heads_refused_downstream;
+        self.heads_refused_upstream += other.heads_refused_upstream;
         self.uring_flushes += other.uring_flushes;
         self.upstream.merge(&other.upstream);
         self.proxy.merge(&other.proxy);
@@ -894,7 +903,7 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
     for (name, help, v) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
-    let counters: [(&str, &str, u64); 10] = [
+    let counters: [(&str, &str, u64); 12] = [
         (
             "mcpyard_uring_flushes_total",
             "io_uring_enter calls that submitted a scheduler round's operations at once.",
@@ -944,6 +953,16 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
             "mcpyard_events_replay_missed_total",
             "GET streams resumed after an event the replay ring no longer held.",
             all.events_replay_missed,
+        ),
+        (
+            "mcpyard_downstream_heads_refused_total",
+            "Responses to agents not written because a header value held a control byte.",
+            all.heads_refused_downstream,
+        ),
+        (
+            "mcpyard_upstream_heads_refused_total",
+            "Requests to upstreams not sent because a header value held a control byte.",
+            all.heads_refused_upstream,
         ),
     ];
     for (name, help, v) in counters {

@@ -7,8 +7,7 @@ use super::*;
 use crate::metrics::TlsFailure;
 use crate::runtime::io::Listener;
 use crate::runtime::{Backend, block_on};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-use std::path::PathBuf;
+use crate::testing::Ca;
 
 /// epoll always; io_uring where this machine allows it.
 fn backends() -> Vec<Backend> {
@@ -17,57 +16,6 @@ fn backends() -> Vec<Backend> {
         out.push(Backend::Uring);
     }
     out
-}
-
-/// A CA, written to a directory of its own, that signs leaf certificates.
-struct Ca {
-    dir: PathBuf,
-    issuer: Issuer<'static, KeyPair>,
-    pem: PathBuf,
-}
-
-impl Ca {
-    fn new(tag: &str) -> Ca {
-        let dir = std::env::temp_dir().join(format!("mcpyard-tls-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let key = KeyPair::generate().expect("key");
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, format!("mcpyard test CA {tag}"));
-        let cert = params.self_signed(&key).expect("self-signed");
-        let pem = dir.join("ca.pem");
-        std::fs::write(&pem, cert.pem()).expect("write ca");
-        Ca {
-            dir,
-            issuer: Issuer::new(params, key),
-            pem,
-        }
-    }
-
-    /// A leaf for `names`, valid now unless `expired`; returns (cert, key) files.
-    fn leaf(&self, file: &str, names: &[&str], expired: bool) -> (PathBuf, PathBuf) {
-        let key = KeyPair::generate().expect("key");
-        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let mut params = CertificateParams::new(names).expect("params");
-        if expired {
-            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
-        }
-        let cert = params.signed_by(&key, &self.issuer).expect("sign");
-        let cert_path = self.dir.join(format!("{file}.pem"));
-        let key_path = self.dir.join(format!("{file}.key"));
-        std::fs::write(&cert_path, cert.pem()).expect("write cert");
-        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
-        (cert_path, key_path)
-    }
-}
-
-impl Drop for Ca {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// A CA (kept for its files), a server config for `localhost` it signed, and an upstream

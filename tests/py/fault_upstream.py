@@ -73,7 +73,15 @@ class MalformedSse:
     """200 `text/event-stream` whose event data is not JSON, then the stream ends."""
 
 
-Action = RpcError | Status | ForgetSession | ResetMidBody | Hang | MalformedJson | MalformedSse
+@dataclass(frozen=True)
+class Answer:
+    """200 with a JSON-RPC result of the test's choosing for the request's own id (for
+    initialize: no session id), e.g. an initialize result with a hostile protocolVersion."""
+
+    result: Any
+
+
+Action = RpcError | Status | ForgetSession | ResetMidBody | Hang | MalformedJson | MalformedSse | Answer
 
 
 def rpc_error(code: int, message: str, *data: Any) -> RpcError:
@@ -99,6 +107,7 @@ class Seen:
     body: Any  # parsed JSON, or None
     answer: str = "normal"  # the action's class name, or "normal"
     new_session: str | None = None  # the session id an initialize answer assigned
+    raw_head: bytes = b""  # the head exactly as it arrived, CRLFs included
 
     @property
     def rpc_method(self) -> str | None:
@@ -270,6 +279,8 @@ class FaultUpstream:
             body = b'{"jsonrpc":"2.0","id":' + json.dumps(rid).encode() + b',"result":{"content":[{"type":"te'
             await _write(writer, 200, [("Content-Type", "application/json")], body)
             return True
+        if isinstance(action, Answer):
+            return await self._rpc(writer, seen, {"jsonrpc": "2.0", "id": rid, "result": action.result})
         if isinstance(action, MalformedSse):
             body = b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":" + json.dumps(rid).encode() + b",\"result\":{oops\n\n"
             await _write(writer, 200, [("Content-Type", "text/event-stream")], body)
@@ -379,7 +390,7 @@ async def _read_request(reader: asyncio.StreamReader) -> Seen | None:
             body = json.loads(raw)
         except ValueError:
             body = raw.decode("utf-8", "replace")
-    return Seen(method=method, path=path, headers=headers, body=body)
+    return Seen(method=method, path=path, headers=headers, body=body, raw_head=head)
 
 
 def free_port() -> int:

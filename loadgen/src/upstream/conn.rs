@@ -291,14 +291,17 @@ impl Connection {
         match reply {
             Reply::Accepted => {
                 encode_response_head(202, &[], BodyFraming::Length(0), &mut self.out)
+                    .map_err(io::Error::other)?;
             }
             Reply::Empty(status) => {
                 encode_response_head(*status, &[], BodyFraming::Length(0), &mut self.out)
+                    .map_err(io::Error::other)?;
             }
             Reply::Text(status, text) => {
                 let headers: [(&str, &[u8]); 1] = [("content-type", b"text/plain")];
                 let length = BodyFraming::Length(text.len() as u64 + 1);
-                encode_response_head(*status, &headers, length, &mut self.out);
+                encode_response_head(*status, &headers, length, &mut self.out)
+                    .map_err(io::Error::other)?;
                 self.out.put_slice(text.as_bytes());
                 self.out.put_u8(b'\n');
             }
@@ -306,7 +309,8 @@ impl Connection {
                 let body = format!("{{\"streams\":{streams}}}");
                 let headers: [(&str, &[u8]); 1] = [("content-type", b"application/json")];
                 let length = BodyFraming::Length(body.len() as u64);
-                encode_response_head(200, &headers, length, &mut self.out);
+                encode_response_head(200, &headers, length, &mut self.out)
+                    .map_err(io::Error::other)?;
                 self.out.put_slice(body.as_bytes());
             }
             Reply::Message { .. } | Reply::Stream => {
@@ -339,7 +343,8 @@ impl Connection {
                 headers,
                 BodyFraming::Length(body.len() as u64),
                 &mut self.out,
-            );
+            )
+            .map_err(io::Error::other)?;
             self.out.put_slice(&body);
             return self.flush_out().await;
         };
@@ -349,7 +354,8 @@ impl Connection {
             headers,
             BodyFraming::Length(length as u64),
             &mut self.out,
-        );
+        )
+        .map_err(io::Error::other)?;
         write_result_prefix(id, &mut self.out);
         if result.len() < FIXTURE_COPY_BYTES_MAX {
             self.out.put_slice(result);
@@ -381,7 +387,8 @@ impl Connection {
         let headers = all
             .get(..2 + usize::from(session.is_some()))
             .unwrap_or_default();
-        encode_response_head(status, headers, BodyFraming::Chunked, &mut self.out);
+        encode_response_head(status, headers, BodyFraming::Chunked, &mut self.out)
+            .map_err(io::Error::other)?;
         let mut last = start;
         if let Some(plan) = progress {
             for i in 1..=plan.count {
@@ -419,8 +426,9 @@ impl Connection {
             ("content-type", b"text/event-stream"),
             ("cache-control", b"no-cache"),
         ];
-        encode_response_head(200, &headers, BodyFraming::Chunked, &mut self.out);
-        if self.flush_out().await.is_err() {
+        if encode_response_head(200, &headers, BodyFraming::Chunked, &mut self.out).is_err()
+            || self.flush_out().await.is_err()
+        {
             return;
         }
         let _open = StreamCount::open(&self.shared);

@@ -70,8 +70,13 @@ fn parse_field(status: u16, field: &str) -> Option<BearerChallenge> {
     }
 }
 
-/// Stores a known parameter (the first occurrence wins, as RFC 9110 forbids repeats).
+/// Stores a known parameter (the first occurrence wins, as RFC 9110 forbids repeats). A
+/// value with a control byte other than HTAB (a quoted-pair can carry one) is dropped: it
+/// is rendered into the agent's `WWW-Authenticate` later.
 fn set_param(c: &mut BearerChallenge, name: &str, mut value: String) {
+    if !crate::http::field_value_ok(value.as_bytes()) {
+        return;
+    }
     if value.len() > VALUE_BYTES_MAX {
         let mut cut = VALUE_BYTES_MAX;
         while !value.is_char_boundary(cut) {
@@ -259,6 +264,22 @@ mod tests {
                 let _ = one(401, prefix);
             }
         }
+    }
+
+    #[test]
+    fn values_with_control_bytes_are_dropped() {
+        // A quoted-pair may escape any byte; the decoders refuse raw control bytes, but the
+        // parser does not rely on that.
+        let c = one(
+            401,
+            "Bearer realm=\"a\\\rb\", scope=\"ok\", error=\"x\\\0\"",
+        )
+        .unwrap();
+        assert_eq!(get(&c.realm), None);
+        assert_eq!(get(&c.scope), Some("ok"));
+        assert_eq!(get(&c.error), None);
+        let c = one(401, "Bearer realm=\"tab\there\"").unwrap();
+        assert_eq!(get(&c.realm), Some("tab\there"));
     }
 
     #[test]

@@ -110,7 +110,9 @@ impl Client {
 
     /// Writes a request head toward the upstream: target, `Host`, the MCP headers of
     /// `session` (when it has been initialized), the credential, and the framing.
-    fn head(&self, req: &Outgoing<'_>, out: &mut BytesMut) {
+    /// `Err(UpErr::Head)` (nothing written, one log line, a counter) if a value would
+    /// break the head: the request is not sent.
+    fn head(&self, req: &Outgoing<'_>, out: &mut BytesMut) -> Result<(), UpErr> {
         let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(8);
         headers.push(("host", self.url.authority.as_bytes()));
         let ids = req.session.map(|s| s.ids());
@@ -137,7 +139,12 @@ impl Client {
             Some(n) => BodyFraming::Length(n),
             None => BodyFraming::None,
         };
-        http::encode_request_head(req.method, &self.url.path_and_query, &headers, framing, out);
+        http::encode_request_head(req.method, &self.url.path_and_query, &headers, framing, out)
+            .map_err(|e| {
+                crate::log::warn(format_args!("client {}: request not sent: {e}", self.name));
+                metrics::with(|m| m.heads_refused_upstream += 1);
+                UpErr::Head(e)
+            })
     }
 
     /// Sends a request whose body is known in full and waits for the response head
@@ -149,7 +156,7 @@ impl Client {
             let lease = self.pool.take().await.map_err(UpErr::Connect)?;
             let reused = lease.link.reused;
             let mut head = BytesMut::with_capacity(256);
-            self.head(req, &mut head);
+            self.head(req, &mut head)?;
             let sent =
                 write_known(&lease, head, body, Instant::now() + self.response_timeout).await;
             let mut response = Response::new(lease);
@@ -328,6 +335,9 @@ enum UpErr {
     SessionGone,
     /// The caller went away (cancelled, timed out, disconnected).
     Gone,
+    /// The request head was refused before anything was sent (a value with a control
+    /// byte: never written upstream).
+    Head(http::HeadError),
 }
 
 impl UpErr {
@@ -344,6 +354,7 @@ impl UpErr {
             UpErr::Exchange(f) => f.describe(),
             UpErr::Status(s) => format!("Upstream answered HTTP {s}"),
             UpErr::SessionGone => "Upstream session expired and could not be renewed".to_owned(),
+            UpErr::Head(e) => format!("Request not sent upstream: {e}"),
         };
         Reset::Error {
             code: jsonrpc::INTERNAL_ERROR,

@@ -5,6 +5,14 @@
 //! first ([`super::wire::Wire::reusable`]): one the upstream closed while it sat idle is
 //! dropped and counted, never used. All connections of the binding on this worker (idle,
 //! busy and event streams) count against [`UPSTREAM_CONNECTIONS_MAX`].
+//!
+//! A new connection tries the upstream's addresses in turn (the IP literal, or up to
+//! [`UPSTREAM_ADDRS_MAX`] that the name resolved to). One attempt is the TCP connect and,
+//! for `https://`, the TLS handshake, together within one `connect_timeout`: an address
+//! that refuses, times out or fails the handshake (a certificate for another name, a
+//! server that does not speak TLS, one that accepts and says nothing) costs at most that
+//! long, and the next address is tried. When all fail, the agent is told the most telling
+//! reason: a refused certificate over a handshake that went nowhere over a failed connect.
 
 use super::wire::Link;
 use crate::config::UpstreamUrl;
@@ -13,8 +21,8 @@ use crate::limits::{
     UPSTREAM_POOL_IDLE_TIMEOUT,
 };
 use crate::log;
-use crate::metrics;
-use crate::runtime::tls::Upstream;
+use crate::metrics::{self, TlsFailure};
+use crate::runtime::tls::{HandshakeError, Upstream};
 use crate::runtime::{Backend, Conn, Slots};
 use std::cell::{Cell, RefCell};
 use std::net::{IpAddr, SocketAddr};
@@ -28,10 +36,46 @@ pub enum ConnectError {
     Full,
     /// The name did not resolve (or to no address).
     Resolve(String),
-    /// Every address refused, failed or timed out; the last reason.
+    /// Every address's TCP connect was refused, failed or timed out; the last reason.
     Connect(String),
-    /// The TLS handshake with an `https://` upstream failed (certificate, protocol, time).
+    /// No address of an `https://` upstream completed a TLS handshake (certificate,
+    /// protocol, time), and at least one accepted TCP: the most telling handshake failure.
     Tls(String),
+}
+
+/// How much one failed attempt tells about what is wrong, least first: the agent is told
+/// the most telling failure among the addresses tried, because the last one is often just
+/// an address with nothing behind it (an IPv6 address of a name whose server listens on
+/// IPv4 only, say) while an earlier one says what to fix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Telling {
+    /// The TCP connect was refused, failed or timed out: nothing may listen there at all.
+    Connect,
+    /// TCP was accepted but no TLS came of it (silence until the deadline, a close, a
+    /// socket error): something listens, and it may not speak TLS.
+    Handshake,
+    /// The handshake was refused on protocol grounds (garbage, an alert from the peer, no
+    /// common version or protocol): a server that is not the expected TLS server.
+    Refused,
+    /// The upstream's certificate was refused (name, expiry, issuer): the operator's
+    /// configuration or the upstream's certificate needs fixing.
+    Certificate,
+}
+
+impl Telling {
+    /// How telling a failed handshake is, by its metrics reason.
+    fn of(failure: TlsFailure) -> Telling {
+        match failure {
+            TlsFailure::CertificateExpired
+            | TlsFailure::CertificateName
+            | TlsFailure::CertificateUnknownIssuer
+            | TlsFailure::CertificateInvalid => Telling::Certificate,
+            TlsFailure::AlertReceived | TlsFailure::Incompatible | TlsFailure::Protocol => {
+                Telling::Refused
+            }
+            TlsFailure::Timeout | TlsFailure::Closed | TlsFailure::Io => Telling::Handshake,
+        }
+    }
 }
 
 impl ConnectError {
@@ -151,58 +195,101 @@ impl Pool {
             return Err(ConnectError::Full);
         }
         let addrs = self.resolve().await?;
-        let mut last = String::from("no address");
-        for addr in addrs {
-            let attempt =
-                tokio::time::timeout(self.connect_timeout, Conn::connect(addr, self.backend)).await;
-            match attempt {
-                Ok(Ok(conn)) => {
-                    let conn = match &self.tls {
-                        Some(tls) => self.secure(conn, tls, addr).await?,
-                        None => conn,
-                    };
+        self.connect_any(&addrs).await
+    }
+
+    /// Tries `addrs` in turn (at most [`UPSTREAM_ADDRS_MAX`]) until one attempt gives a
+    /// connection. When every attempt failed, the agent is told the most telling reason
+    /// (see [`Telling`]), the later one of equally telling reasons.
+    async fn connect_any(&self, addrs: &[SocketAddr]) -> Result<Link, ConnectError> {
+        let mut told: Option<(Telling, ConnectError)> = None;
+        for &addr in addrs.iter().take(UPSTREAM_ADDRS_MAX) {
+            match self.attempt(addr, Instant::now()).await {
+                Ok(conn) => {
                     metrics::with(|m| m.upstream.connects += 1);
                     return Ok(Link::start(conn, self.slots.clone()));
                 }
-                Ok(Err(e)) => last = format!("connect to {addr}: {e}"),
-                Err(_) => {
-                    last = format!(
-                        "connect to {addr}: timed out after {} ms",
-                        self.connect_timeout.as_millis()
-                    )
+                Err((telling, error)) => {
+                    if told.as_ref().is_none_or(|(best, _)| telling >= *best) {
+                        told = Some((telling, error));
+                    }
                 }
             }
         }
         metrics::with(|m| m.upstream.connect_failures += 1);
-        Err(ConnectError::Connect(last))
+        Err(told.map_or_else(
+            || ConnectError::Connect("no address".to_owned()),
+            |(_, error)| error,
+        ))
     }
 
-    /// Runs the TLS handshake on a new connection, within the connect timeout. A failure
-    /// is one log line and a counter; the agent gets the reason (never a secret: names,
-    /// dates and alert names only).
-    async fn secure(
+    /// One attempt at `addr`, begun at `since`: the TCP connect and, for `https://`, the TLS
+    /// handshake, both within one `connect_timeout` from `since` (the handshake gets what
+    /// the connect left, not a deadline of its own). On failure nothing is left open.
+    async fn attempt(
         &self,
-        conn: Conn,
-        tls: &Upstream,
         addr: SocketAddr,
-    ) -> Result<Conn, ConnectError> {
-        let failed = |why: String| {
-            metrics::with(|m| m.upstream.connect_failures += 1);
-            log::warn(format_args!(
-                "client: TLS handshake with {} ({addr}) failed: {why}",
-                self.url.authority
-            ));
-            ConnectError::Tls(why)
+        since: Instant,
+    ) -> Result<Conn, (Telling, ConnectError)> {
+        let timed_out = || format!("timed out after {} ms", self.connect_timeout.as_millis());
+        let left = self.connect_timeout.saturating_sub(since.elapsed());
+        // The connect runs on tokio's readiness reactor on both backends, so giving it up by
+        // dropping its future is safe (see `Conn::connect`); the socket is not ours yet.
+        let conn = match tokio::time::timeout(left, Conn::connect(addr, self.backend)).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => {
+                let error = ConnectError::Connect(format!("connect to {addr}: {e}"));
+                return Err((Telling::Connect, error));
+            }
+            Err(_) => {
+                let error = ConnectError::Connect(format!("connect to {addr}: {}", timed_out()));
+                return Err((Telling::Connect, error));
+            }
         };
-        let session = tls.session().map_err(|e| failed(e.to_string()))?;
-        let conn = conn.with_tls(session);
-        match conn.handshake(self.connect_timeout).await {
-            Ok(_) => Ok(conn),
+        let Some(tls) = &self.tls else {
+            return Ok(conn);
+        };
+        let session = match tls.session() {
+            Ok(session) => session,
             Err(e) => {
                 conn.shutdown();
-                Err(failed(e.to_string()))
+                return Err(self.tls_failed(addr, Telling::Refused, e.to_string()));
+            }
+        };
+        let conn = conn.with_tls(session);
+        let left = self.connect_timeout.saturating_sub(since.elapsed());
+        match conn.handshake(left).await {
+            Ok(_) => Ok(conn),
+            Err(e) => {
+                // The handshake has no read or write in flight once it returned (it ran
+                // to its end, a deadline completing it by a shutdown): closing is safe.
+                conn.shutdown();
+                let why = match e {
+                    // The budget it was given is what the connect left; the agent and the
+                    // log are told the whole attempt's bound.
+                    HandshakeError::Timeout(_) => timed_out(),
+                    ref other => other.to_string(),
+                };
+                Err(self.tls_failed(addr, Telling::of(e.failure()), why))
             }
         }
+    }
+
+    /// A failed handshake with `addr`: one log line (the next address may still work, and
+    /// an address that serves a bad certificate is worth an operator's look either way);
+    /// the agent gets the reason if no address works (never a secret: names, dates and
+    /// alert names only).
+    fn tls_failed(
+        &self,
+        addr: SocketAddr,
+        telling: Telling,
+        why: String,
+    ) -> (Telling, ConnectError) {
+        log::warn(format_args!(
+            "client: TLS handshake with {} ({addr}) failed: {why}",
+            self.url.authority
+        ));
+        (telling, ConnectError::Tls(why))
     }
 
     /// The addresses to try: the literal IP, or up to [`UPSTREAM_ADDRS_MAX`] resolved ones.
@@ -225,3 +312,7 @@ impl Pool {
         Ok(addrs)
     }
 }
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;

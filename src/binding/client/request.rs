@@ -231,7 +231,7 @@ impl Exchange<'_> {
         // copy does not grow (reallocate and copy) the buffer.
         let coalesced = params_len.min(UPSTREAM_COALESCE_BYTES_MAX) + suffix.len();
         let mut out = BytesMut::with_capacity(HEAD_BYTES_TYPICAL + prefix.len() + coalesced);
-        self.client.head(&req, &mut out);
+        self.client.head(&req, &mut out)?;
         out.put_slice(&prefix);
         let deadline = Instant::now() + self.client.response_timeout;
         if self.params_read == params_len {

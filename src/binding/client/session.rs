@@ -322,12 +322,11 @@ fn resume(client: &Rc<Client>, session: &Rc<UpSession>, from: Option<Rc<str>>) {
     let behind = from
         .as_ref()
         .is_some_and(|id| session.last_event.borrow().as_ref() != Some(id));
-    if from.is_some()
-        && from
-            .as_deref()
-            .is_some_and(|id| id.len() > EXIT_EVENT_ID_BYTES_MAX)
-    {
-        // Not an id this session could have handed out: resume from where it is.
+    if from.as_deref().is_some_and(|id| {
+        id.len() > EXIT_EVENT_ID_BYTES_MAX || !crate::http::field_value_ok(id.as_bytes())
+    }) {
+        // Not an id this session could have handed out (too long, or with a control byte
+        // that would break the `Last-Event-ID` header): resume from where it is.
         return resume(client, session, None);
     }
     match session.events.get() {
@@ -371,8 +370,10 @@ struct Initialized {
 /// The members of an `InitializeResult` we use.
 #[derive(Deserialize)]
 struct InitializeResult<'a> {
-    #[serde(rename = "protocolVersion")]
-    protocol_version: &'a str,
+    /// A `Cow`, so a version written with JSON escapes still reads (and is then judged by
+    /// [`valid_version`], not refused as malformed JSON).
+    #[serde(rename = "protocolVersion", borrow)]
+    protocol_version: std::borrow::Cow<'a, str>,
     #[serde(default)]
     capabilities: ServerCapabilities,
     #[serde(borrow, default)]
@@ -487,6 +488,11 @@ async fn initialize(client: &Client, session: &UpSession) -> Result<Initialized,
                 "Upstream sent a malformed initialize result",
             ))
         })?;
+    if !valid_version(&parsed.protocol_version) {
+        return Err(UpErr::Rpc(exchange::upstream_error(
+            "Upstream sent an invalid protocolVersion",
+        )));
+    }
     let version = Bytes::copy_from_slice(parsed.protocol_version.as_bytes());
     let caps = parsed.capabilities.bits();
     let instructions = parsed
@@ -503,6 +509,16 @@ async fn initialize(client: &Client, session: &UpSession) -> Result<Initialized,
     jsonrpc::write_notification("notifications/initialized", None, &mut note);
     client.call(session, note.freeze(), None).await?;
     Ok(Initialized { caps, instructions })
+}
+
+/// A protocol version we may send back in `MCP-Protocol-Version`: MCP's are dates
+/// (`2025-11-25`); anything of letters, digits, `-`, `.` and `_` up to 32 bytes passes, so
+/// an upstream on a newer scheme still works, and nothing can break the header.
+fn valid_version(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 32
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
 }
 
 /// MCP: a session id is visible ASCII (0x21..=0x7E).
@@ -851,8 +867,22 @@ mod tests {
 
     #[test]
     fn session_ids_and_answers() {
+        assert!(valid_version("2025-11-25"));
+        assert!(valid_version("draft.v2_1"));
+        for hostile in [
+            "",
+            "2025-11-25\r\nx: y",
+            "2025\0",
+            "a b",
+            "ü",
+            &"9".repeat(33),
+        ] {
+            assert!(!valid_version(hostile), "{hostile:?}");
+        }
         assert!(valid_session_id(b"abc-123"));
         assert!(!valid_session_id(b""));
+        assert!(!valid_session_id(b"\r\n"));
+        assert!(!valid_session_id(b"a\0"));
         assert!(!valid_session_id(b"has space"));
         assert!(!valid_session_id(
             &[b'a'; UPSTREAM_SESSION_ID_BYTES_MAX + 1]

@@ -9,6 +9,10 @@
 //!
 //! Route ids are opaque upstream bytes, so the three bytes that structure the aggregate
 //! (`%`, `;`, `=`) and control bytes are percent-escaped inside them; decoding undoes it.
+//! A decoded id goes into the `Last-Event-ID` header of a request to the route, so one
+//! that decodes to a control byte other than HTAB (`%0D%0A`, `%00`: no upstream id can
+//! hold one, since SSE lines end at CR and LF and an id with NUL is ignored) is malformed
+//! and dropped.
 
 use std::fmt::Write;
 use std::rc::Rc;
@@ -62,8 +66,8 @@ impl Prefixes {
     }
 
     /// Splits an aggregate into (route index, that route's id) pairs. Pairs with an
-    /// unknown prefix, without `=`, with an empty id or a broken escape are skipped; a
-    /// prefix given twice keeps its last id.
+    /// unknown prefix, without `=`, with an empty id, a broken escape or an id that decodes
+    /// to a control byte are skipped; a prefix given twice keeps its last id.
     pub fn decode(&self, aggregate: &str) -> Vec<(usize, Rc<str>)> {
         let mut out: Vec<(usize, Rc<str>)> = Vec::new();
         for pair in aggregate.split(';') {
@@ -76,7 +80,7 @@ impl Prefixes {
             let Some((_, route)) = self.sorted.get(at) else {
                 continue;
             };
-            let Some(id) = unescape(id).filter(|id| !id.is_empty()) else {
+            let Some(id) = unescape(id).filter(|id| usable(id)) else {
                 continue;
             };
             out.retain(|(r, _)| r != route);
@@ -84,6 +88,12 @@ impl Prefixes {
         }
         out
     }
+}
+
+/// True for a decoded route id that may be sent upstream: not empty, and a valid header
+/// value (no control byte but HTAB), since it becomes the route's `Last-Event-ID`.
+fn usable(id: &str) -> bool {
+    !id.is_empty() && crate::http::field_value_ok(id.as_bytes())
 }
 
 /// True for a byte that must be escaped inside a route's id.
@@ -170,6 +180,30 @@ mod tests {
         assert_eq!(got("S=1;S=2"), [(0, "2".into())], "the last one wins");
         assert_eq!(got(""), []);
         assert_eq!(got("S=%zz;2=%4"), [], "broken escapes");
+    }
+
+    #[test]
+    fn ids_that_decode_to_control_bytes_are_dropped() {
+        // W and S stand for two routes; the hostile part is dropped, the other kept.
+        let p = Prefixes::new(&[Some("W"), Some("S")]);
+        let got = |text: &str| -> Vec<(usize, String)> {
+            p.decode(text)
+                .into_iter()
+                .map(|(r, id)| (r, id.to_string()))
+                .collect()
+        };
+        assert_eq!(got("W=x%0D%0AX-Injected%3A%201;S=y"), [(1, "y".into())]);
+        for hostile in ["%00", "a%0Db", "a%0A", "%7F", "%1B[31m", "%0B"] {
+            assert_eq!(
+                got(&format!("W={hostile};S=7")),
+                [(1, "7".into())],
+                "{hostile}"
+            );
+        }
+        // Bytes above 0x7f are not control bytes: an escaped UTF-8 id still decodes.
+        assert_eq!(got("W=%C3%BC"), [(0, "\u{fc}".into())]);
+        // HTAB is a valid header value byte: a route's id with a tab comes back whole.
+        assert_eq!(got("W=tab%09here"), [(0, "tab\there".into())]);
     }
 
     #[test]

@@ -104,12 +104,13 @@ pub async fn refuse(conn: Conn, tls: bool) {
         return;
     }
     let mut out = BytesMut::with_capacity(128);
-    http::encode_response_head(
+    let written = http::encode_response_head(
         503,
         &[("content-type", b"text/plain"), ("connection", b"close")],
         http::BodyFraming::Length(OVERLOADED.len() as u64),
         &mut out,
     );
+    assert!(written.is_ok(), "constant headers pass the check");
     out.extend_from_slice(OVERLOADED);
     let _ = conn.write_all(out.freeze()).await;
     conn.shutdown();

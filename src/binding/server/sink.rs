@@ -133,22 +133,49 @@ impl Sink {
         }
     }
 
+    /// Encodes a response head (with `connection: close` when the connection ends after
+    /// it). A header value with a control byte (possible only for values that came from an
+    /// upstream, such as a relayed challenge) refuses the head: see [`Sink::refused`].
     fn encode_head(
         &self,
         status: u16,
         headers: &[(&str, &[u8])],
         body: BodyFraming,
         out: &mut BytesMut,
-    ) {
+    ) -> Result<(), http::HeadError> {
         if self.keep_alive {
             // The common case needs no extra header, so no copy of the list.
-            http::encode_response_head(status, headers, body, out);
-            return;
+            return http::encode_response_head(status, headers, body, out);
         }
         let mut all: Vec<(&str, &[u8])> = Vec::with_capacity(headers.len() + 1);
         all.extend_from_slice(headers);
         all.push(("connection", b"close"));
-        http::encode_response_head(status, &all, body, out);
+        http::encode_response_head(status, &all, body, out)
+    }
+
+    /// Answers in place of a response whose head was refused: a 502 naming the header, the
+    /// connection closed after it, one log line and a counter. Returns `Gone`, so the caller
+    /// stops writing that response.
+    async fn refused(&mut self, err: http::HeadError) -> Result<(), Gone> {
+        crate::log::warn(format_args!("server: response not sent: {err}"));
+        crate::metrics::with(|m| m.heads_refused_downstream += 1);
+        let detail = format!("response not sent: {err}\n");
+        let mut out = BytesMut::with_capacity(128 + detail.len());
+        let headers: [(&str, &[u8]); 2] =
+            [("content-type", b"text/plain"), ("connection", b"close")];
+        let written = http::encode_response_head(
+            502,
+            &headers,
+            BodyFraming::Length(detail.len() as u64),
+            &mut out,
+        );
+        assert!(written.is_ok(), "constant headers pass the check");
+        out.extend_from_slice(detail.as_bytes());
+        self.keep_alive = false;
+        self.state = State::Done;
+        self.write(out.freeze()).await?;
+        self.complete().await?;
+        Err(Gone)
     }
 
     /// Writes a complete response with a known body in one write.
@@ -172,7 +199,10 @@ impl Sink {
         assert!(self.state == State::Head);
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let mut out = BytesMut::with_capacity(256 + len);
-        self.encode_head(status, headers, BodyFraming::Length(len as u64), &mut out);
+        if let Err(e) = self.encode_head(status, headers, BodyFraming::Length(len as u64), &mut out)
+        {
+            return self.refused(e).await;
+        }
         for part in parts {
             out.extend_from_slice(part);
         }
@@ -182,11 +212,14 @@ impl Sink {
     }
 
     /// Writes the head of a response whose body is streamed with [`Sink::body`] and
-    /// [`Sink::finish`] (chunked transfer coding).
+    /// [`Sink::finish`] (chunked transfer coding). `Err(Gone)` also when the head was
+    /// refused and a 502 went in its place (the connection then closes).
     pub async fn head(&mut self, status: u16, headers: &[(&str, &[u8])]) -> Result<(), Gone> {
         assert!(self.state == State::Head);
         let mut out = BytesMut::with_capacity(256);
-        self.encode_head(status, headers, BodyFraming::Chunked, &mut out);
+        if let Err(e) = self.encode_head(status, headers, BodyFraming::Chunked, &mut out) {
+            return self.refused(e).await;
+        }
         self.state = State::Body { chunked: true };
         self.write(out.freeze()).await
     }
