@@ -2,8 +2,10 @@
 //! chunks by the input is written with mcpyard's chunk encoder behind a request or response
 //! head (with a header field whose value comes from the input), followed by a second,
 //! Content-Length message on the same connection; the decoder, fed those bytes cut at a
-//! point the input chooses, must give back both heads with that field value, exactly the
-//! body bytes, both ends, and nothing left over.
+//! point the input chooses, must give back both heads with that field value (less the
+//! spaces and tabs HTTP drops around a value), exactly the body bytes, both ends, and
+//! nothing left over. A value the head encoder refuses (a control byte other than HTAB)
+//! must be refused without a byte written.
 //!
 //! Input: one byte of flags (request or response, `encode_chunk` or `encode_chunk_of` in two
 //! parts), one byte giving the number of chunk lengths that follow (one byte each), two
@@ -14,8 +16,9 @@
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 use mcpyard::http::{
-    BodyFraming, Headers, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
+    BodyFraming, HeadError, Headers, RequestDecoder, RequestEvent, ResponseDecoder, ResponseEvent,
     encode_chunk, encode_chunk_of, encode_last_chunk, encode_request_head, encode_response_head,
+    field_value_ok,
 };
 use mcpyard::limits::MESSAGE_BYTES_MAX;
 use mcpyard_fuzz::{Input, split};
@@ -93,26 +96,23 @@ fuzz_target!(|data: &[u8]| {
     let value_len = usize::from(input.byte());
     let rest = input.rest();
     let (value, mut body) = rest.split_at(value_len.min(rest.len()));
-    // A field value the decoder keeps as written: visible ASCII, spaces and tabs inside,
-    // none at either end (RFC 9110 §5.5).
-    let value: Vec<u8> = value
-        .iter()
-        .map(|&b| {
-            if b.is_ascii_graphic() || b == b' ' || b == b'\t' {
-                b
-            } else {
-                b'x'
-            }
-        })
-        .collect();
-    let value = value.trim_ascii();
     let headers: [(&str, &[u8]); 2] = [("host", b"fuzz"), ("x-fuzz", value)];
+    let head = |wire: &mut BytesMut, framing: BodyFraming, first: bool| {
+        if response {
+            encode_response_head(200, &headers, framing, wire)
+        } else {
+            let method = if first { "POST" } else { "GET" };
+            encode_request_head(method, "/mcp", &headers, framing, wire)
+        }
+    };
     let mut wire = BytesMut::new();
-    if response {
-        encode_response_head(200, &headers, BodyFraming::Chunked, &mut wire);
-    } else {
-        encode_request_head("POST", "/mcp", &headers, BodyFraming::Chunked, &mut wire);
+    let written = head(&mut wire, BodyFraming::Chunked, true);
+    if !field_value_ok(value) {
+        assert_eq!(written, Err(HeadError::Value("x-fuzz".to_owned())));
+        assert!(wire.is_empty(), "a refused head wrote bytes");
+        return;
     }
+    assert_eq!(written, Ok(()));
     let whole_body = body.to_vec();
     for length in lengths.iter().copied().chain([usize::MAX]) {
         let (chunk, rest) = body.split_at(length.min(body.len()));
@@ -128,18 +128,11 @@ fuzz_target!(|data: &[u8]| {
     // A second message right behind: the chunked body must end exactly where it should.
     let tail = b"next";
     let framing = BodyFraming::Length(tail.len() as u64);
-    if response {
-        encode_response_head(200, &headers, framing, &mut wire);
-    } else {
-        encode_request_head("GET", "/mcp", &headers, framing, &mut wire);
-    }
+    assert_eq!(head(&mut wire, framing, false), Ok(()));
     wire.extend_from_slice(tail);
 
-    let want_value = if value.is_empty() {
-        Some(Vec::new())
-    } else {
-        Some(value.to_vec())
-    };
+    // RFC 9110 §5.5: spaces and tabs around a field value are not part of it.
+    let want_value = Some(value.trim_ascii().to_vec());
     let want = vec![
         Message {
             framing: BodyFraming::Chunked,

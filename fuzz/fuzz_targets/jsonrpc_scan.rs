@@ -121,13 +121,19 @@ fuzz_target!(|data: &[u8]| {
     let at = cut(selector, body.len());
     let whole = scan(std::slice::from_ref(&body));
     let halves = scan(&[body.slice(..at), body.slice(at..)]);
-    assert!(alike(&whole, &halves), "whole and cut in two differ: {whole:?} {halves:?}");
+    assert!(
+        alike(&whole, &halves),
+        "whole and cut in two differ: {whole:?} {halves:?}"
+    );
     let small: Vec<Bytes> = (0..body.len())
         .step_by(piece)
         .map(|from| body.slice(from..(from + piece).min(body.len())))
         .collect();
     let small = scan(&small);
-    assert!(alike(&whole, &small), "whole and in pieces of {piece} differ: {whole:?} {small:?}");
+    assert!(
+        alike(&whole, &small),
+        "whole and in pieces of {piece} differ: {whole:?} {small:?}"
+    );
 
     // IgnoredAny: serde_json checks the syntax but not what `\u` escapes spell, like the
     // scanner.
