@@ -6,6 +6,8 @@
 //! fed cut at a point the input chooses and in small pieces) must hand the upstream params
 //! whose name is the original name again, every other byte unchanged.
 //!
+//! A name longer than the list rewriter's key bound must be dropped instead.
+//!
 //! Input: one byte of flags (bit 0 resources rather than tools, bit 1 upstream escapes every
 //! character, bit 2 the agent re-escapes the name, bits 3-4 the toolkit, bits 5-7 the piece
 //! size), two bytes of cut point; the rest is the name (lossy UTF-8).
@@ -18,6 +20,7 @@ use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use mcpyard::fuzzing::{Splice, lexeme, request_target};
 use mcpyard::jsonrpc::{ItemMode, ItemRewriter, ItemRules, ItemSink, escape_str};
+use mcpyard::limits::LIST_KEY_BYTES_MAX;
 use mcpyard_fuzz::{Input, split};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
@@ -115,6 +118,11 @@ fuzz_target!(|data: &[u8]| {
         .feed(Bytes::from(doc.clone()), &mut |_: &str| true, &mut sink)
         .expect("the list is valid");
     assert_eq!(rewriter.finish(), Ok(None));
+    if name.len() > LIST_KEY_BYTES_MAX {
+        // A name over the bound never reaches the agent.
+        assert_eq!((sink.items, sink.dropped), (0, 1), "a long name was kept");
+        return;
+    }
     assert_eq!(
         (sink.items, sink.dropped),
         (1, 0),
