@@ -81,7 +81,15 @@ class Answer:
     result: Any
 
 
-Action = RpcError | Status | ForgetSession | ResetMidBody | Hang | MalformedJson | MalformedSse | Answer
+@dataclass(frozen=True)
+class EventStream:
+    """For a GET: 200 `text/event-stream` carrying these JSON-RPC messages (one event each,
+    ids `e<n>`), then the stream stays open until the peer leaves."""
+
+    messages: tuple[Any, ...]
+
+
+Action = RpcError | Status | ForgetSession | ResetMidBody | Hang | MalformedJson | MalformedSse | Answer | EventStream
 
 
 def rpc_error(code: int, message: str, *data: Any) -> RpcError:
@@ -279,6 +287,14 @@ class FaultUpstream:
             body = b'{"jsonrpc":"2.0","id":' + json.dumps(rid).encode() + b',"result":{"content":[{"type":"te'
             await _write(writer, 200, [("Content-Type", "application/json")], body)
             return True
+        if isinstance(action, EventStream):
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\r\n"
+            writer.write(head)
+            for n, message in enumerate(action.messages, 1):
+                writer.write(f"id: e{n}\nevent: message\ndata: {json.dumps(message)}\n\n".encode())
+            await writer.drain()
+            await reader.read()  # until the peer leaves; the stream is close-delimited
+            return False
         if isinstance(action, Answer):
             return await self._rpc(writer, seen, {"jsonrpc": "2.0", "id": rid, "result": action.result})
         if isinstance(action, MalformedSse):
