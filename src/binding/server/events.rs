@@ -456,11 +456,11 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
                         set_support(&session, Support::Yes)
                     }
                     Event::Suspend { .. } => set_support(&session, Support::No),
-                    Event::Request { id, .. } => {
-                        if !session.expect_answer(id, AnswerTo::Lifecycle) {
-                            refuse_request(&session.lifecycle, id.clone());
-                            continue;
-                        }
+                    Event::Request { id, .. }
+                        if !session.expect_answer(id, AnswerTo::Lifecycle) =>
+                    {
+                        refuse_request(&session.lifecycle, id.clone());
+                        continue;
                     }
                     _ => {}
                 }
