@@ -877,6 +877,7 @@ fn takeover_worker(worker: usize, shared: Arc<Takeover>, store: Arc<dyn Store>) 
             ttl: Duration::from_millis(600),
             authorization: None,
             route_timeout: WAIT,
+            forwarding: 0,
         };
         let routes = vec![RouteCfg {
             toolkit: Some("kit".to_owned()),
@@ -934,7 +935,20 @@ fn a_worker_stuck_past_its_lease_is_replaced_and_writes_nothing_after() {
             .map(|n| n.load(Ordering::SeqCst))
             .sum::<usize>()
     };
-    let merged = || store.inner.get_now("tools/tools").map(|v| v.bytes);
+    // The merged list agents get: the stored value after its one-line header.
+    let json_of = |stored: &Bytes| {
+        let at = stored
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(0, |at| at + 1);
+        stored.slice(at..)
+    };
+    let merged = || {
+        store
+            .inner
+            .get_now("tools/tools")
+            .map(|v| json_of(&v.bytes))
+    };
     let limit = BLOCK_MAX * 2;
     wait_until(limit, "never hydrated", || merged().is_some());
     assert_eq!(merged().as_deref(), Some(FRESH_MERGED.as_bytes()));
@@ -969,7 +983,9 @@ fn a_worker_stuck_past_its_lease_is_replaced_and_writes_nothing_after() {
         .unwrap_or_else(|e| e.into_inner())
         .clone();
     assert!(
-        written.iter().all(|w| &w[..] == FRESH_MERGED.as_bytes()),
+        written
+            .iter()
+            .all(|w| &json_of(w)[..] == FRESH_MERGED.as_bytes()),
         "the stuck worker wrote under a lost lease: {written:?}"
     );
     shared.done.store(true, Ordering::SeqCst);
