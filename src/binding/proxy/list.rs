@@ -352,6 +352,11 @@ async fn pages(
     }
     let mut sink = ItemSink::default();
     let mut cursor: Option<Bytes> = None;
+    // Every cursor given so far (by hash: 8 bytes each, at most LIST_PAGES_MAX of them), so
+    // an upstream that hands out a cursor again (a cycle of any length) is not followed
+    // round it up to the page limit.
+    let mut given: std::collections::HashSet<u64, foldhash::fast::RandomState> = Default::default();
+    let hasher = foldhash::fast::RandomState::default();
     for _ in 0..LIST_PAGES_MAX {
         let params = match &cursor {
             Some(c) => {
@@ -383,9 +388,20 @@ async fn pages(
         let next = page(route, family, up, params, rules, &mut sink, out).await?;
         metrics::with(|m| m.proxy.items_dropped += std::mem::take(&mut sink.dropped));
         match next {
-            Some(next) if cursor.as_ref() != Some(&next) => cursor = Some(next),
-            // No cursor, or the same one again (which would never end): the list is whole.
-            _ => return Ok(()),
+            Some(next) if given.insert(std::hash::BuildHasher::hash_one(&hasher, &next[..])) => {
+                cursor = Some(next);
+            }
+            Some(_) => {
+                log::warn(format_args!(
+                    "proxy {}: toolkit {} gave a cursor of {} it had given before; the list ends there",
+                    proxy.name,
+                    route.label,
+                    begin.kind.method()
+                ));
+                return Ok(());
+            }
+            // No cursor: the list is whole.
+            None => return Ok(()),
         }
     }
     log::warn(format_args!(
