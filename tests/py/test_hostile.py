@@ -14,6 +14,8 @@ would show as an extra header line or a control byte in a value. The paths cover
   request): one that is not a version is refused at initialize with a JSON-RPC error;
 - an agent's `Authorization` with a control byte (for a route that forwards it): refused
   with 400 at the agent's edge, so it is never forwarded;
+- an upstream whose list pages hand out cursors that go round: the list ends at the first
+  cursor given again (3 pages), not at the page limit;
 - an upstream that streams server-to-client requests the agent never answers: at most 256
   per session await an answer, every one past that is answered for the agent upstream
   with a JSON-RPC error instead of being relayed (memory stays bounded), and an answer
@@ -361,6 +363,28 @@ def test_unanswered_server_requests_are_bounded_per_session(runtime, tmp_path: P
                 assert reply.result["content"] == [{"type": "text", "text": "upstream: ok"}]
 
         run(scenario, timeout_s=60)
+    finally:
+        harness.stop_mcpyard(child)
+        up.close()
+
+
+@pytest.mark.mcpyard
+def test_an_upstream_cycling_its_cursors_is_listed_once_round(runtime, tmp_path: Path):
+    up = FaultUpstream(cycle_cursors=True).start()
+    workers, io = runtime
+    child = harness.start_mcpyard(proxy_config({"kitA": up.url}, workers, io), tmp_path)
+    try:
+
+        async def scenario():
+            async with httpx2.AsyncClient(timeout=TIMEOUT_S) as c:
+                raw = RawSession(c, child.address)
+                await raw.initialize()
+                reply = await raw.request("tools/list")
+                assert [t["name"] for t in reply.result["tools"]] == ["kitA__p0", "kitA__p1", "kitA__p2"]
+                assert "nextCursor" not in reply.result
+            assert len(up.requests("tools/list")) == 3, [s.body for s in up.requests("tools/list")]
+
+        run(scenario, timeout_s=30)
     finally:
         harness.stop_mcpyard(child)
         up.close()
