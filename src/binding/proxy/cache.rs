@@ -733,9 +733,15 @@ impl Retry {
     ) {
         for (kind, failed) in results {
             let Some(at) = slot(kind) else { continue };
-            let (routes, reasons) = match failed {
-                Failed::All => (every, Vec::new()),
-                Failed::Routes(list) => (list.iter().fold(0, |set, (i, _)| set | (1 << *i)), list),
+            // A lost lease or a failed write says nothing about the routes: all are tried
+            // again, and what is known of which route fails stays as it was.
+            let (routes, reasons, judged) = match failed {
+                Failed::All => (every, Vec::new(), false),
+                Failed::Routes(list) => (
+                    list.iter().fold(0, |set, (i, _)| set | (1 << *i)),
+                    list,
+                    true,
+                ),
             };
             metrics::with(|m| {
                 if routes == 0 {
@@ -765,16 +771,18 @@ impl Retry {
                     ));
                 }
             }
-            let recovered = *failing & !routes;
-            for route in proxy.routes.iter().filter(|r| has(recovered, r.index)) {
-                log::info(format_args!(
-                    "cache: proxy {}: toolkit {} listed its {} again",
-                    proxy.name,
-                    route.label,
-                    kind.method()
-                ));
+            if judged {
+                let recovered = *failing & !routes;
+                for route in proxy.routes.iter().filter(|r| has(recovered, r.index)) {
+                    log::info(format_args!(
+                        "cache: proxy {}: toolkit {} listed its {} again",
+                        proxy.name,
+                        route.label,
+                        kind.method()
+                    ));
+                }
+                *failing = routes;
             }
-            *failing = routes;
             if routes == 0 {
                 *backoff = CACHE_RETRY_MIN;
                 *retry_routes = 0;
