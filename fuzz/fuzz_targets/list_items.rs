@@ -6,17 +6,20 @@
 //! serde_json reads it with the route prefix put in front of the key, and the counts and the
 //! cursor agree; in Document mode the output reads as the input with every object item's
 //! string key prefixed, byte for byte the input when the prefix is empty; and the cache's
-//! merge of those items from several routes reads as one list holding all of them.
+//! merge of those items from several routes, as stored and then served to a session that
+//! may not see some routes, reads as one list holding exactly the visible routes' items.
+//! The cache's reader must also take arbitrary stored bytes without panicking.
 //!
-//! Input: one byte picks the list kind, the prefix and the allow-list, one the piece size,
-//! two the cut point; the rest is the `result` value.
+//! Input: one byte picks the list kind, the prefix and the allow-list, one the piece size
+//! (low four bits) and the routes a session may not see (high four bits), two the cut
+//! point; the rest is the `result` value.
 #![no_main]
 
 use std::fmt;
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use mcpyard::fuzzing::merge_lists;
+use mcpyard::fuzzing::{encode_list, served_list};
 use mcpyard::jsonrpc::{ItemError, ItemMode, ItemRewriter, ItemRules, ItemSink};
 use mcpyard::limits::LIST_KEY_BYTES_MAX;
 use mcpyard_fuzz::{Input, cut};
@@ -169,7 +172,9 @@ fuzz_target!(|data: &[u8]| {
     let kind = kinds[usize::from(control & 3)];
     let prefix = PREFIXES[usize::from((control >> 2) & 3)];
     let modulus = u64::from((control >> 4) & 3) + 1;
-    let piece = usize::from(input.byte() % 16).max(1);
+    let pieces_byte = input.byte();
+    let piece = usize::from(pieces_byte % 16).max(1);
+    let hidden = u64::from(pieces_byte >> 4);
     let selector = input.u16();
     let doc = Bytes::copy_from_slice(input.rest());
     let rules = kind(Bytes::from_static(prefix));
@@ -214,6 +219,8 @@ fuzz_target!(|data: &[u8]| {
     let [items, document] = &results[..] else {
         return;
     };
+    // Whatever the store holds, reading it must not panic.
+    let _ = served_list(&doc, hidden);
     let Ok(text) = std::str::from_utf8(&doc) else {
         return;
     };
@@ -231,21 +238,31 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(items.dropped, dropped, "dropped count");
         assert_eq!(cursor, &want_cursor, "cursor");
 
-        // The cache merges several routes' items, empty and missing ones among them.
+        // The cache merges several routes' items, empty and missing ones among them, and
+        // serves a session only the routes it may see.
         let array = std::str::from_utf8(rules.array).expect("ASCII");
         let fragment = Bytes::from(items.out.clone());
-        let merged = merge_lists(
-            array,
-            &[
-                Some(fragment.clone()),
-                None,
-                Some(Bytes::new()),
-                Some(fragment),
-            ],
-        );
-        let merged: Value = serde_json::from_slice(&merged).expect("the merge is JSON");
-        let twice: Vec<Value> = want.iter().chain(want.iter()).cloned().collect();
-        assert_eq!(merged, serde_json::json!({ array: twice }), "merge");
+        let fragments = [
+            Some(fragment.clone()),
+            None,
+            Some(Bytes::new()),
+            Some(fragment),
+        ];
+        let stored = encode_list(array, &fragments);
+        for hide in [0, hidden] {
+            let served = served_list(&stored, hide).expect("the cache reads what it stored");
+            let served: Value = serde_json::from_slice(&served).expect("the list is JSON");
+            let visible: Vec<Value> = [0, 3]
+                .into_iter()
+                .filter(|route| hide & (1 << route) == 0)
+                .flat_map(|_| want.iter().cloned())
+                .collect();
+            assert_eq!(
+                served,
+                serde_json::json!({ array: visible }),
+                "hidden {hide:#b}"
+            );
+        }
     }
 
     if document.cursor.is_ok() {
