@@ -44,6 +44,11 @@ pub fn parse_last_event_id(raw: &[u8]) -> Option<LastEventId> {
     })
 }
 
+/// True if the server puts exit id `exit` into its own event ids (`0.<seq>:<exit>`).
+pub fn exit_id_carried(exit: &str) -> bool {
+    events::exit_id_carried(exit)
+}
+
 /// The proxy's aggregate event-id codec over a fixed set of route prefixes.
 #[derive(Debug)]
 pub struct EventPrefixes(Prefixes);

@@ -317,6 +317,7 @@ impl Session {
         let seq = st.next_seq;
         st.next_seq += 1;
         let out = exit_id
+            .filter(|exit| exit_id_carried(exit))
             .and_then(|exit| data_event(&format!("0.{seq}:{exit}"), json))
             .or_else(|| data_event(&format!("0.{seq}"), json));
         let Some(out) = out else {
@@ -526,7 +527,9 @@ pub(crate) enum LastEvent<'a> {
 
 /// Reads a `Last-Event-ID`; `None` when it is not UTF-8 or empty.
 pub(crate) fn parse_event_id(raw: &[u8]) -> Option<LastEvent<'_>> {
-    let text = std::str::from_utf8(raw).ok()?.trim();
+    // HTTP trims SP and HTAB around a field value (the decoder already has); nothing else,
+    // since other Unicode spaces are part of an opaque exit id.
+    let text = std::str::from_utf8(raw).ok()?.trim_matches([' ', '\t']);
     if text.is_empty() {
         return None;
     }
@@ -827,11 +830,23 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: 
 fn priming_id(session: &Session, cursor: u64) -> String {
     let st = session.st.borrow();
     match &st.last_exit_event {
-        Some(exit) if cursor + 1 == st.next_seq && !exit.contains(['\r', '\n', '\0']) => {
+        Some(exit) if cursor + 1 == st.next_seq && exit_id_carried(exit) => {
             format!("0.{cursor}:{exit}")
         }
         _ => format!("0.{cursor}"),
     }
+}
+
+/// True if an exit's event id may ride in ours (`0.<seq>:<exit id>`): it must come back
+/// whole in the agent's `Last-Event-ID`, so it is a valid header value (no control byte but
+/// HTAB) that HTTP does not trim (no SP or HTAB at either end). An id that is not rides
+/// nowhere: the event carries `0.<seq>` alone, and a resume past the ring resumes the exit
+/// from where it is.
+pub(crate) fn exit_id_carried(exit: &str) -> bool {
+    !exit.is_empty()
+        && crate::http::field_value_ok(exit.as_bytes())
+        && !exit.starts_with([' ', '\t'])
+        && !exit.ends_with([' ', '\t'])
 }
 
 /// Writes already-encoded events in order; false once the connection is gone.
@@ -1417,6 +1432,30 @@ mod tests {
         assert_eq!(parse_event_id(b""), None);
         assert_eq!(parse_event_id(b"  "), None);
         assert_eq!(parse_event_id(b"\xff.1"), None);
+        // Only SP and HTAB are trimmed (as HTTP does): other Unicode spaces are the exit's
+        // (a fuzz finding: `str::trim` cut them).
+        assert_eq!(
+            parse_event_id("0.17:S=abc\u{3000}".as_bytes()),
+            ours(0, 17, Some("S=abc\u{3000}"))
+        );
+        assert_eq!(
+            parse_event_id("\u{a0}0.1".as_bytes()),
+            Some(LastEvent::Foreign("\u{a0}0.1"))
+        );
+        assert_eq!(parse_event_id(b"\t0.2:x \t"), ours(0, 2, Some("x")));
+    }
+
+    #[test]
+    fn exit_ids_ride_in_ours_only_when_they_come_back_whole() {
+        // A fuzz finding: an exit id ending in a space came back without it.
+        for fine in ["7", "S=abc;2=1", "a b", "x\ty", "\u{3000}"] {
+            assert!(exit_id_carried(fine), "{fine:?}");
+        }
+        for not in [
+            "", "abc ", " abc", "\tabc", "abc\t", "a\rb", "a\nb", "a\0b", "a\x7fb",
+        ] {
+            assert!(!exit_id_carried(not), "{not:?}");
+        }
     }
 
     #[test]
