@@ -8,7 +8,7 @@ use crate::binding::demo::{Demo, DemoShared};
 use crate::binding::proxy::Proxy;
 use crate::binding::proxy::cache::CacheSetup;
 use crate::binding::server::{Server, net};
-use crate::config::{Binding, Config, ProxyBinding};
+use crate::config::{Binding, ClientAuth, Config, ProxyBinding};
 use crate::limits::{CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE};
 use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task, tls};
 use crate::store::Store;
@@ -330,11 +330,24 @@ impl Exits<'_> {
             })
             .max()
             .unwrap_or(DEMO_ROUTE_TIMEOUT);
+        // Routes whose client sends each agent's own credential upstream.
+        let forwarding = cfg
+            .routes
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                matches!(
+                    self.plan.config.bindings.get(&r.exit),
+                    Some(Binding::Client(c)) if c.authorization == Some(ClientAuth::Forward)
+                )
+            })
+            .fold(0, |set, (i, _)| set | 1 << i);
         Some(CacheSetup {
             store,
             ttl: cache.ttl,
             authorization: cache.authorization.as_ref().map(|s| s.bearer_header()),
             route_timeout,
+            forwarding,
         })
     }
 }

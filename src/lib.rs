@@ -3,6 +3,9 @@
 
 pub mod binding;
 pub mod config;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gateway;
 pub mod http;
 pub mod jsonrpc;

@@ -47,6 +47,15 @@ pub const STREAMS_PER_WORKER_MAX: usize = 16 * 1024;
 /// In-flight requests per session; more get JSON-RPC -32603 "too many requests".
 pub const REQUESTS_PER_SESSION_MAX: usize = 256;
 
+/// Server-to-client requests (elicitation, sampling, roots) per session that await the
+/// agent's answer; the exit's next one is answered for the agent with a JSON-RPC error
+/// ("too many requests awaiting the agent") instead of being relayed.
+pub const PENDING_ANSWERS_PER_SESSION_MAX: usize = 256;
+
+/// Longest id of a server-to-client request that is relayed to the agent (the raw JSON
+/// lexeme, a proxy's `<toolkit>~` included); longer ones are refused like a full table.
+pub const PENDING_ANSWER_ID_BYTES_MAX: usize = 512;
+
 /// Messages queued toward one worker from the others (session hand-off, scrapes).
 pub const CROSS_WORKER_QUEUE_LEN: usize = 1024;
 
@@ -59,6 +68,11 @@ pub const STREAM_FRAMES_MAX: usize = 256;
 
 /// Events kept per session for GET-stream `Last-Event-ID` replay.
 pub const SESSION_REPLAY_EVENTS_MAX: usize = 64;
+
+/// Events the GET ring keeps beyond [`SESSION_REPLAY_EVENTS_MAX`] while an agent's GET
+/// stream is being set up (until the exit answered the resume, events cannot be held back
+/// in the exit's stream, so the ring keeps them for the stream about to start).
+pub const GET_SETUP_EVENTS_MAX: usize = SESSION_REPLAY_EVENTS_MAX;
 
 /// Events kept per request SSE stream for `Last-Event-ID` replay after a dropped connection.
 pub const REQUEST_REPLAY_EVENTS_MAX: usize = 256;

@@ -2,7 +2,8 @@
 # The whole test suite, as CI and the README run it: `bash tests/run.sh`.
 # Installs what the tests need by itself: a Python venv with the official MCP SDK
 # (tests/py), Node packages with the official TypeScript SDK (tests/js) and the MCP
-# conformance suite with a Node 22 from npm (tests/conformance).
+# conformance suite with a Node 22 from npm (tests/conformance), and cargo-fuzz for the
+# fuzz smoke run (fuzz/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== cargo test (unit, binding and raw-HTTP scenario tests)"
 cargo test --workspace --release
+
+echo "== fuzz smoke run (every target a few seconds; fuzz/README.md for long runs)"
+bash fuzz/run.sh 5
 
 if [ -x tests/py/run.sh ]; then
   echo "== Python MCP SDK scenarios"

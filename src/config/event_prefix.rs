@@ -6,8 +6,8 @@
 //! The prefix is derived from the toolkit name alone, so it is the same on every worker and
 //! across restarts, and an agent's `Last-Event-ID` stays valid as long as the toolkit names
 //! do. The config loader computes the prefixes once (`validate.rs`) and stores them on each
-//! `Route`; an unresolvable set refuses the file. The derivation follows the Zilla gateway
-//! (reference/zilla-mcp.md §5.3), so ids stay compatible.
+//! `Route`; an unresolvable set refuses the file. The derivation is the one the Zilla
+//! gateway's MCP binding uses, so aggregate ids stay compatible with it.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

@@ -18,7 +18,7 @@
 //! `event_prefix.rs` (the per-route tags of aggregate event ids, [`event_prefixes`]).
 //!
 //! The file layout is documented in `config/quickstart.yaml` and
-//! `config/proxy-example.yaml`, and in DESIGN.md section 1.
+//! `config/proxy-example.yaml`, and in the README's configuration table.
 
 mod duration;
 mod event_prefix;

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::*;
 
-/// The DESIGN.md section 1 shape, used as the starting point of most cases.
+/// The shape of a full config (server, proxy with two routes, clients), the starting point
+/// of most cases.
 const BASE: &str = "\
 runtime:
   workers: 0

@@ -1,8 +1,9 @@
 //! The one place that knows which I/O backend runs: io_uring (tokio-uring) or epoll
 //! (tokio current-thread). Everything else reads and writes through [`Conn`].
 //!
-//! Rules that keep io_uring correct (see `reference/runtime-notes.md`): a read, write or
-//! accept is never cancelled by dropping its future — an agent connection reads in one
+//! Rules that keep io_uring correct (a dropped read future does not cancel the kernel's
+//! read, which then writes into a buffer nobody owns, or loses the bytes it read): a read,
+//! write or accept is never cancelled by dropping its future — an agent connection reads in one
 //! long-lived read loop, an upstream connection keeps a read whose waiter went away in
 //! flight in its wire for the next waiter, and deadlines are enforced by
 //! [`Conn::shutdown`], which makes the pending read complete; a socket is always shut down

@@ -1,6 +1,6 @@
 //! The store: the one thing workers (and, later, nodes) share.
 //!
-//! [`Store`] is the cross-worker abstraction of DESIGN §6: values by key (`get`, `put`,
+//! [`Store`] is the one cross-worker (and, later, cross-node) abstraction: values by key (`get`, `put`,
 //! `delete`), leases (`lock` → a [`Token`], `renew`, `unlock`) that expire by time whatever
 //! their holder is doing, and [`Watch`]es that wake a worker's task on that worker's own
 //! event loop when a key changes. Every operation is asynchronous and fallible, and leases

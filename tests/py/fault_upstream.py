@@ -81,7 +81,15 @@ class Answer:
     result: Any
 
 
-Action = RpcError | Status | ForgetSession | ResetMidBody | Hang | MalformedJson | MalformedSse | Answer
+@dataclass(frozen=True)
+class EventStream:
+    """For a GET: 200 `text/event-stream` carrying these JSON-RPC messages (one event each,
+    ids `e<n>`), then the stream stays open until the peer leaves."""
+
+    messages: tuple[Any, ...]
+
+
+Action = RpcError | Status | ForgetSession | ResetMidBody | Hang | MalformedJson | MalformedSse | Answer | EventStream
 
 
 def rpc_error(code: int, message: str, *data: Any) -> RpcError:
@@ -137,6 +145,8 @@ class FaultUpstream:
     """The scripted upstream. `sse=True` answers normal requests as SSE instead of JSON."""
 
     sse: bool = False
+    # tools/list pages whose `nextCursor` goes round c1, c2, c1, ... (a hostile pager).
+    cycle_cursors: bool = False
     host: str = "127.0.0.1"
     port: int = 0
     seen: list[Seen] = field(default_factory=list)
@@ -279,6 +289,14 @@ class FaultUpstream:
             body = b'{"jsonrpc":"2.0","id":' + json.dumps(rid).encode() + b',"result":{"content":[{"type":"te'
             await _write(writer, 200, [("Content-Type", "application/json")], body)
             return True
+        if isinstance(action, EventStream):
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\r\n"
+            writer.write(head)
+            for n, message in enumerate(action.messages, 1):
+                writer.write(f"id: e{n}\nevent: message\ndata: {json.dumps(message)}\n\n".encode())
+            await writer.drain()
+            await reader.read()  # until the peer leaves; the stream is close-delimited
+            return False
         if isinstance(action, Answer):
             return await self._rpc(writer, seen, {"jsonrpc": "2.0", "id": rid, "result": action.result})
         if isinstance(action, MalformedSse):
@@ -321,7 +339,8 @@ class FaultUpstream:
         if "id" not in body or "method" not in body:
             await _write(writer, 202, [], b"")  # a notification or a response
             return True
-        return await self._rpc(writer, seen, {"jsonrpc": "2.0", "id": body["id"], "result": _result(body)})
+        result = _cycled_page(body) if self.cycle_cursors and body["method"] == "tools/list" else _result(body)
+        return await self._rpc(writer, seen, {"jsonrpc": "2.0", "id": body["id"], "result": result})
 
     async def _rpc(self, writer: asyncio.StreamWriter, seen: Seen, message: dict[str, Any], sid: str | None = None) -> bool:
         headers = [("mcp-session-id", sid)] if sid else []
@@ -336,6 +355,15 @@ class FaultUpstream:
         body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Session not found"}})
         await _write(writer, 404, [("Content-Type", "application/json")], body.encode())
         return True
+
+
+def _cycled_page(body: dict[str, Any]) -> dict[str, Any]:
+    """A tools/list page of the cycling pager: no cursor gives tool p0 and c1, c1 gives p1
+    and c2, c2 gives p2 and c1 again."""
+    cursor = (body.get("params") or {}).get("cursor")
+    n = {None: 0, "c1": 1, "c2": 2}.get(cursor, 0)
+    schema = {"type": "object", "properties": {}}
+    return {"tools": [{"name": f"p{n}", "inputSchema": schema}], "nextCursor": "c2" if n == 1 else "c1"}
 
 
 def _result(body: dict[str, Any]) -> dict[str, Any]:

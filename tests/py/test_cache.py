@@ -11,6 +11,13 @@ what agents get (raw HTTP: exact answers, GET streams) and what the upstreams we
 - an agent's GET stream opens no upstream session (list changes come from the cache);
 - an upstream that is down keeps its previous list served, and comes back;
 - hydration carries the cache's credential; a route refusing it is left out;
+- identity: a route that forwards the agent's credential is shown to a session only once
+  it accepted that session's own credential (no token, a wrong one: not listed; the only
+  route: the agent gets its 401 challenge), while agents with the right credential are
+  served the cached lists with no upstream list call;
+- a route that is down at the first hydration (or restarts during one) joins as soon as
+  it answers, and live sessions hear `list_changed` once; lists slower than the cache's
+  lease still hydrate (the lease is renewed while they run);
 - with 2 workers and 100 sessions, one worker hydrates (one lease) and each refresh lists
   each route once.
 """
@@ -402,7 +409,9 @@ def test_hydration_carries_the_cache_credential_and_skips_a_route_refusing_it(up
 
     async def scenario():
         async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
-            raw = RawSession(client, stack.url)
+            # An agent with gate's own credential (gate forwards it, so it is shown gate's
+            # items only once gate accepted it).
+            raw = RawSession(client, stack.url, headers={"authorization": f"Bearer {token}"})
             await raw.initialize()
             tools = [t["name"] for t in (await raw.request("tools/list")).result["tools"]]
             # The credential opened gate; locked refused it and is left out, not fatal.
@@ -449,3 +458,194 @@ def test_one_worker_hydrates_for_a_hundred_sessions(upstreams, tmp_path):
             assert stack.metric("mcpyard_cache_hits_total") >= 400
 
     stack.run(scenario, timeout_s=60)
+
+
+def test_a_route_down_at_the_first_hydration_joins_when_it_comes_up(upstreams, tmp_path):
+    port = harness.free_port()
+    stack = Stack({"alpha": upstreams["alpha"], "late": _Url(f"http://127.0.0.1:{port}/mcp")}, tmp_path, ttl="2s")
+    late = None
+
+    async def scenario():
+        nonlocal late
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=60)) as client:
+            async with anyio.create_task_group() as tg:
+                agents, seen, streams = await listening(client, stack.url, 2, tg)
+                tools = [t["name"] for t in (await agents[0].request("tools/list")).result["tools"]]
+                assert tools and all(n.startswith("alpha__") for n in tools), tools
+                late = harness.start_upstream("json", tmp_path / "late", name="late", port=port)
+
+                async def joined():
+                    tools = [t["name"] for t in (await agents[1].request("tools/list")).result["tools"]]
+                    return sum(n.startswith("late__") for n in tools) == 16
+
+                # Retried with backoff bounded by the TTL (2 s): well within the timeout.
+                await until(joined, "the route that came up never joined the cached lists")
+                await until(lambda: _all_once(seen), "live sessions were not told, once")
+                await anyio.sleep(2.5)  # another TTL refresh: nothing new, nobody told again
+                assert all(s.count("notifications/tools/list_changed") == 1 for s in seen), seen
+                tg.cancel_scope.cancel()
+            for response in streams:
+                await response.aclose()
+            assert stack.metric('mcpyard_toolkit_hydrations_total{toolkit="late",outcome="ok"}') >= 1
+            # A new session is told late's capabilities and calls its tools.
+            raw = RawSession(client, stack.url)
+            await raw.initialize()
+            reply = await raw.request("tools/call", {"name": "late__whoami", "arguments": {}})
+            assert reply.result["structuredContent"]["name"] == "late"
+
+    try:
+        stack.run(scenario, timeout_s=60)
+    finally:
+        if late is not None:
+            harness.stop_upstream(late)
+
+
+def test_a_route_restarted_during_hydration_joins_when_it_is_back(upstreams, tmp_path):
+    port = harness.free_port()
+    # 8 pages of tools, 0.4 s each: the first hydration is in the middle of them when the
+    # route is killed.
+    slow = harness.start_upstream("json", tmp_path / "slow1", name="slow", port=port, list_delay_s=0.4)
+    stack = Stack({"alpha": upstreams["alpha"], "slow": slow}, tmp_path, ttl="2s")
+
+    async def scenario():
+        nonlocal slow
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            await anyio.sleep(1.0)
+            harness.stop_upstream(slow)
+            await anyio.sleep(1.0)
+            slow = harness.start_upstream("json", tmp_path / "slow2", name="slow", port=port, list_delay_s=0.4)
+            raw = RawSession(client, stack.url)
+            await raw.initialize()
+
+            async def whole():
+                tools = [t["name"] for t in (await raw.request("tools/list")).result["tools"]]
+                return sum(n.startswith("slow__") for n in tools) == 16 and sum(n.startswith("alpha__") for n in tools) == 16
+
+            await until(whole, "the restarted route never joined", timeout_s=30)
+            reply = await raw.request("tools/call", {"name": "slow__whoami", "arguments": {}})
+            assert reply.result["structuredContent"]["name"] == "slow"
+
+    try:
+        stack.run(scenario, timeout_s=60)
+    finally:
+        harness.stop_upstream(slow)
+
+
+def test_lists_slower_than_the_lease_still_hydrate(upstreams, tmp_path):
+    # TTL 1 s, so the leases are 1 s; one page of tools every 0.25 s: 8 pages, 2 s a list.
+    slow = harness.start_upstream("json", tmp_path / "slow", name="slow", list_delay_s=0.25)
+    stack = Stack({"alpha": upstreams["alpha"], "slow": slow}, tmp_path, ttl="1s")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            raw = RawSession(client, stack.url)
+            await raw.initialize()
+            tools = [t["name"] for t in (await raw.request("tools/list")).result["tools"]]
+            assert sum(n.startswith("slow__") for n in tools) == 16, tools
+            # initialize was answered from a ready cache, not after the gate ran out.
+            assert stack.metric("mcpyard_cache_misses_total") == 0
+            log = stack.gateway.stderr()
+            assert "nothing written" not in log, log[-3000:]
+
+    try:
+        stack.run(scenario, timeout_s=60)
+    finally:
+        harness.stop_upstream(slow)
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """An upstream that needs `Bearer <token>` (its client forwards the agent's)."""
+    token = "agent-" + unique("")
+    child = harness.start_upstream("json", tmp_path_factory.mktemp("guarded"), name="guard", token=token)
+    yield child, token
+    harness.stop_upstream(child)
+
+
+async def guarded_stats(client: httpx2.AsyncClient, url: str, token: str) -> dict[str, Any]:
+    raw = RawSession(client, url, headers={"authorization": f"Bearer {token}"})
+    await raw.initialize()
+    reply = await raw.request("tools/call", {"name": "upstream_stats", "arguments": {}})
+    await raw.delete()
+    return reply.result["structuredContent"]
+
+
+def test_a_forwarding_route_is_shown_only_to_sessions_it_accepted(upstreams, guarded, tmp_path):
+    child, token = guarded
+    stack = Stack(
+        {"alpha": upstreams["alpha"], "guard": child},
+        tmp_path,
+        authorization='{ bearer: "${HYDRATE_TOKEN}" }',
+        forward=("guard",),
+        env={"HYDRATE_TOKEN": token},
+    )
+
+    async def tools_of(raw: RawSession) -> list[str]:
+        reply = await raw.request("tools/list")
+        assert reply.status == 200, reply.body
+        return [t["name"] for t in reply.result["tools"]]
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            good = RawSession(client, stack.url, headers={"authorization": f"Bearer {token}"})
+            await good.initialize()
+            assert sum(n.startswith("guard__") for n in await tools_of(good)) == 16
+            before = await guarded_stats(client, child.address, token)
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic Zm9vOmJhcg=="}):
+                raw = RawSession(client, stack.url, headers=headers)
+                init = await raw.initialize()
+                tools = await tools_of(raw)
+                assert tools and not any(n.startswith("guard__") for n in tools), (headers, tools)
+                assert sum(n.startswith("alpha__") for n in tools) == 16
+                # Calling one of its tools gets the route's own challenge, as without a cache.
+                reply = await raw.request("tools/call", {"name": "guard__whoami", "arguments": {}})
+                assert reply.status == 401, (headers, reply.status, reply.body)
+                assert reply.headers["www-authenticate"].lower().startswith("bearer"), reply.headers
+                assert init.result["capabilities"]["tools"] == {"listChanged": True}
+            # More sessions with the right credential: the cached lists, and the route is
+            # asked for no list (only its sessions open).
+            for _ in range(3):
+                raw = RawSession(client, stack.url, headers={"authorization": f"Bearer {token}"})
+                await raw.initialize()
+                assert sum(n.startswith("guard__") for n in await tools_of(raw)) == 16
+                reply = await raw.request("prompts/list")
+                assert reply.status == 200
+            after = await guarded_stats(client, child.address, token)
+            assert after["lists"] == before["lists"], (before["lists"], after["lists"])
+            assert len(after["opened"]) - len(before["opened"]) == 1 + 3, "one session per agent with the credential"
+
+    stack.run(scenario, timeout_s=60)
+    assert token not in stack.gateway.stderr()
+
+
+def test_the_only_route_refusing_an_agent_gets_it_the_challenge(guarded, tmp_path):
+    child, token = guarded
+    stack = Stack(
+        {"guard": child},
+        tmp_path,
+        authorization='{ bearer: "${HYDRATE_TOKEN}" }',
+        forward=("guard",),
+        env={"HYDRATE_TOKEN": token},
+    )
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            for headers in ({}, {"authorization": "Bearer wrong"}):
+                raw = RawSession(client, stack.url, headers=headers)
+                reply = await raw.initialize(expect_ok=False)
+                assert reply.status == 401, (headers, reply.status, reply.body)
+                assert "mcp-session-id" not in reply.headers
+                assert reply.headers["www-authenticate"].lower().startswith("bearer"), reply.headers
+            raw = RawSession(client, stack.url, headers={"authorization": f"Bearer {token}"})
+            await raw.initialize()
+            tools = (await raw.request("tools/list")).result["tools"]
+            assert sum(t["name"].startswith("guard__") for t in tools) == 16
+
+    stack.run(scenario, timeout_s=60)
+
+
+class _Url:
+    """Stands for an upstream not started yet: only its address is known."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address

@@ -13,23 +13,31 @@ would show as an extra header line or a control byte in a value. The paths cover
 - an upstream's `protocolVersion` (sent back to it in `MCP-Protocol-Version` on every
   request): one that is not a version is refused at initialize with a JSON-RPC error;
 - an agent's `Authorization` with a control byte (for a route that forwards it): refused
-  with 400 at the agent's edge, so it is never forwarded.
+  with 400 at the agent's edge, so it is never forwarded;
+- an upstream whose list pages hand out cursors that go round: the list ends at the first
+  cursor given again (3 pages), not at the page limit;
+- an upstream that streams server-to-client requests the agent never answers: at most 256
+  per session await an answer, every one past that is answered for the agent upstream
+  with a JSON-RPC error instead of being relayed (memory stays bounded), and an answer
+  frees a place again.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import random
 import socket
 from pathlib import Path
 
+import anyio
 import httpx2
 import pytest
 
 import harness
-from fault_upstream import Answer, FaultUpstream
+from fault_upstream import Answer, EventStream, FaultUpstream
 from helpers import run
-from rawmcp import PROTOCOL, RawSession
+from rawmcp import PROTOCOL, RawSession, stream_sse
 
 TIMEOUT_S = 10
 INTERNAL_ERROR = -32603
@@ -288,3 +296,95 @@ def test_an_agent_authorization_with_control_bytes_is_refused_at_the_edge(kits, 
         assert_clean_heads(kits)
     finally:
         harness.stop_mcpyard(child)
+
+
+PENDING_ANSWERS_MAX = 256
+
+
+@pytest.mark.mcpyard
+def test_unanswered_server_requests_are_bounded_per_session(runtime, tmp_path: Path):
+    total = 600
+    asks = tuple(
+        {"jsonrpc": "2.0", "id": f"ask-{n}", "method": "elicitation/create", "params": {"message": f"q{n}", "requestedSchema": {"type": "object", "properties": {}}}}
+        for n in range(total)
+    )
+    up = FaultUpstream().start()
+    up.script("GET", EventStream(asks))
+    workers, io = runtime
+    child = harness.start_mcpyard(harness.gateway_config(up.url, workers, io), tmp_path)
+
+    def refusals(seen: list) -> list:
+        return [
+            s for s in seen
+            if s.method == "POST" and isinstance(s.body, dict) and "error" in s.body and "method" not in s.body
+        ]
+
+    try:
+
+        async def scenario():
+            async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=None)) as c:
+                raw = RawSession(c, child.address)
+                await raw.initialize()
+                relayed: list[str] = []
+                headers = {**raw.headers(), "accept": "text/event-stream"}
+                async with c.stream("GET", raw.url, headers=headers) as response:
+                    assert response.status_code == 200
+                    events = stream_sse(response)
+                    with anyio.fail_after(TIMEOUT_S):
+                        while len(relayed) < PENDING_ANSWERS_MAX:
+                            event = await events.__anext__()
+                            message = json.loads(event.data) if event.data else {}
+                            if message.get("method") == "elicitation/create":
+                                relayed.append(message["id"])
+                    # Every request past the bound was answered upstream for the agent.
+                    assert up.wait_until(lambda seen: len(refusals(seen)) >= total - PENDING_ANSWERS_MAX, TIMEOUT_S)
+                    refused = refusals(up.requests())
+                    assert len(refused) == total - PENDING_ANSWERS_MAX
+                    for s in refused:
+                        assert s.body["error"] == {"code": INTERNAL_ERROR, "message": "Too many requests awaiting the agent's answer"}
+                    assert relayed == [f"ask-{n}" for n in range(PENDING_ANSWERS_MAX)]
+                    refused_ids = {s.body["id"] for s in refused}
+                    assert refused_ids == {f"ask-{n}" for n in range(PENDING_ANSWERS_MAX, total)}
+                    # Nothing more reaches the agent meanwhile.
+                    with anyio.move_on_after(1):
+                        while True:
+                            event = await events.__anext__()
+                            message = json.loads(event.data) if event.data else {}
+                            assert message.get("method") != "elicitation/create", message
+                # The agent answers the first one: it goes upstream as the agent wrote it.
+                reply = await raw.post({"jsonrpc": "2.0", "id": relayed[0], "result": {"action": "decline"}})
+                assert reply.status == 202, reply.status
+                assert up.wait_until(
+                    lambda seen: any(isinstance(s.body, dict) and s.body.get("result") == {"action": "decline"} for s in seen),
+                    TIMEOUT_S,
+                )
+                # The session is alive and serving.
+                reply = await raw.request("tools/call", {"name": "echo", "arguments": {"text": "ok"}})
+                assert reply.result["content"] == [{"type": "text", "text": "upstream: ok"}]
+
+        run(scenario, timeout_s=60)
+    finally:
+        harness.stop_mcpyard(child)
+        up.close()
+
+
+@pytest.mark.mcpyard
+def test_an_upstream_cycling_its_cursors_is_listed_once_round(runtime, tmp_path: Path):
+    up = FaultUpstream(cycle_cursors=True).start()
+    workers, io = runtime
+    child = harness.start_mcpyard(proxy_config({"kitA": up.url}, workers, io), tmp_path)
+    try:
+
+        async def scenario():
+            async with httpx2.AsyncClient(timeout=TIMEOUT_S) as c:
+                raw = RawSession(c, child.address)
+                await raw.initialize()
+                reply = await raw.request("tools/list")
+                assert [t["name"] for t in reply.result["tools"]] == ["kitA__p0", "kitA__p1", "kitA__p2"]
+                assert "nextCursor" not in reply.result
+            assert len(up.requests("tools/list")) == 3, [s.body for s in up.requests("tools/list")]
+
+        run(scenario, timeout_s=30)
+    finally:
+        harness.stop_mcpyard(child)
+        up.close()

@@ -13,7 +13,7 @@
 //!   which frees its buffer when the read (completed by the shutdown) comes back.
 //!
 //! Reads happen only on demand: an idle pooled connection has no read pending and holds
-//! no slot (DESIGN §5). Whether such a connection is still usable is checked when it is
+//! no slot (a slot is lent only while bytes are in flight). Whether such a connection is still usable is checked when it is
 //! taken from the pool ([`crate::runtime::Conn::unusable`]).
 
 use crate::limits::UPSTREAM_EVENT_READ_BYTES;

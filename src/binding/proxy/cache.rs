@@ -8,19 +8,32 @@
 //!   from it ([`Cache::list`]) and never reach upstream;
 //! - its **watchers** (one small task per key) follow the store: at start they `get` every
 //!   key (a watch may never fire for a value written before it began), then on each change
-//!   `get` again, CRC32C-compare the new list with the last one seen and, only when it
-//!   differs, tell each agent session of this worker once (`list_changed`);
+//!   `get` again, CRC32C-compare each route's items with the last seen and tell each agent
+//!   session of this worker that can see a route whose items changed, once
+//!   (`list_changed`);
 //! - its **lease loop** tries the binding's `lifecycle.lock`. The one worker that holds it
 //!   hydrates ([`hydrate`]): it opens a session through its own proxy (one session per
 //!   route, with the cache's credential), lists every kind from every route in parallel,
-//!   and writes each route's items (a fragment) and the merged list, renewing the lease at a
-//!   third of its TTL. It refreshes on the cache TTL and at once when a route says a list
-//!   changed; a route whose refresh fails keeps its previous fragment ("stale on
-//!   failure"), and the kind is retried with backoff from 100 ms up to the lease TTL. A
-//!   renewal that fails stops it; another worker takes over once the lease has expired.
+//!   and writes each route's items (a fragment) and the merged list. It refreshes on the
+//!   cache TTL and at once when a route says a list changed; a route whose refresh fails
+//!   keeps its previous fragment ("stale on failure") and that route alone is tried again
+//!   with backoff from 100 ms up to the lease TTL, so a route that was down (even at the
+//!   first hydration) joins as soon as it answers, and a failing route costs the others
+//!   no extra listing. Every lease is renewed at a third of its TTL for as long as the
+//!   work it guards runs (opening the session, a slow list), so a slow upstream makes the
+//!   cache slow, never absent. A renewal that fails stops the work; another worker takes
+//!   over once the lease has expired.
+//!
+//! **Identity.** A route whose client forwards the agent's `Authorization` may answer each
+//! agent differently, and the cache holds what it gave the cache's own credential. So a
+//! session is shown such a route's items only once that route accepted the session's own
+//! credential (its upstream `initialize` with it succeeded); until then they are cut out
+//! of the cached lists it is served ([`CachedList::for_session`]), and a session that no
+//! route accepts gets the routes' refusal at `initialize`, as without a cache.
 //!
 //! Store keys, per proxy binding `p`: `p/tools`, `p/prompts`, `p/resources`,
-//! `p/resources/templates` (the merged result objects, exactly as agents get them), their
+//! `p/resources/templates` (the merged result objects, exactly as agents get them, behind
+//! a one-line header that says where each route's items are: see [`encode_list`]), their
 //! fragments `p/<kind>@<toolkit>`, `p/caps` (the routes' capabilities and instructions),
 //! and the leases `p/lifecycle.lock` and `p/<kind>.lock`.
 
@@ -28,20 +41,42 @@ use super::list::{self, ListRequest};
 use super::rename;
 use super::session::{self, ProxySession};
 use super::{Family, Proxy, Route, join_all};
-use crate::limits::{CACHE_LIST_BYTES_MAX, CACHE_RETRY_MIN};
+use crate::limits::{CACHE_LIST_BYTES_MAX, CACHE_RETRY_MIN, PROXY_ROUTES_MAX};
 use crate::log;
 use crate::metrics;
 use crate::runtime::notify::Notify;
 use crate::store::{Store, Token, Value};
 use crate::stream::{
-    self, Begin, Caps, Challenge, ClientHello, Event, Flush, Frame, Kind, ListKind,
+    self, Begin, Caps, Challenge, ClientHello, Event, Flush, Frame, Kind, ListKind, Reset,
 };
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
+use std::fmt::Write;
+use std::future::Future;
+use std::ops::Range;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A set of a proxy's routes, bit i for route i.
+pub type Routes = u64;
+const _: () = assert!(PROXY_ROUTES_MAX <= Routes::BITS as usize);
+
+/// Every route of a proxy with `count` routes.
+fn all_routes(count: usize) -> Routes {
+    assert!(count <= PROXY_ROUTES_MAX);
+    if count == Routes::BITS as usize {
+        Routes::MAX
+    } else {
+        (1 << count) - 1
+    }
+}
+
+/// True if `set` has route `index`.
+fn has(set: Routes, index: usize) -> bool {
+    index < Routes::BITS as usize && set & (1 << index) != 0
+}
 
 /// The cached list kinds, in slot order.
 pub const KINDS: [Kind; 4] = [
@@ -95,6 +130,9 @@ pub struct CacheSetup {
     /// Bounds an agent's wait for the first hydration and one hydration's list requests:
     /// the routes' clients' connect and response timeouts together.
     pub route_timeout: Duration,
+    /// The routes whose client forwards the agent's `Authorization` (see "Identity" in
+    /// the module doc).
+    pub forwarding: Routes,
 }
 
 /// What the store says about the routes (`p/caps`).
@@ -114,11 +152,109 @@ pub struct CachedCaps {
     pub instructions: Option<Bytes>,
 }
 
+/// A cached list as the store holds it: the merged result object, and where each route's
+/// items sit in it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CachedList {
+    /// `{"<array>":[...]}`, exactly as an agent that sees every route gets it.
+    json: Bytes,
+    /// `spans[i]`: route i's items (a comma-joined run) in `json`; empty when it has none.
+    /// Invariant: in order, within `json`, not overlapping.
+    spans: Vec<Range<usize>>,
+    /// `crcs[i]`: CRC32C of route i's items (0 for none): what changed, route by route.
+    crcs: Vec<u32>,
+}
+
+impl CachedList {
+    /// Reads a stored list; `None` for bytes not made by [`encode_list`].
+    pub(crate) fn decode(stored: &Bytes) -> Option<CachedList> {
+        let header_end = memchr::memchr(b'\n', stored)?;
+        let header = std::str::from_utf8(stored.get(..header_end)?).ok()?;
+        let json = stored.slice(header_end + 1..);
+        let mut spans = Vec::new();
+        let mut from = 0;
+        for span in header.strip_prefix('L')?.split_ascii_whitespace() {
+            if spans.len() == PROXY_ROUTES_MAX {
+                return None;
+            }
+            let (start, end) = span.split_once('-')?;
+            let (start, end): (usize, usize) = (start.parse().ok()?, end.parse().ok()?);
+            if start > end || end > json.len() || (start < end && start < from) {
+                return None;
+            }
+            from = from.max(end);
+            spans.push(start..end);
+        }
+        let crcs = spans
+            .iter()
+            .map(|span| json.get(span.clone()).map_or(0, crc32c::crc32c))
+            .collect();
+        Some(CachedList { json, spans, crcs })
+    }
+
+    /// The result a session that may not see the routes in `hidden` is served: the stored
+    /// bytes themselves when it sees every route that has items, else a copy without the
+    /// hidden routes' items.
+    pub fn for_session(&self, hidden: Routes) -> Bytes {
+        let cut: Vec<&Range<usize>> = self
+            .spans
+            .iter()
+            .enumerate()
+            .filter(|(i, span)| has(hidden, *i) && !span.is_empty())
+            .map(|(_, span)| span)
+            .collect();
+        if cut.is_empty() {
+            return self.json.clone();
+        }
+        // `{"<array>":[` is everything before the first span, `]}` everything after the
+        // last: the spans are the only items.
+        let items: Vec<&[u8]> = self
+            .spans
+            .iter()
+            .enumerate()
+            .filter(|(i, span)| !has(hidden, *i) && !span.is_empty())
+            .filter_map(|(_, span)| self.json.get(span.clone()))
+            .collect();
+        let (head, tail) = self.frame();
+        let len = head.len() + tail.len() + items.iter().map(|i| i.len() + 1).sum::<usize>();
+        let mut out = BytesMut::with_capacity(len);
+        out.put_slice(head);
+        for (n, item) in items.into_iter().enumerate() {
+            if n > 0 {
+                out.put_u8(b',');
+            }
+            out.put_slice(item);
+        }
+        out.put_slice(tail);
+        out.freeze()
+    }
+
+    /// The bytes around the items: `{"<array>":[` and `]}`.
+    fn frame(&self) -> (&[u8], &[u8]) {
+        let json = &self.json[..];
+        let open = memchr::memchr(b'[', json).map_or(0, |at| at + 1);
+        let close = memchr::memrchr(b']', json).unwrap_or(json.len());
+        (
+            json.get(..open).unwrap_or_default(),
+            json.get(close.max(open)..).unwrap_or_default(),
+        )
+    }
+
+    /// The routes whose items differ between `self` and `newer`.
+    fn changed(&self, newer: &CachedList) -> Routes {
+        let count = self.crcs.len().max(newer.crcs.len()).min(PROXY_ROUTES_MAX);
+        (0..count)
+            .filter(|&i| {
+                self.crcs.get(i).copied().unwrap_or(0) != newer.crcs.get(i).copied().unwrap_or(0)
+            })
+            .fold(0, |set, i| set | (1 << i))
+    }
+}
+
 /// A worker's copy of the cache.
 #[derive(Default)]
 struct View {
-    lists: [Option<Value>; 4],
-    crcs: [Option<u32>; 4],
+    lists: [Option<Rc<CachedList>>; 4],
     caps: Option<CachedCaps>,
 }
 
@@ -177,11 +313,16 @@ impl Cache {
         format!("{}{}@{}", self.prefix, names(kind).0, route.label)
     }
 
-    /// The cached result of a list request of `kind`, if hydrated.
-    pub fn list(&self, kind: Kind) -> Option<Bytes> {
+    /// The cached list of `kind`, if hydrated.
+    pub fn list(&self, kind: Kind) -> Option<Rc<CachedList>> {
         let at = slot(kind)?;
-        let view = self.view.borrow();
-        view.lists.get(at)?.as_ref().map(|v| v.bytes.clone())
+        self.view.borrow().lists.get(at)?.clone()
+    }
+
+    /// True if route `index` forwards the agent's `Authorization` (its items are shown to
+    /// a session only once it accepted the session's own credential).
+    pub fn forwards(&self, index: usize) -> bool {
+        has(self.setup.forwarding, index)
     }
 
     /// The cached capabilities, once every list kind has been hydrated (or has failed once)
@@ -227,8 +368,11 @@ impl Cache {
         tokio::task::spawn_local(lease_loop(Rc::downgrade(proxy)));
     }
 
-    /// Takes a new value of a key into the view; for a list that differs from the last
-    /// one seen, tells every agent session of this worker.
+    /// Takes a new value of a key into the view; for a list whose routes' items differ
+    /// from the last one seen, tells every agent session of this worker that can see one
+    /// of those routes. The first value of a list is news only to sessions that were shown
+    /// a live list before (they fell back while the cache was not ready), and only if it
+    /// differs from what they were shown.
     fn apply(&self, proxy: &Proxy, kind: Option<Kind>, value: Option<Value>) {
         let Some(kind) = kind else {
             let caps = value.and_then(|v| decode_caps(&v.bytes));
@@ -239,23 +383,44 @@ impl Cache {
         let Some(at) = slot(kind) else {
             return;
         };
-        let crc = value.as_ref().map(|v| crc32c::crc32c(&v.bytes));
-        let differs = {
-            let mut view = self.view.borrow_mut();
-            let before = view.crcs.get(at).copied().flatten();
-            let view = &mut *view;
-            if let (Some(s), Some(c)) = (view.lists.get_mut(at), view.crcs.get_mut(at)) {
-                *s = value;
-                *c = crc;
+        let list = value.and_then(|v| {
+            let list = CachedList::decode(&v.bytes);
+            if list.is_none() {
+                log::warn(format_args!(
+                    "cache: proxy {}: {} in the store is not a cached list; ignored",
+                    proxy.name,
+                    self.list_key(kind)
+                ));
             }
-            before.is_some() && crc.is_some() && before != crc
+            list
+        });
+        let list = list.map(Rc::new);
+        let before = {
+            let mut view = self.view.borrow_mut();
+            match view.lists.get_mut(at) {
+                Some(held) => std::mem::replace(held, list.clone()),
+                None => return,
+            }
         };
         self.changed.notify_waiters();
-        if differs {
-            let told = proxy.announce(announced(kind));
-            metrics::with(|m| m.cache.notifications += told);
-        }
+        let Some(list) = list else {
+            return;
+        };
+        let news = match &before {
+            Some(before) => News::Changed(before.changed(&list)),
+            None => News::First(&list, at),
+        };
+        let told = proxy.announce(announced(kind), news);
+        metrics::with(|m| m.cache.notifications += told);
     }
+}
+
+/// What a new value of a cached list is to the sessions.
+pub enum News<'a> {
+    /// The routes whose items changed.
+    Changed(Routes),
+    /// The first value of the list in slot `.1`, for sessions shown a live list before.
+    First(&'a CachedList, usize),
 }
 
 fn decode_caps(bytes: &[u8]) -> Option<CachedCaps> {
@@ -345,17 +510,24 @@ async fn lease_loop(proxy: Weak<Proxy>) {
     }
 }
 
-/// A refresh in progress: each kind's success, and the fragments (`[kind][route]`).
-type Refresh = std::pin::Pin<Box<dyn std::future::Future<Output = (Vec<(Kind, bool)>, Fragments)>>>;
+/// A refresh in progress: the routes each kind failed to list, and the fragments.
+type Refresh = std::pin::Pin<Box<dyn Future<Output = (Vec<(Kind, Failed)>, Fragments)>>>;
 
 /// The routes' last good items per kind: `[kind][route]`.
 type Fragments = Vec<Vec<Option<Bytes>>>;
 
+/// The routes one kind's refresh could not list, with why (for the log), or `All` when
+/// the kind's lease was lost or its list could not be written (nothing was).
+enum Failed {
+    Routes(Vec<(usize, Reset)>),
+    All,
+}
+
 /// What the hydrator is waiting for next.
 enum Wake {
     Renew,
-    Refresh(Vec<Kind>),
-    Done(Vec<(Kind, bool)>),
+    Refresh(Vec<(Kind, Routes)>),
+    Done(Vec<(Kind, Failed)>),
     Lifecycle(Option<Frame>),
 }
 
@@ -368,40 +540,102 @@ fn kinds_of(list: ListKind) -> Vec<Kind> {
     }
 }
 
+/// A lease held: its key, token and TTL.
+struct Lease<'a> {
+    store: &'a dyn Store,
+    key: &'a str,
+    token: &'a Token,
+    ttl: Duration,
+}
+
+impl Lease<'_> {
+    /// Runs `work` while renewing the lease every third of its TTL; `None` (the work
+    /// dropped) once a renewal fails: the work is someone else's by then.
+    async fn renewing<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+        let mut work = std::pin::pin!(work);
+        loop {
+            let renew_at = tokio::time::sleep(self.ttl / 3);
+            tokio::select! {
+                biased;
+                out = &mut work => return Some(out),
+                () = renew_at => {
+                    if !matches!(self.store.renew(self.key, self.token, self.ttl).await, Ok(true)) {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Per kind: the routes to list again after a failure, when, and the wait after that.
+struct Retry {
+    routes: [Routes; 4],
+    at: [Option<Instant>; 4],
+    backoff: [Duration; 4],
+    /// Routes that failed their last listing of some kind: logged when they start failing
+    /// and when they answer again, not at every retry.
+    failing: [Routes; 4],
+}
+
 /// Hydrates while this worker holds the lease `key` (token `token`): until a renewal
 /// fails or the hydration session ends.
 async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
     let Some(cache) = proxy.cache.as_ref() else {
         return;
     };
-    let lease = cache.lease_ttl();
-    let Some((life, session)) = open_session(proxy, cache).await else {
+    let lease = Lease {
+        store: &*cache.setup.store,
+        key,
+        token,
+        ttl: cache.lease_ttl(),
+    };
+    // Opening the session can take the routes' whole connect and response timeouts,
+    // longer than the lease: it is renewed meanwhile.
+    let opened = lease
+        .renewing(async {
+            let (life, session) = open_session(proxy, cache).await?;
+            let caps = write_caps(proxy, cache, &session, None).await;
+            let fragments = load_fragments(proxy, cache).await;
+            Some((life, session, caps, fragments))
+        })
+        .await
+        .flatten();
+    let Some((life, session, mut caps, mut fragments)) = opened else {
         return;
     };
-    write_caps(proxy, cache, &session).await;
     // Routes' list_changed arrive on their event streams.
     let _ = life.reply.challenge(Challenge::Resume {
         last_event_id: None,
     });
-    let mut fragments: Fragments = load_fragments(proxy, cache).await;
-    let mut pending: Vec<Kind> = KINDS.to_vec();
-    let mut backoff = [CACHE_RETRY_MIN; 4];
-    let mut retry_at: [Option<Instant>; 4] = [None; 4];
+    let every = all_routes(proxy.routes.len());
+    let mut pending: [Routes; 4] = [every; 4];
+    let mut retry = Retry {
+        routes: [0; 4],
+        at: [None; 4],
+        backoff: [CACHE_RETRY_MIN; 4],
+        failing: [0; 4],
+    };
     let mut next_ttl = Instant::now() + cache.setup.ttl;
-    let mut renew_at = Instant::now() + lease / 3;
+    let mut renew_at = Instant::now() + lease.ttl / 3;
     let mut running: Option<Refresh> = None;
     loop {
         let stopped = cache.stop.notified();
         if cache.stopping.get() {
             break;
         }
-        if running.is_none() && !pending.is_empty() {
-            let kinds = std::mem::take(&mut pending);
+        if running.is_none() && pending.iter().any(|p| *p != 0) {
+            let jobs: Vec<(Kind, Routes)> = KINDS
+                .iter()
+                .zip(std::mem::take(&mut pending))
+                .filter(|(_, routes)| *routes != 0)
+                .map(|(kind, routes)| (*kind, routes))
+                .collect();
             let held = std::mem::take(&mut fragments);
             let (p, s) = (proxy.clone(), session.clone());
-            running = Some(Box::pin(async move { refresh(&p, &s, kinds, held).await }));
+            running = Some(Box::pin(async move { refresh(&p, &s, jobs, held).await }));
         }
-        let due_retry = retry_at.iter().flatten().min().copied();
+        let due_retry = retry.at.iter().flatten().min().copied();
         let wake = tokio::select! {
             biased;
             () = stopped => continue,
@@ -420,28 +654,18 @@ async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
             frame = life.reply.next() => Wake::Lifecycle(frame),
             () = tokio::time::sleep_until(next_ttl.into()) => {
                 next_ttl = Instant::now() + cache.setup.ttl;
-                Wake::Refresh(KINDS.to_vec())
+                Wake::Refresh(KINDS.iter().map(|k| (*k, every)).collect())
             }
             () = async {
                 match due_retry {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
                     None => std::future::pending().await,
                 }
-            } => {
-                let now = Instant::now();
-                let mut due = Vec::new();
-                for (at, kind) in retry_at.iter_mut().zip(KINDS) {
-                    if at.is_some_and(|t| t <= now) {
-                        *at = None;
-                        due.push(kind);
-                    }
-                }
-                Wake::Refresh(due)
-            }
+            } => Wake::Refresh(retry.due(Instant::now())),
         };
         match wake {
-            Wake::Renew => match cache.setup.store.renew(key, token, lease).await {
-                Ok(true) => renew_at = Instant::now() + lease / 3,
+            Wake::Renew => match lease.store.renew(key, token, lease.ttl).await {
+                Ok(true) => renew_at = Instant::now() + lease.ttl / 3,
                 _ => {
                     log::warn(format_args!(
                         "cache: worker {} lost the hydration lease of proxy {}",
@@ -450,41 +674,25 @@ async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
                     break;
                 }
             },
-            Wake::Refresh(kinds) => {
-                for k in kinds {
-                    if !pending.contains(&k) {
-                        pending.push(k);
+            Wake::Refresh(jobs) => {
+                for (kind, routes) in jobs {
+                    if let Some(p) = slot(kind).and_then(|at| pending.get_mut(at)) {
+                        *p |= routes;
                     }
                 }
             }
             Wake::Done(results) => {
-                for (kind, ok) in results {
-                    let Some(at) = slot(kind) else { continue };
-                    metrics::with(|m| {
-                        if ok {
-                            m.cache.refreshes_ok += 1;
-                        } else {
-                            m.cache.refreshes_failed += 1;
-                        }
-                    });
-                    if let (Some(b), Some(r)) = (backoff.get_mut(at), retry_at.get_mut(at)) {
-                        if ok {
-                            *b = CACHE_RETRY_MIN;
-                            *r = None;
-                        } else {
-                            *r = Some(Instant::now() + *b);
-                            *b = (*b * 2).min(lease);
-                        }
-                    }
-                }
+                retry.record(proxy, results, every, lease.ttl);
+                // A route that opened (or came back) may serve more than was recorded.
+                caps = write_caps(proxy, cache, &session, caps).await;
             }
             Wake::Lifecycle(Some(Frame::Flush(Flush {
                 event: Event::ListChanged(list),
                 ..
             }))) => {
-                for k in kinds_of(list) {
-                    if !pending.contains(&k) {
-                        pending.push(k);
+                for kind in kinds_of(list) {
+                    if let Some(p) = slot(kind).and_then(|at| pending.get_mut(at)) {
+                        *p = every;
                     }
                 }
             }
@@ -495,6 +703,97 @@ async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
     }
     drop(running);
     life.initial.end();
+}
+
+impl Retry {
+    /// The kinds and routes whose retry is due at `now` (taken off the schedule).
+    fn due(&mut self, now: Instant) -> Vec<(Kind, Routes)> {
+        let mut due = Vec::new();
+        for (at, kind) in KINDS.iter().enumerate() {
+            let (Some(when), Some(routes)) = (self.at.get_mut(at), self.routes.get_mut(at)) else {
+                continue;
+            };
+            if when.is_some_and(|t| t <= now) {
+                *when = None;
+                due.push((*kind, std::mem::take(routes)));
+            }
+        }
+        due
+    }
+
+    /// Takes a refresh's results: failed routes are scheduled again (per kind, backoff
+    /// doubling from [`CACHE_RETRY_MIN`] up to `cap`), a kind that fully succeeded has its
+    /// backoff reset; a route that starts failing, or answers again, is one log line.
+    fn record(
+        &mut self,
+        proxy: &Proxy,
+        results: Vec<(Kind, Failed)>,
+        every: Routes,
+        cap: Duration,
+    ) {
+        for (kind, failed) in results {
+            let Some(at) = slot(kind) else { continue };
+            // A lost lease or a failed write says nothing about the routes: all are tried
+            // again, and what is known of which route fails stays as it was.
+            let (routes, reasons, judged) = match failed {
+                Failed::All => (every, Vec::new(), false),
+                Failed::Routes(list) => (
+                    list.iter().fold(0, |set, (i, _)| set | (1 << *i)),
+                    list,
+                    true,
+                ),
+            };
+            metrics::with(|m| {
+                if routes == 0 {
+                    m.cache.refreshes_ok += 1;
+                } else {
+                    m.cache.refreshes_failed += 1;
+                }
+            });
+            let (Some(retry_routes), Some(when), Some(backoff), Some(failing)) = (
+                self.routes.get_mut(at),
+                self.at.get_mut(at),
+                self.backoff.get_mut(at),
+                self.failing.get_mut(at),
+            ) else {
+                continue;
+            };
+            for (index, reason) in &reasons {
+                if !has(*failing, *index)
+                    && let Some(route) = proxy.routes.get(*index)
+                {
+                    log::warn(format_args!(
+                        "cache: proxy {}: toolkit {} kept its previous {} (refresh failed: {}); retrying with backoff",
+                        proxy.name,
+                        route.label,
+                        kind.method(),
+                        session::describe(reason)
+                    ));
+                }
+            }
+            if judged {
+                let recovered = *failing & !routes;
+                for route in proxy.routes.iter().filter(|r| has(recovered, r.index)) {
+                    log::info(format_args!(
+                        "cache: proxy {}: toolkit {} listed its {} again",
+                        proxy.name,
+                        route.label,
+                        kind.method()
+                    ));
+                }
+                *failing = routes;
+            }
+            if routes == 0 {
+                *backoff = CACHE_RETRY_MIN;
+                *retry_routes = 0;
+                *when = None;
+            } else {
+                *retry_routes |= routes;
+                *when = Some(Instant::now() + *backoff);
+                *backoff = (*backoff * 2).min(cap);
+            }
+        }
+    }
 }
 
 /// Opens the hydration session: a lifecycle through this proxy, as an agent would, with
@@ -526,8 +825,14 @@ async fn open_session(
     Some((caller, session))
 }
 
-/// Writes what the routes serve (`p/caps`).
-async fn write_caps(proxy: &Proxy, cache: &Cache, session: &ProxySession) {
+/// Writes what the routes serve (`p/caps`) unless it is what was written last
+/// (`written`); returns what the store holds now.
+async fn write_caps(
+    proxy: &Proxy,
+    cache: &Cache,
+    session: &ProxySession,
+    written: Option<StoredCaps>,
+) -> Option<StoredCaps> {
     let caps: Vec<u16> = proxy
         .routes
         .iter()
@@ -536,21 +841,30 @@ async fn write_caps(proxy: &Proxy, cache: &Cache, session: &ProxySession) {
     let instructions = session::instructions(proxy, session)
         .and_then(|raw| serde_json::from_slice::<String>(&raw).ok());
     let stored = StoredCaps { caps, instructions };
-    match serde_json::to_vec(&stored) {
-        Ok(bytes) => {
-            if let Err(e) = cache
-                .setup
-                .store
-                .put(&cache.caps_key(), Bytes::from(bytes))
-                .await
-            {
-                log::warn(format_args!(
-                    "cache: writing {} failed: {e}",
-                    cache.caps_key()
-                ));
-            }
+    if written.as_ref() == Some(&stored) {
+        return written;
+    }
+    let bytes = match serde_json::to_vec(&stored) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            log::error(format_args!("cache: encoding the capabilities failed: {e}"));
+            return written;
         }
-        Err(e) => log::error(format_args!("cache: encoding the capabilities failed: {e}")),
+    };
+    match cache
+        .setup
+        .store
+        .put(&cache.caps_key(), Bytes::from(bytes))
+        .await
+    {
+        Ok(_) => Some(stored),
+        Err(e) => {
+            log::warn(format_args!(
+                "cache: writing {} failed: {e}",
+                cache.caps_key()
+            ));
+            written
+        }
     }
 }
 
@@ -572,64 +886,77 @@ async fn load_fragments(proxy: &Proxy, cache: &Cache) -> Fragments {
     out
 }
 
-/// Hydrates `kinds` in parallel; returns each kind's success and the fragments (updated).
+/// Hydrates each kind of `jobs` from its routes, all in parallel; returns each kind's
+/// failed routes and the fragments (updated).
 async fn refresh(
     proxy: &Rc<Proxy>,
     session: &Rc<ProxySession>,
-    kinds: Vec<Kind>,
+    jobs: Vec<(Kind, Routes)>,
     mut fragments: Fragments,
-) -> (Vec<(Kind, bool)>, Fragments) {
-    let jobs = kinds.iter().map(|kind| {
+) -> (Vec<(Kind, Failed)>, Fragments) {
+    let work = jobs.iter().map(|(kind, routes)| {
         let held = slot(*kind)
             .and_then(|at| fragments.get(at).cloned())
             .unwrap_or_default();
-        refresh_kind(proxy, session, *kind, held)
+        refresh_kind(proxy, session, *kind, *routes, held)
     });
-    let done = join_all(jobs.collect()).await;
-    let mut results = Vec::with_capacity(kinds.len());
-    for (kind, (ok, row)) in kinds.into_iter().zip(done) {
+    let done = join_all(work.collect()).await;
+    let mut results = Vec::with_capacity(jobs.len());
+    for ((kind, _), (failed, row)) in jobs.into_iter().zip(done) {
         if let Some(at) = slot(kind)
             && let Some(slot_row) = fragments.get_mut(at)
         {
             *slot_row = row;
         }
-        results.push((kind, ok));
+        results.push((kind, failed));
     }
     (results, fragments)
 }
 
-/// Hydrates one kind under its lease: every serving route's items, the merged list
-/// written; a route that fails keeps its previous fragment. Returns whether every route
-/// answered, and the fragments.
+/// Hydrates one kind under its lease (renewed while the routes list): the items of the
+/// `routes` that serve it are fetched again, every other route keeps its fragment, and
+/// the merged list is written. A route that fails keeps its previous fragment. Returns
+/// the routes that failed, and the fragments.
 async fn refresh_kind(
     proxy: &Rc<Proxy>,
     session: &Rc<ProxySession>,
     kind: Kind,
+    routes: Routes,
     mut held: Vec<Option<Bytes>>,
-) -> (bool, Vec<Option<Bytes>>) {
+) -> (Failed, Vec<Option<Bytes>>) {
     let Some(cache) = proxy.cache.as_ref() else {
-        return (false, held);
+        return (Failed::All, held);
     };
     held.resize(proxy.routes.len(), None);
     let lock_key = format!("{}{}.lock", cache.prefix, names(kind).0);
     let Ok(Some(token)) = cache.setup.store.lock(&lock_key, cache.lease_ttl()).await else {
-        return (false, held);
+        return (Failed::All, held);
+    };
+    let lease = Lease {
+        store: &*cache.setup.store,
+        key: &lock_key,
+        token: &token,
+        ttl: cache.lease_ttl(),
     };
     let request = ListRequest {
         kind,
         deadline: Instant::now() + cache.setup.route_timeout,
         authorization: cache.setup.authorization.clone(),
+        force_open: true,
     };
-    let serving: Vec<&Route> = proxy
+    // A route whose capabilities are not known yet (it was never reached) is asked too:
+    // asking opens it, and a route that turns out not to serve the kind gives nothing.
+    let asked: Vec<&Route> = proxy
         .routes
         .iter()
+        .filter(|r| has(routes, r.index) && r.serves(family(kind)))
         .filter(|r| {
             let caps = session.open_caps(r.index).unwrap_or(r.known_caps.get());
-            r.serves(family(kind)) && caps.contains(kind.capability())
+            caps == Caps::empty() || caps.contains(kind.capability())
         })
         .collect();
-    let fetched = join_all(
-        serving
+    let fetch = join_all(
+        asked
             .iter()
             .map(|r| async {
                 let started = Instant::now();
@@ -643,27 +970,24 @@ async fn refresh_kind(
                 got
             })
             .collect(),
-    )
-    .await;
+    );
+    let fetched = lease.renewing(fetch).await;
     // Still ours? A worker that was stuck past the lease must not overwrite what its
     // successor wrote meanwhile.
-    match cache
-        .setup
-        .store
-        .renew(&lock_key, &token, cache.lease_ttl())
-        .await
-    {
-        Ok(true) => {}
-        _ => {
-            log::warn(format_args!(
-                "cache: proxy {}: lost {lock_key} while listing; nothing written",
-                proxy.name
-            ));
-            return (false, held);
-        }
-    }
-    let mut ok = true;
-    for (route, got) in serving.iter().zip(fetched) {
+    let ours = fetched.is_some()
+        && matches!(
+            cache.setup.store.renew(&lock_key, &token, lease.ttl).await,
+            Ok(true)
+        );
+    let Some(fetched) = fetched.filter(|_| ours) else {
+        log::warn(format_args!(
+            "cache: proxy {}: lost {lock_key} while listing; nothing written",
+            proxy.name
+        ));
+        return (Failed::All, held);
+    };
+    let mut failed = Vec::new();
+    for (route, got) in asked.iter().zip(fetched) {
         match got {
             Ok(fragment) => {
                 let key = cache.fragment_key(kind, route);
@@ -672,54 +996,73 @@ async fn refresh_kind(
                     *h = Some(fragment);
                 }
             }
-            Err(reset) => {
-                ok = false;
-                log::warn(format_args!(
-                    "cache: proxy {}: toolkit {} kept its previous {} (refresh failed: {})",
-                    proxy.name,
-                    route.label,
-                    kind.method(),
-                    session::describe(&reset)
-                ));
-            }
+            Err(reset) => failed.push((route.index, reset)),
         }
     }
-    // Routes that no longer serve the kind have nothing to contribute.
-    for route in &proxy.routes {
-        if !serving.iter().any(|r| r.index == route.index)
-            && let Some(h) = held.get_mut(route.index)
-        {
+    // Routes asked that no longer serve the kind (open, without the capability, or
+    // excluded by their allow-list) have nothing to contribute.
+    for route in proxy.routes.iter().filter(|r| has(routes, r.index)) {
+        let serves = asked.iter().any(|r| r.index == route.index);
+        if !serves && let Some(h) = held.get_mut(route.index) {
             *h = None;
         }
     }
-    let merged = merge(names(kind).1, &held);
+    let merged = encode_list(names(kind).1, &held);
     if let Err(e) = cache.setup.store.put(&cache.list_key(kind), merged).await {
-        ok = false;
         log::warn(format_args!(
             "cache: writing {} failed: {e}",
             cache.list_key(kind)
         ));
+        let _ = cache.setup.store.unlock(&lock_key, &token).await;
+        return (Failed::All, held);
     }
     let _ = cache.setup.store.unlock(&lock_key, &token).await;
-    (ok, held)
+    (Failed::Routes(failed), held)
 }
 
-/// `{"<array>":[` + the non-empty fragments joined by commas + `]}`.
-fn merge(array: &str, fragments: &[Option<Bytes>]) -> Bytes {
-    let len: usize = fragments.iter().flatten().map(|f| f.len() + 1).sum();
-    let mut out = BytesMut::with_capacity(len + array.len() + 8);
-    out.put_slice(b"{\"");
-    out.put_slice(array.as_bytes());
-    out.put_slice(b"\":[");
+/// A cached list as stored: the header `L <start>-<end> …` (each route's items within the
+/// JSON, `0-0` for none) and a newline, then `{"<array>":[` + the non-empty fragments
+/// joined by commas + `]}`. Agents are served the JSON after the header (a slice: no
+/// copy) and the header lets a session that may not see a route be served without it.
+pub fn encode_list(array: &str, fragments: &[Option<Bytes>]) -> Bytes {
+    let mut json = BytesMut::with_capacity(
+        fragments
+            .iter()
+            .flatten()
+            .map(|f| f.len() + 1)
+            .sum::<usize>()
+            + array.len()
+            + 8,
+    );
+    json.put_slice(b"{\"");
+    json.put_slice(array.as_bytes());
+    json.put_slice(b"\":[");
+    let mut spans = Vec::with_capacity(fragments.len());
     let mut first = true;
-    for fragment in fragments.iter().flatten().filter(|f| !f.is_empty()) {
-        if !first {
-            out.put_u8(b',');
+    for fragment in fragments {
+        match fragment.as_ref().filter(|f| !f.is_empty()) {
+            Some(fragment) => {
+                if !first {
+                    json.put_u8(b',');
+                }
+                first = false;
+                let start = json.len();
+                json.put_slice(fragment);
+                spans.push(start..json.len());
+            }
+            None => spans.push(0..0),
         }
-        first = false;
-        out.put_slice(fragment);
     }
-    out.put_slice(b"]}");
+    json.put_slice(b"]}");
+    let mut header = String::with_capacity(2 + spans.len() * 12);
+    header.push('L');
+    for span in &spans {
+        let _ = write!(header, " {}-{}", span.start, span.end);
+    }
+    header.push('\n');
+    let mut out = BytesMut::with_capacity(header.len() + json.len());
+    out.put_slice(header.as_bytes());
+    out.put_slice(&json);
     out.freeze()
 }
 
@@ -727,26 +1070,119 @@ fn merge(array: &str, fragments: &[Option<Bytes>]) -> Bytes {
 mod unit {
     use super::*;
 
+    fn f(s: &'static str) -> Option<Bytes> {
+        Some(Bytes::from_static(s.as_bytes()))
+    }
+
     #[test]
-    fn merged_lists_join_the_non_empty_fragments() {
-        let f = |s: &'static str| Some(Bytes::from_static(s.as_bytes()));
-        assert_eq!(&merge("tools", &[])[..], br#"{"tools":[]}"#);
+    fn merged_lists_join_the_non_empty_fragments_behind_their_spans() {
+        let empty = encode_list("tools", &[]);
+        assert_eq!(&empty[..], b"L\n{\"tools\":[]}");
+        let stored = encode_list(
+            "tools",
+            &[
+                f(r#"{"name":"a__x"}"#),
+                None,
+                f(""),
+                f(r#"{"name":"c__y"},{"name":"c__z"}"#),
+            ],
+        );
+        let list = CachedList::decode(&stored).unwrap();
         assert_eq!(
-            &merge(
-                "tools",
-                &[
-                    f(r#"{"name":"a__x"}"#),
-                    None,
-                    f(""),
-                    f(r#"{"name":"c__y"},{"name":"c__z"}"#)
-                ]
-            )[..],
+            &list.json[..],
             br#"{"tools":[{"name":"a__x"},{"name":"c__y"},{"name":"c__z"}]}"#
         );
+        assert_eq!(list.spans, [10..25, 0..0, 0..0, 26..57]);
         assert_eq!(
-            &merge("resourceTemplates", &[None])[..],
-            br#"{"resourceTemplates":[]}"#
+            &stored[..stored.len() - list.json.len()],
+            b"L 10-25 0-0 0-0 26-57\n"
         );
+        let templates = CachedList::decode(&encode_list("resourceTemplates", &[None])).unwrap();
+        assert_eq!(&templates.json[..], br#"{"resourceTemplates":[]}"#);
+    }
+
+    #[test]
+    fn a_session_is_served_only_the_routes_it_may_see() {
+        let stored = encode_list(
+            "tools",
+            &[
+                f(r#"{"name":"a__x"}"#),
+                f(r#"{"name":"b__y"},{"name":"b__z"}"#),
+                None,
+                f(r#"{"name":"d__w"}"#),
+            ],
+        );
+        let list = CachedList::decode(&stored).unwrap();
+        // Seeing everything (or hiding only routes without items): the stored bytes.
+        assert_eq!(list.for_session(0), list.json);
+        assert_eq!(
+            list.for_session(0b0100).as_ptr(),
+            list.json.as_ptr(),
+            "no copy"
+        );
+        assert_eq!(
+            &list.for_session(0b0010)[..],
+            br#"{"tools":[{"name":"a__x"},{"name":"d__w"}]}"#
+        );
+        assert_eq!(
+            &list.for_session(0b1001)[..],
+            br#"{"tools":[{"name":"b__y"},{"name":"b__z"}]}"#
+        );
+        assert_eq!(&list.for_session(0b1011)[..], br#"{"tools":[]}"#);
+        for hidden in 0..16u64 {
+            let got: serde_json::Value = serde_json::from_slice(&list.for_session(hidden)).unwrap();
+            assert!(got["tools"].is_array(), "{hidden:#b}: {got}");
+        }
+    }
+
+    #[test]
+    fn changes_are_told_route_by_route() {
+        let one =
+            CachedList::decode(&encode_list("tools", &[f("{\"n\":1}"), f("{\"n\":2}")])).unwrap();
+        let two =
+            CachedList::decode(&encode_list("tools", &[f("{\"n\":1}"), f("{\"n\":3}")])).unwrap();
+        let three = CachedList::decode(&encode_list(
+            "tools",
+            &[f("{\"n\":1}"), f("{\"n\":3}"), f("{}")],
+        ))
+        .unwrap();
+        let gone = CachedList::decode(&encode_list("tools", &[None, f("{\"n\":3}")])).unwrap();
+        assert_eq!(one.changed(&one), 0);
+        assert_eq!(one.changed(&two), 0b10);
+        assert_eq!(two.changed(&three), 0b100, "a route that joins");
+        assert_eq!(two.changed(&gone), 0b01, "a route whose items went");
+    }
+
+    #[test]
+    fn stored_bytes_that_are_not_a_cached_list_are_refused() {
+        for bad in [
+            &b""[..],
+            b"{\"tools\":[]}",
+            b"X 0-0\n{}",
+            b"L 5-3\n{\"tools\":[]}",
+            b"L 0-99\n{\"tools\":[]}",
+            b"L 10-12 9-11\n{\"tools\":[1,2]}",
+            b"L a-b\n{}",
+            b"L 1\n{}",
+            b"L \xff\n{}",
+        ] {
+            assert!(
+                CachedList::decode(&Bytes::copy_from_slice(bad)).is_none(),
+                "{bad:?}"
+            );
+        }
+        let many = format!("L{}\n{{}}", " 0-0".repeat(PROXY_ROUTES_MAX + 1));
+        assert!(CachedList::decode(&Bytes::from(many)).is_none());
+    }
+
+    #[test]
+    fn route_sets() {
+        assert_eq!(all_routes(0), 0);
+        assert_eq!(all_routes(3), 0b111);
+        assert_eq!(all_routes(64), u64::MAX);
+        assert!(has(0b100, 2));
+        assert!(!has(0b100, 1));
+        assert!(!has(u64::MAX, 64));
     }
 
     #[test]

@@ -65,8 +65,13 @@ pub async fn serve(proxy: &Rc<Proxy>, session: &Rc<ProxySession>, callee: &Calle
         items: false,
         succeeded: false,
         failures: Vec::new(),
+        crc: 0,
     };
-    merge.run(&feeds).await;
+    if merge.run(&feeds).await == Outcome::Ok && proxy.cache.is_some() {
+        // A live list with a cache: this session fell back while the cache was not
+        // ready; the first cached value tells it only if it differs from this.
+        session.shown(callee.begin.kind, merge.crc);
+    }
 }
 
 /// True unless the route is known not to serve this list (a route not open yet counts as
@@ -115,6 +120,8 @@ struct Merge<'a> {
     /// A route gave its whole list.
     succeeded: bool,
     failures: Vec<Reset>,
+    /// CRC32C of every byte sent so far (what the agent was shown).
+    crc: u32,
 }
 
 impl Merge<'_> {
@@ -139,13 +146,7 @@ impl Merge<'_> {
                 return Outcome::Cancelled;
             }
         }
-        if self
-            .callee
-            .reply
-            .data(Bytes::from_static(b"]}"))
-            .await
-            .is_err()
-        {
+        if self.send(Bytes::from_static(b"]}")).await.is_err() {
             return Outcome::Cancelled;
         }
         self.callee.reply.end();
@@ -160,7 +161,13 @@ impl Merge<'_> {
         head.put_slice(b"{\"");
         head.put_slice(self.array);
         head.put_slice(b"\":[");
-        self.callee.reply.data(head.freeze()).await
+        self.send(head.freeze()).await
+    }
+
+    /// Sends bytes of the answer, folding them into `crc`.
+    async fn send(&mut self, bytes: Bytes) -> Result<(), stream::Gone> {
+        self.crc = crc32c::crc32c_append(self.crc, &bytes);
+        self.callee.reply.data(bytes).await
     }
 
     /// Copies one route's feed to the caller. `Err` if the caller went away.
@@ -184,13 +191,13 @@ impl Merge<'_> {
                     }
                     if first && self.items {
                         let comma = Bytes::from_static(b",");
-                        if self.callee.reply.data(comma).await.is_err() {
+                        if self.send(comma).await.is_err() {
                             return Err(Outcome::Cancelled);
                         }
                     }
                     first = false;
                     self.items = true;
-                    if self.callee.reply.data(piece).await.is_err() {
+                    if self.send(piece).await.is_err() {
                         return Err(Outcome::Cancelled);
                     }
                     feed.reply.ack(len);
@@ -223,6 +230,7 @@ async fn fetch(proxy: Rc<Proxy>, session: Rc<ProxySession>, index: usize, feed: 
         kind: feed.begin.kind,
         deadline: feed.begin.deadline,
         authorization: feed.begin.authorization.clone(),
+        force_open: false,
     };
     let mut out = Out::Feed(&feed);
     let outcome = match pages(&proxy, &session, route, &request, &mut out).await {
@@ -253,6 +261,8 @@ pub struct ListRequest {
     pub deadline: Instant,
     /// The `Authorization` header for routes that forward it.
     pub authorization: Option<Bytes>,
+    /// Open a route that failed moments ago again (the hydrator keeps its own backoff).
+    pub force_open: bool,
 }
 
 /// Where a route's renamed items go: to the merge of an agent's list request, or into a
@@ -333,11 +343,20 @@ async fn pages(
         return Err(Some(internal("Unreachable: not a list")));
     };
     let life = session
-        .route(proxy, route.index, false, begin.deadline)
+        .route(proxy, route.index, begin.force_open, begin.deadline)
         .await
         .map_err(Some)?;
+    if !life.caps.contains(begin.kind.capability()) {
+        // Opened just now, and it turns out not to serve this list: nothing to give.
+        return Ok(());
+    }
     let mut sink = ItemSink::default();
     let mut cursor: Option<Bytes> = None;
+    // Every cursor given so far (by hash: 8 bytes each, at most LIST_PAGES_MAX of them), so
+    // an upstream that hands out a cursor again (a cycle of any length) is not followed
+    // round it up to the page limit.
+    let mut given: std::collections::HashSet<u64, foldhash::fast::RandomState> = Default::default();
+    let hasher = foldhash::fast::RandomState::default();
     for _ in 0..LIST_PAGES_MAX {
         let params = match &cursor {
             Some(c) => {
@@ -369,9 +388,20 @@ async fn pages(
         let next = page(route, family, up, params, rules, &mut sink, out).await?;
         metrics::with(|m| m.proxy.items_dropped += std::mem::take(&mut sink.dropped));
         match next {
-            Some(next) if cursor.as_ref() != Some(&next) => cursor = Some(next),
-            // No cursor, or the same one again (which would never end): the list is whole.
-            _ => return Ok(()),
+            Some(next) if given.insert(std::hash::BuildHasher::hash_one(&hasher, &next[..])) => {
+                cursor = Some(next);
+            }
+            Some(_) => {
+                log::warn(format_args!(
+                    "proxy {}: toolkit {} gave a cursor of {} it had given before; the list ends there",
+                    proxy.name,
+                    route.label,
+                    begin.kind.method()
+                ));
+                return Ok(());
+            }
+            // No cursor: the list is whole.
+            None => return Ok(()),
         }
     }
     log::warn(format_args!(

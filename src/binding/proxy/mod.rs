@@ -16,9 +16,9 @@
 //! sessions and streams stay there.
 
 pub mod cache;
-mod event_id;
+pub(crate) mod event_id;
 mod list;
-mod rename;
+pub(crate) mod rename;
 mod request;
 mod session;
 
@@ -191,24 +191,34 @@ impl Proxy {
         proxy
     }
 
-    /// The cached result of a list request of `kind`, when this proxy has a cache and it
-    /// has been hydrated; counts a miss otherwise.
-    fn cached_list(&self, kind: Kind) -> Option<Bytes> {
+    /// The cached result of a list request of `kind` as `session` is served it (without
+    /// the items of routes it may not see), when this proxy has a cache and it has been
+    /// hydrated; counts a miss otherwise.
+    fn cached_list(&self, kind: Kind, session: &ProxySession) -> Option<Bytes> {
         let cache = self.cache.as_ref()?;
         let found = cache.list(kind);
         if found.is_none() {
             metrics::with(|m| m.cache.misses += 1);
         }
-        found
+        Some(found?.for_session(session.hidden()))
     }
 
-    /// Tells every agent session of this worker that `list` changed; returns how many.
-    fn announce(&self, list: ListKind) -> u64 {
+    /// Tells the agent sessions of this worker for which `news` is news that `list`
+    /// changed; returns how many.
+    fn announce(&self, list: ListKind, news: cache::News<'_>) -> u64 {
         let sessions: Vec<Rc<ProxySession>> = self.sessions.borrow().values().cloned().collect();
         let mut told = 0;
         for session in sessions.iter().filter(|s| !s.hydration) {
-            session.announce(list);
-            told += 1;
+            let tell = match news {
+                cache::News::Changed(routes) => routes & !session.hidden() != 0,
+                cache::News::First(first, at) => session
+                    .shown_crc(at)
+                    .is_some_and(|crc| crc != crc32c::crc32c(&first.for_session(session.hidden()))),
+            };
+            if tell {
+                session.announce(list);
+                told += 1;
+            }
         }
         told
     }

@@ -38,7 +38,7 @@ pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
         // Boxed: their states are far larger than an item relay's, and a spawned task is
         // as large as its largest state.
         | Kind::ResourcesTemplatesList => {
-            if let Some(cached) = proxy.cached_list(callee.begin.kind) {
+            if let Some(cached) = proxy.cached_list(callee.begin.kind, &session) {
                 return Box::pin(answer_cached(&callee, cached)).await;
             }
             Box::pin(list::serve(&proxy, &session, &callee)).await
@@ -529,8 +529,8 @@ pub async fn call(route: &Route, begin: Begin, params: Bytes) -> Result<Bytes, R
     }
 }
 
-/// Answers a list request from the cache: the stored bytes as they are, through the
-/// reply's window.
+/// Answers a list request from the cache: the stored bytes as they are (or, for a session
+/// that may not see every route, without those routes' items), through the reply's window.
 async fn answer_cached(callee: &Callee, cached: Bytes) {
     if !list::accept(callee).await {
         return;

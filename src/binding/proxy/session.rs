@@ -17,8 +17,7 @@
 //! once every asked route has answered, so the caller's stream starts after all of the
 //! old flow.
 
-use super::rename;
-use super::{Proxy, Route, fail, internal, join_all};
+use super::{Proxy, Route, cache, fail, internal, join_all, rename};
 use crate::limits::{EVENTS_PROBE_TIMEOUT, EXIT_EVENT_ID_BYTES_MAX};
 use crate::log;
 use crate::metrics;
@@ -114,6 +113,12 @@ pub struct ProxySession {
     poked: Cell<bool>,
     /// Lists to announce as changed (a route came back, a cached list changed).
     list_changed: Cell<[bool; 3]>,
+    /// With a cache: the routes whose items this session may not see, because they forward
+    /// the agent's credential and have not accepted this session's (see `cache`).
+    hidden: Cell<cache::Routes>,
+    /// With a cache, for a session that fell back to live lists: per cached kind, the
+    /// CRC32C of the last list it was shown (what the first cached value is compared to).
+    shown: Cell<[Option<u32>; 4]>,
     /// The cache's own session (hydration), not an agent's.
     pub hydration: bool,
 }
@@ -144,7 +149,29 @@ impl ProxySession {
             task: RefCell::new(None),
             poked: Cell::new(false),
             list_changed: Cell::new([false; 3]),
+            hidden: Cell::new(0),
+            shown: Cell::new([None; 4]),
         }
+    }
+
+    /// The routes whose items this session may not see (bit i: route i).
+    pub fn hidden(&self) -> cache::Routes {
+        self.hidden.get()
+    }
+
+    /// Records the CRC32C of a live list of `kind` this session was shown.
+    pub fn shown(&self, kind: crate::stream::Kind, crc: u32) {
+        let mut shown = self.shown.get();
+        if let Some(at) = cache::slot(kind).and_then(|at| shown.get_mut(at)) {
+            *at = Some(crc);
+        }
+        self.shown.set(shown);
+    }
+
+    /// The CRC32C of the last live list of the kind in cache slot `at` this session was
+    /// shown, if any.
+    pub fn shown_crc(&self, at: usize) -> Option<u32> {
+        self.shown.get().get(at).copied().flatten()
     }
 
     /// Keeps the agent's latest `Authorization` header for routes opened from now on.
@@ -282,8 +309,12 @@ impl ProxySession {
             Ok(life) => {
                 route.known_caps.set(life.caps);
                 *slot.borrow_mut() = RouteState::Open(life.clone());
-                // With a cache, lists are the cache's: a route opening changes none.
-                self.on_opened(route, &life, proxy.cache.is_none());
+                // With a cache, lists are the cache's: a route opening changes none, unless
+                // it accepted this session's credential only now (its items were hidden).
+                let bit = 1 << index;
+                let unhidden = self.hidden.get() & bit != 0;
+                self.hidden.set(self.hidden.get() & !bit);
+                self.on_opened(route, &life, proxy.cache.is_none() || unhidden);
                 Ok(life)
             }
             Err(reset) => {
@@ -350,15 +381,26 @@ impl ProxySession {
         Self::union_caps(proxy, &per_route, missing)
     }
 
-    /// The capabilities the agent is told from the cache's record of the routes: the cache
-    /// announces every change of a list it serves.
+    /// The capabilities the agent is told from the cache's record of the routes (but for
+    /// those it may not see): the cache announces every change of a list it serves.
     fn cached_caps(&self, proxy: &Proxy, routes: &[Caps]) -> Caps {
         for (route, caps) in proxy.routes.iter().zip(routes) {
             if *caps != Caps::empty() {
                 route.known_caps.set(*caps);
             }
         }
-        Self::union_caps(proxy, routes, true)
+        let seen: Vec<Caps> = routes
+            .iter()
+            .enumerate()
+            .map(|(i, caps)| {
+                if self.hidden.get() & (1 << i) != 0 {
+                    Caps::empty()
+                } else {
+                    *caps
+                }
+            })
+            .collect();
+        Self::union_caps(proxy, &seen, true)
     }
 
     /// The union of the routes' capabilities (`per_route[i]` is route i's), minus what
@@ -504,6 +546,9 @@ async fn opening(
         // list has been hydrated (or has failed once), without an upstream round trip.
         let bound = deadline.min(Instant::now() + cache.gate());
         if let Some(cached) = cache.wait_ready(bound).await {
+            if !Box::pin(admit(proxy, session, callee, cache, deadline)).await {
+                return None;
+            }
             return Some(ReplyBegin {
                 session: Some(session.id.clone()),
                 caps: session.cached_caps(proxy, &cached.routes),
@@ -520,6 +565,16 @@ async fn opening(
     let opened = join_all(opens.collect()).await;
     for (route, result) in proxy.routes.iter().zip(&opened) {
         if let Err(reset) = result {
+            if !hydration
+                && proxy
+                    .cache
+                    .as_ref()
+                    .is_some_and(|c| c.forwards(route.index))
+            {
+                // Once this session is served from the cache, this route's items stay
+                // hidden from it until the route accepts its credential.
+                session.hidden.set(session.hidden.get() | 1 << route.index);
+            }
             metrics::with(|m| m.proxy.routes_skipped += 1);
             log::warn(format_args!(
                 "proxy {}: toolkit {} skipped at initialize: {}",
@@ -545,6 +600,53 @@ async fn opening(
         caps: session.caps(proxy),
         instructions: instructions(proxy, session),
     })
+}
+
+/// With a cache: opens every route that forwards the agent's credential with this
+/// session's (in parallel, bounded by `deadline`), so that their cached items are shown to
+/// it only if they accept it; the others stay hidden (see `cache`). When no route is left
+/// to show, the caller is failed with the routes' refusal, a bearer challenge first, as
+/// without a cache; returns false then.
+async fn admit(
+    proxy: &Rc<Proxy>,
+    session: &Rc<ProxySession>,
+    callee: &Callee,
+    cache: &cache::Cache,
+    deadline: Instant,
+) -> bool {
+    let forwarding: Vec<usize> = (0..proxy.routes.len())
+        .filter(|i| cache.forwards(*i))
+        .collect();
+    if forwarding.is_empty() {
+        return true;
+    }
+    session
+        .hidden
+        .set(forwarding.iter().fold(0, |set, i| set | 1 << i));
+    let opens = forwarding.iter().map(|i| session.open(proxy, *i, deadline));
+    let opened = join_all(opens.collect()).await;
+    let mut refusals = Vec::new();
+    for (index, result) in forwarding.iter().zip(opened) {
+        if let (Err(reset), Some(route)) = (result, proxy.routes.get(*index)) {
+            metrics::with(|m| m.proxy.routes_skipped += 1);
+            log::warn(format_args!(
+                "proxy {}: toolkit {} hidden from a session (its credential was not accepted: {})",
+                proxy.name,
+                route.label,
+                describe(&reset)
+            ));
+            refusals.push(reset);
+        }
+    }
+    if forwarding.len() < proxy.routes.len() || refusals.len() < forwarding.len() {
+        return true;
+    }
+    let reset = refusals
+        .into_iter()
+        .min_by_key(|r| !matches!(r, Reset::Bearer(_)));
+    session.close();
+    fail(callee, reset.unwrap_or_else(|| internal("No toolkit")));
+    false
 }
 
 /// The routes' `instructions`: one route's as they are; several joined, each under its

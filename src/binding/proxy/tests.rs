@@ -178,6 +178,20 @@ async fn fake_request(fake: Rc<Fake>, callee: Callee) {
         String::from_utf8_lossy(&params)
     ));
     let result = match begin.kind {
+        // A fake named `cycle` pages its tools with cursors that go round: a, b, a, ...
+        Kind::ToolsList if fake.name == "cycle" => {
+            let text = String::from_utf8_lossy(&params);
+            let (tool, next) = if text.contains("\"a\"") {
+                ("t2", "b")
+            } else if text.contains("\"b\"") {
+                ("t3", "a")
+            } else {
+                ("t1", "a")
+            };
+            Bytes::from(format!(
+                r#"{{"tools":[{{"name":"{tool}"}}],"nextCursor":"{next}"}}"#
+            ))
+        }
         Kind::ToolsList => Bytes::from_static(fake.tools.as_bytes()),
         Kind::ResourcesRead => Bytes::from_static(
             br#"{"contents":[{"uri":"file:///a","text":"x"},{"uri":"file:///b","blob":"AA=="}]}"#,
@@ -877,6 +891,7 @@ fn takeover_worker(worker: usize, shared: Arc<Takeover>, store: Arc<dyn Store>) 
             ttl: Duration::from_millis(600),
             authorization: None,
             route_timeout: WAIT,
+            forwarding: 0,
         };
         let routes = vec![RouteCfg {
             toolkit: Some("kit".to_owned()),
@@ -934,7 +949,20 @@ fn a_worker_stuck_past_its_lease_is_replaced_and_writes_nothing_after() {
             .map(|n| n.load(Ordering::SeqCst))
             .sum::<usize>()
     };
-    let merged = || store.inner.get_now("tools/tools").map(|v| v.bytes);
+    // The merged list agents get: the stored value after its one-line header.
+    let json_of = |stored: &Bytes| {
+        let at = stored
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(0, |at| at + 1);
+        stored.slice(at..)
+    };
+    let merged = || {
+        store
+            .inner
+            .get_now("tools/tools")
+            .map(|v| json_of(&v.bytes))
+    };
     let limit = BLOCK_MAX * 2;
     wait_until(limit, "never hydrated", || merged().is_some());
     assert_eq!(merged().as_deref(), Some(FRESH_MERGED.as_bytes()));
@@ -969,11 +997,239 @@ fn a_worker_stuck_past_its_lease_is_replaced_and_writes_nothing_after() {
         .unwrap_or_else(|e| e.into_inner())
         .clone();
     assert!(
-        written.iter().all(|w| &w[..] == FRESH_MERGED.as_bytes()),
+        written
+            .iter()
+            .all(|w| &json_of(w)[..] == FRESH_MERGED.as_bytes()),
         "the stuck worker wrote under a lost lease: {written:?}"
     );
     shared.done.store(true, Ordering::SeqCst);
     for w in workers {
         w.join().expect("worker thread");
     }
+}
+
+#[test]
+fn a_cursor_given_again_ends_the_list_whatever_the_cycle() {
+    run(async {
+        let cycle = Fake::new("cycle", "{}");
+        let p = proxy(&[("kit", &cycle)], None);
+        let (_life, reply) = connect(&p, None).await;
+        let session = reply.session.expect("a session id");
+        let got = call(&p, &session, Kind::ToolsList, None, b"", 64).await;
+        assert_eq!(
+            got.expect("the list"),
+            r#"{"tools":[{"name":"kit__t1"},{"name":"kit__t2"},{"name":"kit__t3"}]}"#
+        );
+        let asked = cycle
+            .log
+            .borrow()
+            .iter()
+            .filter(|l| l.starts_with("tools/list"))
+            .count();
+        assert_eq!(
+            asked,
+            3,
+            "the page after b gave a again: {:?}",
+            cycle.log.borrow()
+        );
+    });
+}
+
+/// A cached proxy over fake routes whose cache the test drives by hand: it holds the
+/// hydration lease itself (so no worker hydrates) and writes the store as a hydrator would.
+fn cached_proxy(fakes: &[(&str, &Rc<Fake>)], store: Arc<dyn Store>, gate: Duration) -> Rc<Proxy> {
+    let names: Vec<&str> = fakes.iter().map(|(t, _)| *t).collect();
+    let prefixes = event_prefixes(&names).expect("distinct toolkits");
+    let routes = fakes
+        .iter()
+        .zip(prefixes)
+        .map(|((toolkit, fake), prefix)| RouteCfg {
+            toolkit: Some((*toolkit).to_owned()),
+            exit: fake.name.to_owned(),
+            tools: None,
+            prompts: None,
+            resources: None,
+            event_prefix: (fakes.len() > 1).then_some(prefix),
+        })
+        .collect();
+    let exits = fakes
+        .iter()
+        .map(|(_, f)| Rc::new(FakeExit((*f).clone())) as Rc<dyn Exit>)
+        .collect();
+    let setup = cache::CacheSetup {
+        store,
+        ttl: Duration::from_secs(300),
+        authorization: None,
+        route_timeout: gate,
+        forwarding: 0,
+    };
+    Proxy::new(
+        "tools",
+        &ProxyBinding {
+            cache: None,
+            routes,
+        },
+        exits,
+        0,
+        Some(setup),
+    )
+}
+
+#[test]
+fn a_session_that_fell_back_hears_of_the_first_cached_list_only_if_it_differs() {
+    run(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(SystemClock)));
+        // Nobody hydrates: the lease is the test's.
+        let lease = store
+            .lock("tools/lifecycle.lock", Duration::from_secs(600))
+            .await;
+        assert!(matches!(lease, Ok(Some(_))));
+        let a = Fake::new("a", r#"{"tools":[{"name":"x"}]}"#);
+        let p = cached_proxy(&[("kit", &a)], store.clone(), Duration::from_millis(200));
+        // The cache is not ready within the gate: both sessions open the route live.
+        let (same_life, same) = connect(&p, None).await;
+        let (diff_life, diff) = connect(&p, None).await;
+        let (quiet_life, _quiet) = connect(&p, None).await;
+        let same = same.session.expect("id");
+        let diff = diff.session.expect("id");
+        let live = call(&p, &same, Kind::ToolsList, None, b"", 64)
+            .await
+            .expect("a list");
+        assert_eq!(live, r#"{"tools":[{"name":"kit__x"}]}"#);
+        call(&p, &diff, Kind::ToolsList, None, b"", 64)
+            .await
+            .expect("a list");
+        // `diff` was shown something else before (as if the route changed since).
+        let other = p
+            .sessions
+            .borrow()
+            .get(&diff)
+            .cloned()
+            .expect("the session");
+        other.shown(Kind::ToolsList, 7);
+        // The first cached tools list: what `same` was shown; news to `diff` only (the
+        // quiet session never listed tools, so it gets the cached list when it does).
+        let fragment = Bytes::from_static(br#"{"name":"kit__x"}"#);
+        let stored = cache::encode_list("tools", &[Some(fragment)]);
+        store.put("tools/tools", stored).await.expect("a put");
+        let flush = next_flush(&diff_life).await;
+        assert!(
+            matches!(flush.event, Event::ListChanged(ListKind::Tools)),
+            "{flush:?}"
+        );
+        for life in [&same_life, &quiet_life] {
+            let more = timeout(Duration::from_millis(300), life.reply.next()).await;
+            assert!(
+                more.is_err(),
+                "told although nothing it saw changed: {more:?}"
+            );
+        }
+        // From now on lists come from the cache, for every session.
+        let cached = call(&p, &same, Kind::ToolsList, None, b"", 64)
+            .await
+            .expect("a list");
+        assert_eq!(cached, live);
+        p.stop();
+    });
+}
+
+/// A route exit whose `initialize` answers only after `delay`, and whose tools list is
+/// one tool.
+struct SlowOpen {
+    delay: Duration,
+    opened: Rc<std::cell::Cell<usize>>,
+}
+
+impl Exit for SlowOpen {
+    fn serve(&self, callee: Callee) -> Option<Serving> {
+        let (delay, opened) = (self.delay, self.opened.clone());
+        Some(Box::pin(async move {
+            if callee.begin.kind == Kind::Lifecycle {
+                tokio::time::sleep(delay).await;
+                opened.set(opened.get() + 1);
+                let reply = ReplyBegin {
+                    session: Some(Rc::from("slow")),
+                    caps: Caps::TOOLS,
+                    instructions: None,
+                };
+                if callee.reply.begin(reply).await.is_ok() {
+                    // Held until the proxy ends it.
+                    while !matches!(
+                        callee.initial.next().await,
+                        Some(Frame::End | Frame::Abort) | None
+                    ) {}
+                    callee.reply.end();
+                }
+                return;
+            }
+            while let Some(Frame::Data(piece)) = callee.initial.try_next() {
+                callee.initial.ack(piece.len() as u32);
+            }
+            if callee.reply.begin(ReplyBegin::default()).await.is_ok()
+                && callee
+                    .reply
+                    .data(Bytes::from_static(br#"{"tools":[{"name":"t"}]}"#))
+                    .await
+                    .is_ok()
+            {
+                callee.reply.end();
+            }
+        }))
+    }
+}
+
+#[test]
+fn the_hydration_lease_is_renewed_while_the_session_opens() {
+    run(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(SystemClock)));
+        let opened = Rc::new(std::cell::Cell::new(0));
+        // The route takes 1.5 s to initialize; the cache's TTL (and so its leases) is 1 s.
+        let exit = Rc::new(SlowOpen {
+            delay: Duration::from_millis(1500),
+            opened: opened.clone(),
+        }) as Rc<dyn Exit>;
+        let routes = vec![RouteCfg {
+            toolkit: Some("kit".to_owned()),
+            exit: "kit".to_owned(),
+            tools: None,
+            prompts: None,
+            resources: None,
+            event_prefix: None,
+        }];
+        let setup = cache::CacheSetup {
+            store: store.clone(),
+            ttl: Duration::from_secs(1),
+            authorization: None,
+            route_timeout: WAIT,
+            forwarding: 0,
+        };
+        let p = Proxy::new(
+            "tools",
+            &ProxyBinding {
+                cache: None,
+                routes,
+            },
+            vec![exit],
+            0,
+            Some(setup),
+        );
+        let until = Instant::now() + WAIT;
+        while store.get("tools/tools").await.ok().flatten().is_none() {
+            assert!(
+                Instant::now() < until,
+                "never hydrated (opened {} times)",
+                opened.get()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A lease lost while opening would be noticed at the first renewal after it, the
+        // hydration ended and the session opened again by the next lease taken.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(
+            opened.get(),
+            1,
+            "the session was opened again: the lease was lost"
+        );
+        p.stop();
+    });
 }

@@ -481,7 +481,7 @@ async fn request(
 /// unsubscribe), `params.ref.name` or `params.ref.uri` (completion/complete, by the
 /// reference's type). `Err` names what is wrong when a required target is missing or
 /// not a string; completion references are left to the exit to judge.
-fn target_of(
+pub(crate) fn target_of(
     kind: Kind,
     params: Option<&RawValue>,
 ) -> Result<Option<(Rc<str>, TargetAt)>, &'static str> {

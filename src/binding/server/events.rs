@@ -13,7 +13,8 @@ use super::sink::Sink;
 use crate::FastMap;
 use crate::jsonrpc::{self, IdKey};
 use crate::limits::{
-    EVENTS_PROBE_TIMEOUT, REQUEST_REPLAY_EVENTS_MAX, SESSION_REPLAY_EVENTS_MAX,
+    EVENTS_PROBE_TIMEOUT, GET_SETUP_EVENTS_MAX, PENDING_ANSWER_ID_BYTES_MAX,
+    PENDING_ANSWERS_PER_SESSION_MAX, REQUEST_REPLAY_EVENTS_MAX, SESSION_REPLAY_EVENTS_MAX,
     SSE_KEEPALIVE_INTERVAL,
 };
 use crate::metrics::{self, Outcome};
@@ -56,6 +57,16 @@ struct State {
     next_seq: u64,
     get_generation: u64,
     get_live: bool,
+    /// The last seq the live GET stream has taken from the ring to write. While a GET is
+    /// live, the ring never drops an event it has not taken: the lifecycle task stops
+    /// reading the exit's events once `next_seq - 1 - get_taken` reaches the ring's size
+    /// (see [`Session::get_behind`]), so a burst is back-pressured, not lost.
+    get_taken: u64,
+    /// A GET stream being set up (from its arrival until it is live): the seq it starts
+    /// after, and how many exit answers (`acks`) there were when it asked the exit. Until
+    /// it is live the ring keeps up to [`GET_SETUP_EVENTS_MAX`] more events than usual,
+    /// and once the exit has answered it, the lifecycle task holds back as for a live GET.
+    get_hold: Option<(u64, u64)>,
     support: Support,
     /// Control events (resumable, suspend) seen from the exit: how a GET knows the exit
     /// has answered the resume it just asked for.
@@ -64,6 +75,8 @@ struct State {
     /// starts after it (what the exit sent before its answer belongs to the old flow).
     acked_at: u64,
     last_exit_event: Option<Rc<str>>,
+    /// Server-to-client requests relayed to the agent and not answered yet, by id.
+    /// Invariant: `len() <= PENDING_ANSWERS_PER_SESSION_MAX`.
     answers: FastMap<IdKey, AnswerTo>,
 }
 
@@ -78,6 +91,9 @@ pub struct Session {
     st: RefCell<State>,
     /// Woken on new GET events, a replaced GET, support news and close.
     changed: Notify,
+    /// Woken when the live GET took events from the ring, or ended (the lifecycle task
+    /// waits on it while the GET is behind).
+    taken: Notify,
 }
 
 /// One request in flight on a session.
@@ -117,6 +133,8 @@ impl Session {
                 next_seq: 1,
                 get_generation: 0,
                 get_live: false,
+                get_taken: 0,
+                get_hold: None,
                 support: Support::Unknown,
                 acks: 0,
                 acked_at: 0,
@@ -124,6 +142,7 @@ impl Session {
                 answers: FastMap::default(),
             }),
             changed: Notify::new(),
+            taken: Notify::new(),
         });
         server.sessions.borrow_mut().insert(id, session.clone());
         metrics::with(|m| {
@@ -153,6 +172,22 @@ impl Session {
     /// Requests in flight.
     pub fn request_count(&self) -> usize {
         self.st.borrow().requests.len()
+    }
+
+    /// True while a live GET stream (or one being set up, once the exit answered it) has
+    /// a ring's worth of events it has not taken yet: one more would push an event it
+    /// never wrote out of the ring. Before the exit's answer the lifecycle task must not
+    /// wait (the answer comes through it), so a GET being set up only makes the ring keep
+    /// more ([`GET_SETUP_EVENTS_MAX`]).
+    fn get_behind(&self) -> bool {
+        let st = self.st.borrow();
+        let last = st.next_seq - 1;
+        let ring = SESSION_REPLAY_EVENTS_MAX as u64;
+        let live = st.get_live && last.saturating_sub(st.get_taken) >= ring;
+        let held = st
+            .get_hold
+            .is_some_and(|(from, asked)| st.acks > asked && last.saturating_sub(from) >= ring);
+        live || held
     }
 
     fn is_closed(&self) -> bool {
@@ -230,6 +265,29 @@ impl Session {
         }
     }
 
+    /// Records where the agent's answer to the exit's request `id` goes, before the request
+    /// is relayed. False when it must not be relayed: the table is full, or the id is
+    /// longer than [`PENDING_ANSWER_ID_BYTES_MAX`] (see [`refuse_request`]). An id that is
+    /// not a JSON string or number is relayed unrecorded (no answer can find it).
+    fn expect_answer(&self, id: &[u8], to: AnswerTo) -> bool {
+        if id.len() > PENDING_ANSWER_ID_BYTES_MAX {
+            return false;
+        }
+        let Some(key) = std::str::from_utf8(id)
+            .ok()
+            .and_then(jsonrpc::id_key_of_raw)
+        else {
+            return true;
+        };
+        let mut st = self.st.borrow_mut();
+        if st.answers.len() >= PENDING_ANSWERS_PER_SESSION_MAX && !st.answers.contains_key(&key) {
+            return false;
+        }
+        st.answers.insert(key, to);
+        assert!(st.answers.len() <= PENDING_ANSWERS_PER_SESSION_MAX);
+        true
+    }
+
     /// Routes the agent's answer to a server-to-client request back to its stream.
     pub fn answer(&self, id: Bytes, result: Option<Bytes>, error: Option<Bytes>) {
         let Some(key) = std::str::from_utf8(&id)
@@ -259,13 +317,18 @@ impl Session {
         let seq = st.next_seq;
         st.next_seq += 1;
         let out = exit_id
+            .filter(|exit| exit_id_carried(exit))
             .and_then(|exit| data_event(&format!("0.{seq}:{exit}"), json))
             .or_else(|| data_event(&format!("0.{seq}"), json));
         let Some(out) = out else {
             return;
         };
         st.ring.push_back((seq, out));
-        while st.ring.len() > SESSION_REPLAY_EVENTS_MAX {
+        let keep = match st.get_hold {
+            Some(_) => SESSION_REPLAY_EVENTS_MAX + GET_SETUP_EVENTS_MAX,
+            None => SESSION_REPLAY_EVENTS_MAX,
+        };
+        while st.ring.len() > keep {
             st.ring.pop_front();
         }
         drop(st);
@@ -366,6 +429,19 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             reason = "expired";
             break;
         }
+        if session.get_behind() {
+            // The agent's GET stream is a ring behind: the exit's next event waits in its
+            // stream (whose credit then holds the exit back) until the GET took more.
+            let taken = session.taken.notified();
+            if session.get_behind() {
+                tokio::select! {
+                    () = taken => {}
+                    () = session.closed_wait() => break,
+                    () = tokio::time::sleep_until(check_at.into()) => {}
+                }
+                continue;
+            }
+        }
         let frame = tokio::select! {
             f = session.lifecycle.reply.next() => f,
             () = session.closed_wait() => None,
@@ -381,17 +457,11 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
                         set_support(&session, Support::Yes)
                     }
                     Event::Suspend { .. } => set_support(&session, Support::No),
-                    Event::Request { id, .. } => {
-                        if let Some(key) = std::str::from_utf8(id)
-                            .ok()
-                            .and_then(jsonrpc::id_key_of_raw)
-                        {
-                            session
-                                .st
-                                .borrow_mut()
-                                .answers
-                                .insert(key, AnswerTo::Lifecycle);
-                        }
+                    Event::Request { id, .. }
+                        if !session.expect_answer(id, AnswerTo::Lifecycle) =>
+                    {
+                        refuse_request(&session.lifecycle, id.clone());
+                        continue;
                     }
                     _ => {}
                 }
@@ -405,6 +475,20 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
         }
     }
     close(&server, &session, reason);
+}
+
+/// Answers the exit's server-to-client request `id` for the agent, with a JSON-RPC error,
+/// because it could not be relayed ([`Session::expect_answer`]); counted as an overload.
+fn refuse_request(caller: &Caller, id: Bytes) {
+    metrics::with(|m| m.overload_rejections += 1);
+    let error = Bytes::from_static(
+        b"{\"code\":-32603,\"message\":\"Too many requests awaiting the agent's answer\"}",
+    );
+    let _ = caller.reply.challenge(Challenge::Answer {
+        id,
+        result: None,
+        error: Some(error),
+    });
 }
 
 fn set_support(session: &Session, support: Support) {
@@ -430,7 +514,7 @@ fn expiry(session: &Session, timeout: Duration) -> (bool, Instant) {
 
 /// A `Last-Event-ID` as the agent sent it back.
 #[derive(Debug, PartialEq, Eq)]
-enum LastEvent<'a> {
+pub(crate) enum LastEvent<'a> {
     /// One of ours: `<stream>.<seq>`, and for the GET stream (0) perhaps `:<exit id>`.
     Ours {
         stream: u32,
@@ -442,8 +526,10 @@ enum LastEvent<'a> {
 }
 
 /// Reads a `Last-Event-ID`; `None` when it is not UTF-8 or empty.
-fn parse_event_id(raw: &[u8]) -> Option<LastEvent<'_>> {
-    let text = std::str::from_utf8(raw).ok()?.trim();
+pub(crate) fn parse_event_id(raw: &[u8]) -> Option<LastEvent<'_>> {
+    // HTTP trims SP and HTAB around a field value (the decoder already has); nothing else,
+    // since other Unicode spaces are part of an opaque exit id.
+    let text = std::str::from_utf8(raw).ok()?.trim_matches([' ', '\t']);
     if text.is_empty() {
         return None;
     }
@@ -528,6 +614,11 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         let st = session.st.borrow();
         (st.acks, st.next_seq - 1)
     };
+    let from = match resume {
+        Resume::Ring(seq) => seq,
+        Resume::Exit(_) | Resume::Now => now,
+    };
+    let hold = Hold::new(&session, from, asked);
     let last_event_id = match &resume {
         Resume::Exit(id) => Some(id.clone()),
         Resume::Ring(_) | Resume::Now => None,
@@ -564,7 +655,37 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
     // every kind of request (POST is the largest) and would be held for the stream's
     // whole life, as would the request (its head keeps the read buffer alive).
     drop(req);
-    tokio::task::spawn_local(serve_get(session, sink, cursor));
+    tokio::task::spawn_local(serve_get(session, sink, cursor, hold));
+}
+
+/// A GET stream being set up ([`State::get_hold`]); released when it is live, or dropped
+/// when the setup fails (a 405, the agent gone).
+struct Hold {
+    session: Rc<Session>,
+    hold: (u64, u64),
+}
+
+impl Hold {
+    fn new(session: &Rc<Session>, from: u64, asked: u64) -> Hold {
+        let hold = (from, asked);
+        session.st.borrow_mut().get_hold = Some(hold);
+        Hold {
+            session: session.clone(),
+            hold,
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut st = self.session.st.borrow_mut();
+        // A newer GET's hold is its own to release.
+        if st.get_hold == Some(self.hold) {
+            st.get_hold = None;
+        }
+        drop(st);
+        self.session.taken.notify_waiters();
+    }
 }
 
 /// Where a GET stream starts.
@@ -615,13 +736,15 @@ async fn wait_support(session: &Session, answered: Option<u64>) -> bool {
 /// This is the state an idle session with an open GET stream sits in, once per session,
 /// so it is kept small: writes are boxed (a write future is larger than the whole wait,
 /// and is only alive while an event or keepalive goes out).
-async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
+async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: Hold) {
     let generation = {
         let mut st = session.st.borrow_mut();
         st.get_generation += 1;
         st.get_live = true;
+        st.get_taken = cursor;
         st.get_generation
     };
+    drop(hold);
     // A GET replaced by this one ends.
     session.changed.notify_waiters();
     let mut gone = Box::pin(sink.head(200, &sse_head(&session.id)))
@@ -659,6 +782,10 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
             fresh.map(|(_, b)| b.clone()).collect()
         };
         if !pending.is_empty() {
+            session.st.borrow_mut().get_taken = cursor;
+            session.taken.notify_waiters();
+        }
+        if !pending.is_empty() {
             gone = !Box::pin(write_events(&mut sink, pending)).await;
         }
         if gone {
@@ -689,6 +816,7 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
         }
         current
     };
+    session.taken.notify_waiters();
     if replaced || !gone {
         let _ = Box::pin(sink.finish()).await;
     } else if current {
@@ -702,11 +830,23 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64) {
 fn priming_id(session: &Session, cursor: u64) -> String {
     let st = session.st.borrow();
     match &st.last_exit_event {
-        Some(exit) if cursor + 1 == st.next_seq && !exit.contains(['\r', '\n', '\0']) => {
+        Some(exit) if cursor + 1 == st.next_seq && exit_id_carried(exit) => {
             format!("0.{cursor}:{exit}")
         }
         _ => format!("0.{cursor}"),
     }
+}
+
+/// True if an exit's event id may ride in ours (`0.<seq>:<exit id>`): it must come back
+/// whole in the agent's `Last-Event-ID`, so it is a valid header value (no control byte but
+/// HTAB) that HTTP does not trim (no SP or HTAB at either end). An id that is not rides
+/// nowhere: the event carries `0.<seq>` alone, and a resume past the ring resumes the exit
+/// from where it is.
+pub(crate) fn exit_id_carried(exit: &str) -> bool {
+    !exit.is_empty()
+        && crate::http::field_value_ok(exit.as_bytes())
+        && !exit.starts_with([' ', '\t'])
+        && !exit.ends_with([' ', '\t'])
 }
 
 /// Writes already-encoded events in order; false once the connection is gone.
@@ -1222,15 +1362,10 @@ pub async fn pump(
                     continue;
                 }
                 if let Event::Request { id, .. } = &event
-                    && let Some(key) = std::str::from_utf8(id)
-                        .ok()
-                        .and_then(jsonrpc::id_key_of_raw)
+                    && !session.expect_answer(id, AnswerTo::Request(Rc::downgrade(inflight)))
                 {
-                    session
-                        .st
-                        .borrow_mut()
-                        .answers
-                        .insert(key, AnswerTo::Request(Rc::downgrade(inflight)));
+                    refuse_request(caller, id.clone());
+                    continue;
                 }
                 let Some(json) = render_event(&event) else {
                     continue;
@@ -1297,6 +1432,30 @@ mod tests {
         assert_eq!(parse_event_id(b""), None);
         assert_eq!(parse_event_id(b"  "), None);
         assert_eq!(parse_event_id(b"\xff.1"), None);
+        // Only SP and HTAB are trimmed (as HTTP does): other Unicode spaces are the exit's
+        // (a fuzz finding: `str::trim` cut them).
+        assert_eq!(
+            parse_event_id("0.17:S=abc\u{3000}".as_bytes()),
+            ours(0, 17, Some("S=abc\u{3000}"))
+        );
+        assert_eq!(
+            parse_event_id("\u{a0}0.1".as_bytes()),
+            Some(LastEvent::Foreign("\u{a0}0.1"))
+        );
+        assert_eq!(parse_event_id(b"\t0.2:x \t"), ours(0, 2, Some("x")));
+    }
+
+    #[test]
+    fn exit_ids_ride_in_ours_only_when_they_come_back_whole() {
+        // A fuzz finding: an exit id ending in a space came back without it.
+        for fine in ["7", "S=abc;2=1", "a b", "x\ty", "\u{3000}"] {
+            assert!(exit_id_carried(fine), "{fine:?}");
+        }
+        for not in [
+            "", "abc ", " abc", "\tabc", "abc\t", "a\rb", "a\nb", "a\0b", "a\x7fb",
+        ] {
+            assert!(!exit_id_carried(not), "{not:?}");
+        }
     }
 
     #[test]

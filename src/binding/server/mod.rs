@@ -6,8 +6,8 @@
 //! owns sessions, their lifecycle stream and the GET event stream. Responses go through a
 //! [`sink::Sink`], local or remote.
 
-mod app;
-mod events;
+pub(crate) mod app;
+pub(crate) mod events;
 pub mod net;
 pub mod session_id;
 pub mod sink;
