@@ -143,13 +143,14 @@ pub fn request_target(params: &RawValue, uri: bool) -> Result<Option<Target>, &'
 }
 
 /// The list cache's merge of the routes' item fragments, as stored (`encode_list`: a header
-/// naming each route's span, then the merged result).
-pub fn encode_list(array: &str, fragments: &[Option<Bytes>]) -> Bytes {
-    cache::encode_list(array, fragments)
+/// naming each route (`labels[i]`) and its span, then the merged result).
+pub fn encode_list(array: &str, labels: &[&str], fragments: &[Option<Bytes>]) -> Bytes {
+    cache::encode_list(array, labels, fragments)
 }
 
-/// What the cache serves from `stored` to a session that may not see the routes in
-/// `hidden` (bit i for route i); `None` when `stored` is not a list `encode_list` made.
-pub fn served_list(stored: &Bytes, hidden: u64) -> Option<Bytes> {
-    cache::CachedList::decode(stored).map(|list| list.for_session(hidden))
+/// What the cache of a proxy whose routes are `labels` serves from `stored` to a session
+/// that may not see the routes in `hidden` (bit i for route i); `None` when `stored` is
+/// not a list `encode_list` made.
+pub fn served_list(stored: &Bytes, labels: &[&str], hidden: u64) -> Option<Bytes> {
+    cache::CachedList::decode(stored, labels).map(|list| list.for_session(hidden))
 }

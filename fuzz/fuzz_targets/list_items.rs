@@ -20,6 +20,9 @@ use std::fmt;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use mcpyard::fuzzing::{encode_list, served_list};
+
+/// The toolkit labels of the four routes whose fragments the cache merges.
+const ROUTES: [&str; 4] = ["r0", "r1", "r2", "r3"];
 use mcpyard::jsonrpc::{ItemError, ItemMode, ItemRewriter, ItemRules, ItemSink};
 use mcpyard::limits::LIST_KEY_BYTES_MAX;
 use mcpyard_fuzz::{Input, cut};
@@ -220,7 +223,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // Whatever the store holds, reading it must not panic.
-    let _ = served_list(&doc, hidden);
+    let _ = served_list(&doc, &ROUTES, hidden);
     let Ok(text) = std::str::from_utf8(&doc) else {
         return;
     };
@@ -248,9 +251,10 @@ fuzz_target!(|data: &[u8]| {
             Some(Bytes::new()),
             Some(fragment),
         ];
-        let stored = encode_list(array, &fragments);
+        let stored = encode_list(array, &ROUTES, &fragments);
         for hide in [0, hidden] {
-            let served = served_list(&stored, hide).expect("the cache reads what it stored");
+            let served =
+                served_list(&stored, &ROUTES, hide).expect("the cache reads what it stored");
             let served: Value = serde_json::from_slice(&served).expect("the list is JSON");
             let visible: Vec<Value> = [0, 3]
                 .into_iter()

@@ -70,6 +70,14 @@ pub fn field_value_ok(value: &[u8]) -> bool {
     })
 }
 
+/// True if `value`, written as a header value, reads back unchanged on the other side: not
+/// empty, a valid field value ([`field_value_ok`]), and no SP or HTAB at either end (HTTP
+/// trims those). An id sent back to its source in a header (`Last-Event-ID`) must pass.
+pub fn field_value_round_trips(value: &[u8]) -> bool {
+    let edge = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+    !value.is_empty() && field_value_ok(value) && !edge(value.first()) && !edge(value.last())
+}
+
 /// True for an RFC 9110 `token` (methods, header names): one or more `tchar`s.
 pub fn token_ok(text: &[u8]) -> bool {
     !text.is_empty()

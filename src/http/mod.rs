@@ -28,7 +28,8 @@ mod testing;
 
 pub use encode::{
     HeadError, encode_chunk, encode_chunk_of, encode_error_response, encode_last_chunk,
-    encode_request_head, encode_response_head, field_value_ok, reason_phrase, token_ok,
+    encode_request_head, encode_response_head, field_value_ok, field_value_round_trips,
+    reason_phrase, token_ok,
 };
 pub use error::HttpError;
 pub use headers::Headers;

@@ -591,9 +591,13 @@ def test_a_forwarding_route_is_shown_only_to_sessions_it_accepted(upstreams, gua
             await good.initialize()
             assert sum(n.startswith("guard__") for n in await tools_of(good)) == 16
             before = await guarded_stats(client, child.address, token)
+            good_init = await RawSession(client, stack.url, headers={"authorization": f"Bearer {token}"}).initialize()
+            assert "guard: " in good_init.result["instructions"], good_init.result
             for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic Zm9vOmJhcg=="}):
                 raw = RawSession(client, stack.url, headers=headers)
                 init = await raw.initialize()
+                # Not even the hidden route's instructions (they are alpha's alone).
+                assert init.result.get("instructions") == "Test upstream alpha for the mcpyard gateway tests.", init.result
                 tools = await tools_of(raw)
                 assert tools and not any(n.startswith("guard__") for n in tools), (headers, tools)
                 assert sum(n.startswith("alpha__") for n in tools) == 16
@@ -612,7 +616,7 @@ def test_a_forwarding_route_is_shown_only_to_sessions_it_accepted(upstreams, gua
                 assert reply.status == 200
             after = await guarded_stats(client, child.address, token)
             assert after["lists"] == before["lists"], (before["lists"], after["lists"])
-            assert len(after["opened"]) - len(before["opened"]) == 1 + 3, "one session per agent with the credential"
+            assert len(after["opened"]) - len(before["opened"]) == 2 + 3, "one session per agent with the credential"
 
     stack.run(scenario, timeout_s=60)
     assert token not in stack.gateway.stderr()
@@ -649,3 +653,52 @@ class _Url:
 
     def __init__(self, address: str) -> None:
         self.address = address
+
+
+def test_a_hidden_route_is_shown_once_it_accepts_the_session(tmp_path, upstreams):
+    token = "agent-" + unique("")
+    port = harness.free_port()
+    guard = harness.start_upstream("json", tmp_path / "guard1", name="guard", token=token, port=port)
+    stack = Stack(
+        {"alpha": upstreams["alpha"], "guard": guard},
+        tmp_path,
+        ttl="2s",
+        authorization='{ bearer: "${HYDRATE_TOKEN}" }',
+        forward=("guard",),
+        env={"HYDRATE_TOKEN": token},
+    )
+
+    async def guard_tools(raw: RawSession) -> int:
+        reply = await raw.request("tools/list")
+        return sum(t["name"].startswith("guard__") for t in reply.result["tools"])
+
+    async def scenario():
+        nonlocal guard
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=60)) as client:
+            first = RawSession(client, stack.url, headers={"authorization": f"Bearer {token}"})
+            await first.initialize()
+            assert await guard_tools(first) == 16
+            # A wrong credential hides the route; the agent then comes back with the right
+            # one on a later request: the route is asked again and shown.
+            changed = RawSession(client, stack.url, headers={"authorization": "Bearer wrong"})
+            await changed.initialize()
+            assert await guard_tools(changed) == 0
+            changed.extra["authorization"] = f"Bearer {token}"
+            await changed.request("tools/call", {"name": "alpha__whoami", "arguments": {}})
+            await until(lambda: _shows_guard(changed), "the new credential never showed the route")
+            # The route is down when an agent with the right credential initializes: hidden
+            # (its answer is not known), asked again until it is back, then shown.
+            harness.stop_upstream(guard)
+            late = RawSession(client, stack.url, headers={"authorization": f"Bearer {token}"})
+            await late.initialize()
+            assert await guard_tools(late) == 0
+            guard = harness.start_upstream("json", tmp_path / "guard2", name="guard", token=token, port=port)
+            await until(lambda: _shows_guard(late), "the route was never asked again", timeout_s=30)
+
+    async def _shows_guard(raw: RawSession) -> bool:
+        return await guard_tools(raw) == 16
+
+    try:
+        stack.run(scenario, timeout_s=90)
+    finally:
+        harness.stop_upstream(guard)

@@ -156,7 +156,11 @@ impl Pool {
             metrics::with(|m| m.upstream.stale_dropped += 1);
             drop(link); // closes it
         }
-        self.connect().await.map(|link| self.lease(link))
+        let (link, count) = self.connect().await?;
+        Ok(Lease {
+            link,
+            _count: count,
+        })
     }
 
     /// Returns a connection whose exchange ended cleanly with keep-alive.
@@ -182,20 +186,30 @@ impl Pool {
     }
 
     fn lease(&self, link: Link) -> Lease {
-        self.leased.set(self.leased.get() + 1);
         Lease {
             link,
-            _count: Count(self.leased.clone()),
+            _count: self.count(),
         }
     }
 
-    async fn connect(&self) -> Result<Link, ConnectError> {
+    /// One more connection in the bound's count, until the `Count` drops.
+    fn count(&self) -> Count {
+        self.leased.set(self.leased.get() + 1);
+        Count(self.leased.clone())
+    }
+
+    /// A new connection, counted against the bound from before it is attempted: a connect
+    /// may take several `connect_timeout`s (one per address), and a burst of them must not
+    /// open more sockets than the bound.
+    async fn connect(&self) -> Result<(Link, Count), ConnectError> {
         if self.leased.get() + self.idle.borrow().len() >= UPSTREAM_CONNECTIONS_MAX {
             metrics::with(|m| m.overload_rejections += 1);
             return Err(ConnectError::Full);
         }
+        let count = self.count();
         let addrs = self.resolve().await?;
-        self.connect_any(&addrs).await
+        let link = self.connect_any(&addrs).await?;
+        Ok((link, count))
     }
 
     /// Tries `addrs` in turn (at most [`UPSTREAM_ADDRS_MAX`]) until one attempt gives a
@@ -285,9 +299,12 @@ impl Pool {
         telling: Telling,
         why: String,
     ) -> (Telling, ConnectError) {
+        // `why` may quote the upstream's certificate (the names it is valid for): bounded
+        // and escaped like any outside bytes in a log line.
         log::warn(format_args!(
-            "client: TLS handshake with {} ({addr}) failed: {why}",
-            self.url.authority
+            "client: TLS handshake with {} ({addr}) failed: {}",
+            self.url.authority,
+            log::field(why.as_bytes())
         ));
         (telling, ConnectError::Tls(why))
     }

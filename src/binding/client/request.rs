@@ -435,7 +435,8 @@ impl Exchange<'_> {
                 retry = Duration::from_millis(ms).min(UPSTREAM_RETRY_MAX);
             }
             if let Some(id) = incoming.event_id {
-                last_event = Some(id);
+                // An id this request could not send back is no place to resume from.
+                last_event = Some(id).filter(|id| super::session::resendable(id));
             }
             let Some(data) = incoming.data else { continue };
             let upward = exchange::classify(&data, Some(&self.id))

@@ -322,11 +322,9 @@ fn resume(client: &Rc<Client>, session: &Rc<UpSession>, from: Option<Rc<str>>) {
     let behind = from
         .as_ref()
         .is_some_and(|id| session.last_event.borrow().as_ref() != Some(id));
-    if from.as_deref().is_some_and(|id| {
-        id.len() > EXIT_EVENT_ID_BYTES_MAX || !crate::http::field_value_ok(id.as_bytes())
-    }) {
-        // Not an id this session could have handed out (too long, or with a control byte
-        // that would break the `Last-Event-ID` header): resume from where it is.
+    if from.as_deref().is_some_and(|id| !resendable(id)) {
+        // Not an id this session could have handed out (too long, or one that would not
+        // read back unchanged in the `Last-Event-ID` header): resume from where it is.
         return resume(client, session, None);
     }
     match session.events.get() {
@@ -509,6 +507,13 @@ async fn initialize(client: &Client, session: &UpSession) -> Result<Initialized,
     jsonrpc::write_notification("notifications/initialized", None, &mut note);
     client.call(session, note.freeze(), None).await?;
     Ok(Initialized { caps, instructions })
+}
+
+/// True for an upstream event id this session may resume from: at most
+/// [`EXIT_EVENT_ID_BYTES_MAX`] bytes, and read back unchanged from a `Last-Event-ID`
+/// header.
+pub(super) fn resendable(id: &str) -> bool {
+    id.len() <= EXIT_EVENT_ID_BYTES_MAX && crate::http::field_value_round_trips(id.as_bytes())
 }
 
 /// A protocol version we may send back in `MCP-Protocol-Version`: MCP's are dates
@@ -818,12 +823,18 @@ async fn follow(session: &UpSession, response: &mut exchange::Response) -> Follo
         if let Some(ms) = incoming.retry_ms {
             *retry = Some(Duration::from_millis(ms).min(UPSTREAM_RETRY_MAX));
         }
-        // An id too long to hand on is not one to resume from either.
-        let id: Option<Rc<str>> = incoming
-            .event_id
-            .as_deref()
-            .filter(|id| id.len() <= EXIT_EVENT_ID_BYTES_MAX)
-            .map(Rc::from);
+        // An id that cannot be handed on or sent back (too long, or one a header would not
+        // carry back unchanged: a control byte, a space at an end) is not one to resume
+        // from either: the stream resumes from now, not from an older id (which would
+        // replay what the agent already had).
+        let id: Option<Rc<str>> = match incoming.event_id.as_deref() {
+            Some(id) if resendable(id) => Some(Rc::from(id)),
+            Some(_) => {
+                *session.last_event.borrow_mut() = None;
+                None
+            }
+            None => None,
+        };
         if let Some(id) = &id {
             *session.last_event.borrow_mut() = Some(id.clone());
         }

@@ -38,7 +38,6 @@
 //! and the leases `p/lifecycle.lock` and `p/<kind>.lock`.
 
 use super::list::{self, ListRequest};
-use super::rename;
 use super::session::{self, ProxySession};
 use super::{Family, Proxy, Route, join_all};
 use crate::limits::{CACHE_LIST_BYTES_MAX, CACHE_RETRY_MIN, PROXY_ROUTES_MAX};
@@ -102,7 +101,7 @@ fn names(kind: Kind) -> (&'static str, &'static str) {
 }
 
 /// The list whose `list_changed` announces a kind's change.
-fn announced(kind: Kind) -> ListKind {
+pub fn announced(kind: Kind) -> ListKind {
     match kind {
         Kind::PromptsList => ListKind::Prompts,
         Kind::ResourcesList | Kind::ResourcesTemplatesList => ListKind::Resources,
@@ -140,16 +139,17 @@ pub struct CacheSetup {
 struct StoredCaps {
     /// Per route, its capability bits (0: it could not be reached).
     caps: Vec<u16>,
-    /// The routes' joined instructions, as text.
-    instructions: Option<String>,
+    /// Per route, its instructions, as text: each session is told those of the routes it
+    /// may see.
+    instructions: Vec<Option<String>>,
 }
 
 /// The routes' capabilities, as cached.
 #[derive(Clone, Debug)]
 pub struct CachedCaps {
     pub routes: Vec<Caps>,
-    /// A JSON string lexeme.
-    pub instructions: Option<Bytes>,
+    /// Per route, its instructions, as text.
+    pub instructions: Vec<Option<String>>,
 }
 
 /// A cached list as the store holds it: the merged result object, and where each route's
@@ -158,61 +158,68 @@ pub struct CachedCaps {
 pub struct CachedList {
     /// `{"<array>":[...]}`, exactly as an agent that sees every route gets it.
     json: Bytes,
-    /// `spans[i]`: route i's items (a comma-joined run) in `json`; empty when it has none.
-    /// Invariant: in order, within `json`, not overlapping.
-    spans: Vec<Range<usize>>,
-    /// `crcs[i]`: CRC32C of route i's items (0 for none): what changed, route by route.
+    /// The runs of items in `json`, in order, each with the route it came from: its index in
+    /// this proxy, or `None` for a route this proxy does not have (a store shared with a node
+    /// whose config differs). Invariant: within `json`, not empty, not overlapping.
+    spans: Vec<(Option<usize>, Range<usize>)>,
+    /// `crcs[i]`: CRC32C of route i's items (0 for none); the last one the foreign routes'.
     crcs: Vec<u32>,
 }
 
 impl CachedList {
-    /// Reads a stored list; `None` for bytes not made by [`encode_list`].
-    pub(crate) fn decode(stored: &Bytes) -> Option<CachedList> {
+    /// Reads a stored list for a proxy whose routes are `labels` (in route order); `None`
+    /// for bytes not made by [`encode_list`].
+    pub(crate) fn decode(stored: &Bytes, labels: &[&str]) -> Option<CachedList> {
         let header_end = memchr::memchr(b'\n', stored)?;
         let header = std::str::from_utf8(stored.get(..header_end)?).ok()?;
         let json = stored.slice(header_end + 1..);
         let mut spans = Vec::new();
         let mut from = 0;
-        for span in header.strip_prefix('L')?.split_ascii_whitespace() {
-            if spans.len() == PROXY_ROUTES_MAX {
+        for (n, span) in header
+            .strip_prefix('L')?
+            .split_ascii_whitespace()
+            .enumerate()
+        {
+            if n == PROXY_ROUTES_MAX {
                 return None;
             }
-            let (start, end) = span.split_once('-')?;
+            let (label, range) = span.split_once('=')?;
+            let (start, end) = range.split_once('-')?;
             let (start, end): (usize, usize) = (start.parse().ok()?, end.parse().ok()?);
             if start > end || end > json.len() || (start < end && start < from) {
                 return None;
             }
             from = from.max(end);
-            spans.push(start..end);
+            if start < end {
+                spans.push((labels.iter().position(|l| *l == label), start..end));
+            }
         }
-        let crcs = spans
-            .iter()
-            .map(|span| json.get(span.clone()).map_or(0, crc32c::crc32c))
-            .collect();
+        let mut crcs = vec![0; labels.len() + 1];
+        for (route, span) in &spans {
+            let at = route.unwrap_or(labels.len());
+            if let (Some(crc), Some(items)) = (crcs.get_mut(at), json.get(span.clone())) {
+                *crc = crc32c::crc32c_append(*crc, items);
+            }
+        }
         Some(CachedList { json, spans, crcs })
     }
 
     /// The result a session that may not see the routes in `hidden` is served: the stored
     /// bytes themselves when it sees every route that has items, else a copy without the
-    /// hidden routes' items.
+    /// hidden routes' items. Items of routes this proxy does not know are shown only to a
+    /// session that sees everything (who else may see them cannot be told).
     pub fn for_session(&self, hidden: Routes) -> Bytes {
-        let cut: Vec<&Range<usize>> = self
-            .spans
-            .iter()
-            .enumerate()
-            .filter(|(i, span)| has(hidden, *i) && !span.is_empty())
-            .map(|(_, span)| span)
-            .collect();
-        if cut.is_empty() {
+        let shown = |route: &Option<usize>| match route {
+            Some(i) => !has(hidden, *i),
+            None => hidden == 0,
+        };
+        if self.spans.iter().all(|(route, _)| shown(route)) {
             return self.json.clone();
         }
-        // `{"<array>":[` is everything before the first span, `]}` everything after the
-        // last: the spans are the only items.
         let items: Vec<&[u8]> = self
             .spans
             .iter()
-            .enumerate()
-            .filter(|(i, span)| !has(hidden, *i) && !span.is_empty())
+            .filter(|(route, _)| shown(route))
             .filter_map(|(_, span)| self.json.get(span.clone()))
             .collect();
         let (head, tail) = self.frame();
@@ -229,7 +236,8 @@ impl CachedList {
         out.freeze()
     }
 
-    /// The bytes around the items: `{"<array>":[` and `]}`.
+    /// The bytes around the items: `{"<array>":[` and `]}` (everything before the first
+    /// `[` and from the last `]`: the spans are the only items).
     fn frame(&self) -> (&[u8], &[u8]) {
         let json = &self.json[..];
         let open = memchr::memchr(b'[', json).map_or(0, |at| at + 1);
@@ -240,13 +248,25 @@ impl CachedList {
         )
     }
 
-    /// The routes whose items differ between `self` and `newer`.
+    /// The routes whose items differ between `self` and `newer`; every route when the
+    /// foreign routes' items changed (who sees those cannot be told apart).
     fn changed(&self, newer: &CachedList) -> Routes {
-        let count = self.crcs.len().max(newer.crcs.len()).min(PROXY_ROUTES_MAX);
-        (0..count)
-            .filter(|&i| {
-                self.crcs.get(i).copied().unwrap_or(0) != newer.crcs.get(i).copied().unwrap_or(0)
-            })
+        let routes = self.crcs.len().max(newer.crcs.len()).saturating_sub(1);
+        let routes = routes.min(PROXY_ROUTES_MAX);
+        let foreign = |list: &CachedList| list.crcs.last().copied().unwrap_or(0);
+        if foreign(self) != foreign(newer) {
+            return all_routes(routes);
+        }
+        let crc = |list: &CachedList, i: usize| {
+            let own = list.crcs.len().saturating_sub(1);
+            if i < own {
+                list.crcs.get(i).copied().unwrap_or(0)
+            } else {
+                0
+            }
+        };
+        (0..routes)
+            .filter(|&i| crc(self, i) != crc(newer, i))
             .fold(0, |set, i| set | (1 << i))
     }
 }
@@ -383,18 +403,24 @@ impl Cache {
         let Some(at) = slot(kind) else {
             return;
         };
-        let list = value.and_then(|v| {
-            let list = CachedList::decode(&v.bytes);
-            if list.is_none() {
-                log::warn(format_args!(
-                    "cache: proxy {}: {} in the store is not a cached list; ignored",
-                    proxy.name,
-                    self.list_key(kind)
-                ));
+        let list = match value {
+            None => None,
+            Some(v) => {
+                let labels: Vec<&str> = proxy.routes.iter().map(|r| &*r.label).collect();
+                match CachedList::decode(&v.bytes, &labels) {
+                    Some(list) => Some(Rc::new(list)),
+                    None => {
+                        // What this worker had stays served.
+                        log::warn(format_args!(
+                            "cache: proxy {}: {} in the store is not a cached list; kept the previous",
+                            proxy.name,
+                            self.list_key(kind)
+                        ));
+                        return;
+                    }
+                }
             }
-            list
-        });
-        let list = list.map(Rc::new);
+        };
         let before = {
             let mut view = self.view.borrow_mut();
             match view.lists.get_mut(at) {
@@ -427,7 +453,7 @@ fn decode_caps(bytes: &[u8]) -> Option<CachedCaps> {
     let stored: StoredCaps = serde_json::from_slice(bytes).ok()?;
     Some(CachedCaps {
         routes: stored.caps.into_iter().map(Caps).collect(),
-        instructions: stored.instructions.as_deref().map(rename::lexeme),
+        instructions: stored.instructions,
     })
 }
 
@@ -838,8 +864,9 @@ async fn write_caps(
         .iter()
         .map(|r| session.open_caps(r.index).unwrap_or(r.known_caps.get()).0)
         .collect();
-    let instructions = session::instructions(proxy, session)
-        .and_then(|raw| serde_json::from_slice::<String>(&raw).ok());
+    let instructions = (0..proxy.routes.len())
+        .map(|i| session::route_instructions(session, i))
+        .collect();
     let stored = StoredCaps { caps, instructions };
     if written.as_ref() == Some(&stored) {
         return written;
@@ -1007,7 +1034,8 @@ async fn refresh_kind(
             *h = None;
         }
     }
-    let merged = encode_list(names(kind).1, &held);
+    let labels: Vec<&str> = proxy.routes.iter().map(|r| &*r.label).collect();
+    let merged = encode_list(names(kind).1, &labels, &held);
     if let Err(e) = cache.setup.store.put(&cache.list_key(kind), merged).await {
         log::warn(format_args!(
             "cache: writing {} failed: {e}",
@@ -1020,11 +1048,13 @@ async fn refresh_kind(
     (Failed::Routes(failed), held)
 }
 
-/// A cached list as stored: the header `L <start>-<end> …` (each route's items within the
-/// JSON, `0-0` for none) and a newline, then `{"<array>":[` + the non-empty fragments
-/// joined by commas + `]}`. Agents are served the JSON after the header (a slice: no
-/// copy) and the header lets a session that may not see a route be served without it.
-pub fn encode_list(array: &str, fragments: &[Option<Bytes>]) -> Bytes {
+/// A cached list as stored: the header `L <label>=<start>-<end> …` (each route's toolkit
+/// label and its items' span within the JSON, `0-0` for none) and a newline, then
+/// `{"<array>":[` + the non-empty fragments joined by commas + `]}`. Agents are served the
+/// JSON after the header (a slice: no copy); the header lets a session that may not see a
+/// route be served without it, by any node whose config names the same toolkits.
+pub fn encode_list(array: &str, labels: &[&str], fragments: &[Option<Bytes>]) -> Bytes {
+    assert!(labels.len() == fragments.len());
     let mut json = BytesMut::with_capacity(
         fragments
             .iter()
@@ -1054,10 +1084,10 @@ pub fn encode_list(array: &str, fragments: &[Option<Bytes>]) -> Bytes {
         }
     }
     json.put_slice(b"]}");
-    let mut header = String::with_capacity(2 + spans.len() * 12);
+    let mut header = String::with_capacity(2 + spans.len() * 24);
     header.push('L');
-    for span in &spans {
-        let _ = write!(header, " {}-{}", span.start, span.end);
+    for (label, span) in labels.iter().zip(&spans) {
+        let _ = write!(header, " {label}={}-{}", span.start, span.end);
     }
     header.push('\n');
     let mut out = BytesMut::with_capacity(header.len() + json.len());
@@ -1074,12 +1104,15 @@ mod unit {
         Some(Bytes::from_static(s.as_bytes()))
     }
 
+    const ABCD: [&str; 4] = ["a", "b", "c", "d"];
+
     #[test]
     fn merged_lists_join_the_non_empty_fragments_behind_their_spans() {
-        let empty = encode_list("tools", &[]);
+        let empty = encode_list("tools", &[], &[]);
         assert_eq!(&empty[..], b"L\n{\"tools\":[]}");
         let stored = encode_list(
             "tools",
+            &ABCD,
             &[
                 f(r#"{"name":"a__x"}"#),
                 None,
@@ -1087,17 +1120,18 @@ mod unit {
                 f(r#"{"name":"c__y"},{"name":"c__z"}"#),
             ],
         );
-        let list = CachedList::decode(&stored).unwrap();
+        let list = CachedList::decode(&stored, &ABCD).unwrap();
         assert_eq!(
             &list.json[..],
             br#"{"tools":[{"name":"a__x"},{"name":"c__y"},{"name":"c__z"}]}"#
         );
-        assert_eq!(list.spans, [10..25, 0..0, 0..0, 26..57]);
+        assert_eq!(list.spans, [(Some(0), 10..25), (Some(3), 26..57)]);
         assert_eq!(
             &stored[..stored.len() - list.json.len()],
-            b"L 10-25 0-0 0-0 26-57\n"
+            b"L a=10-25 b=0-0 c=0-0 d=26-57\n"
         );
-        let templates = CachedList::decode(&encode_list("resourceTemplates", &[None])).unwrap();
+        let templates =
+            CachedList::decode(&encode_list("resourceTemplates", &["a"], &[None]), &["a"]).unwrap();
         assert_eq!(&templates.json[..], br#"{"resourceTemplates":[]}"#);
     }
 
@@ -1105,6 +1139,7 @@ mod unit {
     fn a_session_is_served_only_the_routes_it_may_see() {
         let stored = encode_list(
             "tools",
+            &ABCD,
             &[
                 f(r#"{"name":"a__x"}"#),
                 f(r#"{"name":"b__y"},{"name":"b__z"}"#),
@@ -1112,7 +1147,7 @@ mod unit {
                 f(r#"{"name":"d__w"}"#),
             ],
         );
-        let list = CachedList::decode(&stored).unwrap();
+        let list = CachedList::decode(&stored, &ABCD).unwrap();
         // Seeing everything (or hiding only routes without items): the stored bytes.
         assert_eq!(list.for_session(0), list.json);
         assert_eq!(
@@ -1136,21 +1171,56 @@ mod unit {
     }
 
     #[test]
-    fn changes_are_told_route_by_route() {
-        let one =
-            CachedList::decode(&encode_list("tools", &[f("{\"n\":1}"), f("{\"n\":2}")])).unwrap();
-        let two =
-            CachedList::decode(&encode_list("tools", &[f("{\"n\":1}"), f("{\"n\":3}")])).unwrap();
-        let three = CachedList::decode(&encode_list(
+    fn routes_are_found_by_label_and_unknown_ones_shown_only_to_who_sees_all() {
+        // Written by a node whose routes are a, b, d; read by one whose routes are d, a.
+        let stored = encode_list(
             "tools",
+            &["a", "b", "d"],
+            &[
+                f(r#"{"name":"a__x"}"#),
+                f(r#"{"name":"b__y"}"#),
+                f(r#"{"name":"d__w"}"#),
+            ],
+        );
+        let list = CachedList::decode(&stored, &["d", "a"]).unwrap();
+        assert_eq!(
+            list.spans.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+            [Some(1), None, Some(0)]
+        );
+        assert_eq!(list.for_session(0), list.json);
+        assert_eq!(
+            &list.for_session(0b01)[..],
+            br#"{"tools":[{"name":"a__x"}]}"#
+        );
+        assert_eq!(
+            &list.for_session(0b10)[..],
+            br#"{"tools":[{"name":"d__w"}]}"#
+        );
+    }
+
+    #[test]
+    fn changes_are_told_route_by_route() {
+        let two = ["a", "b"];
+        let decode = |fragments: &[Option<Bytes>], labels: &[&str]| {
+            CachedList::decode(&encode_list("tools", labels, fragments), &["a", "b", "c"]).unwrap()
+        };
+        let one = decode(&[f("{\"n\":1}"), f("{\"n\":2}")], &two);
+        let two_ = decode(&[f("{\"n\":1}"), f("{\"n\":3}")], &two);
+        let three = decode(&[f("{\"n\":1}"), f("{\"n\":3}"), f("{}")], &["a", "b", "c"]);
+        let gone = decode(&[None, f("{\"n\":3}")], &two);
+        let foreign = decode(
             &[f("{\"n\":1}"), f("{\"n\":3}"), f("{}")],
-        ))
-        .unwrap();
-        let gone = CachedList::decode(&encode_list("tools", &[None, f("{\"n\":3}")])).unwrap();
+            &["a", "b", "zz"],
+        );
         assert_eq!(one.changed(&one), 0);
-        assert_eq!(one.changed(&two), 0b10);
-        assert_eq!(two.changed(&three), 0b100, "a route that joins");
-        assert_eq!(two.changed(&gone), 0b01, "a route whose items went");
+        assert_eq!(one.changed(&two_), 0b10);
+        assert_eq!(two_.changed(&three), 0b100, "a route that joins");
+        assert_eq!(two_.changed(&gone), 0b01, "a route whose items went");
+        assert_eq!(
+            two_.changed(&foreign),
+            0b111,
+            "a foreign route's items: everyone"
+        );
     }
 
     #[test]
@@ -1158,21 +1228,22 @@ mod unit {
         for bad in [
             &b""[..],
             b"{\"tools\":[]}",
-            b"X 0-0\n{}",
-            b"L 5-3\n{\"tools\":[]}",
-            b"L 0-99\n{\"tools\":[]}",
-            b"L 10-12 9-11\n{\"tools\":[1,2]}",
-            b"L a-b\n{}",
-            b"L 1\n{}",
-            b"L \xff\n{}",
+            b"X a=0-0\n{}",
+            b"L a=5-3\n{\"tools\":[]}",
+            b"L a=0-99\n{\"tools\":[]}",
+            b"L a=10-12 b=9-11\n{\"tools\":[1,2]}",
+            b"L a=a-b\n{}",
+            b"L a=1\n{}",
+            b"L 0-0\n{}",
+            b"L \xff=0-0\n{}",
         ] {
             assert!(
-                CachedList::decode(&Bytes::copy_from_slice(bad)).is_none(),
+                CachedList::decode(&Bytes::copy_from_slice(bad), &ABCD).is_none(),
                 "{bad:?}"
             );
         }
-        let many = format!("L{}\n{{}}", " 0-0".repeat(PROXY_ROUTES_MAX + 1));
-        assert!(CachedList::decode(&Bytes::from(many)).is_none());
+        let many = format!("L{}\n{{}}", " a=0-0".repeat(PROXY_ROUTES_MAX + 1));
+        assert!(CachedList::decode(&Bytes::from(many), &ABCD).is_none());
     }
 
     #[test]
@@ -1189,12 +1260,12 @@ mod unit {
     fn caps_round_trip_through_the_store() {
         let stored = StoredCaps {
             caps: vec![Caps::TOOLS.0, 0],
-            instructions: Some("a: \"hi\"".into()),
+            instructions: vec![Some("say \"hi\"".into()), None],
         };
         let bytes = serde_json::to_vec(&stored).unwrap();
         let back = decode_caps(&bytes).unwrap();
         assert_eq!(back.routes, [Caps::TOOLS, Caps::empty()]);
-        assert_eq!(back.instructions.as_deref(), Some(&br#""a: \"hi\"""#[..]));
+        assert_eq!(back.instructions, [Some("say \"hi\"".to_owned()), None]);
         assert!(decode_caps(b"garbage").is_none());
     }
 }

@@ -90,10 +90,11 @@ impl Prefixes {
     }
 }
 
-/// True for a decoded route id that may be sent upstream: not empty, and a valid header
-/// value (no control byte but HTAB), since it becomes the route's `Last-Event-ID`.
+/// True for a decoded route id that may be sent upstream: it becomes the route's
+/// `Last-Event-ID`, so it must read back unchanged there (not empty, no control byte but
+/// HTAB, no SP or HTAB at either end).
 fn usable(id: &str) -> bool {
-    !id.is_empty() && crate::http::field_value_ok(id.as_bytes())
+    crate::http::field_value_round_trips(id.as_bytes())
 }
 
 /// True for a byte that must be escaped inside a route's id.

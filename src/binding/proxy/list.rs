@@ -16,7 +16,7 @@
 
 use super::request::read_params;
 use super::session::{ProxySession, describe};
-use super::{Family, Proxy, Route, fail, internal, rpc_error};
+use super::{Family, Proxy, Route, cache, fail, internal, rpc_error};
 use crate::jsonrpc::{self, ItemMode, ItemRewriter, ItemRules, ItemSink};
 use crate::limits::LIST_PAGES_MAX;
 use crate::log;
@@ -67,10 +67,20 @@ pub async fn serve(proxy: &Rc<Proxy>, session: &Rc<ProxySession>, callee: &Calle
         failures: Vec::new(),
         crc: 0,
     };
-    if merge.run(&feeds).await == Outcome::Ok && proxy.cache.is_some() {
+    if merge.run(&feeds).await != Outcome::Ok {
+        return;
+    }
+    if let Some(cache) = proxy.cache.as_ref() {
         // A live list with a cache: this session fell back while the cache was not
-        // ready; the first cached value tells it only if it differs from this.
-        session.shown(callee.begin.kind, merge.crc);
+        // ready; the first cached value tells it only if it differs from this. That value
+        // may have come while this list was merged: then it is compared now.
+        let kind = callee.begin.kind;
+        session.shown(kind, merge.crc);
+        if let Some(first) = cache.list(kind)
+            && crc32c::crc32c(&first.for_session(session.hidden())) != merge.crc
+        {
+            session.announce(cache::announced(kind));
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 //! so back-pressure runs through the proxy unchanged.
 
 use super::rename::{self, Splice};
-use super::session::ProxySession;
+use super::session::{self, ProxySession};
 use super::{Family, Proxy, Route, fail, internal, join_all, list, rpc_error};
 use crate::jsonrpc::{self, ItemMode, ItemRewriter, ItemRules, ItemSink};
 use crate::limits::MESSAGE_BYTES_MAX;
@@ -30,7 +30,10 @@ pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
     let Some(session) = found else {
         return fail(&callee, internal("Unknown proxy session"));
     };
-    session.renew_authorization(callee.begin.authorization.as_ref());
+    if session.renew_authorization(callee.begin.authorization.as_ref()) && session.hidden() != 0 {
+        // A route that refused the agent's old credential may accept the new one.
+        session::readmit(&proxy, &session);
+    }
     match callee.begin.kind {
         Kind::ToolsList
         | Kind::PromptsList

@@ -119,6 +119,11 @@ pub struct ProxySession {
     /// With a cache, for a session that fell back to live lists: per cached kind, the
     /// CRC32C of the last list it was shown (what the first cached value is compared to).
     shown: Cell<[Option<u32>; 4]>,
+    /// Rises each time the agent's `Authorization` changes: a route that refused the old
+    /// one may accept the new one.
+    credential: Cell<u64>,
+    /// A task retries the hidden forwarding routes ([`readmit`]); at most one per session.
+    readmitting: Cell<bool>,
     /// The cache's own session (hydration), not an agent's.
     pub hydration: bool,
 }
@@ -151,6 +156,8 @@ impl ProxySession {
             list_changed: Cell::new([false; 3]),
             hidden: Cell::new(0),
             shown: Cell::new([None; 4]),
+            credential: Cell::new(0),
+            readmitting: Cell::new(false),
         }
     }
 
@@ -175,10 +182,18 @@ impl ProxySession {
     }
 
     /// Keeps the agent's latest `Authorization` header for routes opened from now on.
-    pub fn renew_authorization(&self, header: Option<&Bytes>) {
-        if let Some(header) = header {
-            *self.authorization.borrow_mut() = Some(header.clone());
+    /// True if it changed (see [`ProxySession::credential`]).
+    pub fn renew_authorization(&self, header: Option<&Bytes>) -> bool {
+        let Some(header) = header else {
+            return false;
+        };
+        let mut held = self.authorization.borrow_mut();
+        if held.as_ref() == Some(header) {
+            return false;
         }
+        *held = Some(header.clone());
+        self.credential.set(self.credential.get() + 1);
+        true
     }
 
     /// Tells the agent (once, however often it is asked before the relay runs) that `list`
@@ -265,6 +280,13 @@ impl ProxySession {
             return Err(internal("Unreachable: no such route"));
         };
         *slot.borrow_mut() = RouteState::Opening;
+        // Should this future be dropped before it is done (a hydration whose lease was
+        // lost drops its work), the route must not stay `Opening` for good.
+        let mut opening = Opening {
+            session: self,
+            index,
+            done: false,
+        };
         let hello = ClientHello {
             capabilities: self.capabilities.clone(),
             protocol_version: self.version,
@@ -323,12 +345,38 @@ impl ProxySession {
                     since: Some(Instant::now()),
                 };
                 set_waiting(self, index, false);
+                if matches!(reset, Reset::Bearer(_)) && self.admits_by_credential(proxy, index) {
+                    // It refuses this session's credential now: its items are hidden again.
+                    let bit = 1 << index;
+                    let was_shown = self.hidden.get() & bit == 0;
+                    self.hidden.set(self.hidden.get() | bit);
+                    if was_shown && self.answered.get() {
+                        self.lists_changed(route, route.known_caps.get());
+                    }
+                }
                 Err(reset)
             }
         };
+        opening.done = true;
         self.changed.notify_waiters();
         self.poke();
         result
+    }
+
+    /// True if route `index` shows this session its cached items only once it accepted the
+    /// session's own credential (a cache, a forwarding route, an agent's session).
+    fn admits_by_credential(&self, proxy: &Proxy, index: usize) -> bool {
+        !self.hydration && proxy.cache.as_ref().is_some_and(|c| c.forwards(index))
+    }
+
+    /// Flags the lists a route with `caps` serves as changed for this session.
+    fn lists_changed(&self, route: &Route, caps: Caps) {
+        let mut lists = self.list_changed.get();
+        let caps = route.mask(caps);
+        lists[0] |= caps.contains(Caps::TOOLS);
+        lists[1] |= caps.contains(Caps::PROMPTS);
+        lists[2] |= caps.contains(Caps::RESOURCES);
+        self.list_changed.set(lists);
     }
 
     /// A route opened: resume its events if the agent has asked for them, and once the
@@ -352,12 +400,7 @@ impl ProxySession {
                 .challenge(Challenge::Resume { last_event_id });
         }
         if lists_grow && self.answered.get() {
-            let mut lists = self.list_changed.get();
-            let caps = route.mask(life.caps);
-            lists[0] |= caps.contains(Caps::TOOLS);
-            lists[1] |= caps.contains(Caps::PROMPTS);
-            lists[2] |= caps.contains(Caps::RESOURCES);
-            self.list_changed.set(lists);
+            self.lists_changed(route, life.caps);
         }
     }
 
@@ -475,6 +518,33 @@ impl ProxySession {
     }
 }
 
+/// A route being opened by [`ProxySession::open`]: if the opening is dropped before it is
+/// done, the route is closed again (with no failure, so it is tried at once) and whoever
+/// waits for it is woken.
+struct Opening<'a> {
+    session: &'a ProxySession,
+    index: usize,
+    done: bool,
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Some(slot) = self.session.routes.get(self.index) {
+            let mut state = slot.borrow_mut();
+            if matches!(&*state, RouteState::Opening) {
+                *state = RouteState::Closed {
+                    failure: None,
+                    since: None,
+                };
+            }
+        }
+        self.session.changed.notify_waiters();
+    }
+}
+
 /// Keeps a session in its proxy's table while its lifecycle task runs.
 struct Registration {
     proxy: Rc<Proxy>,
@@ -552,7 +622,7 @@ async fn opening(
             return Some(ReplyBegin {
                 session: Some(session.id.clone()),
                 caps: session.cached_caps(proxy, &cached.routes),
-                instructions: cached.instructions,
+                instructions: cached_instructions(proxy, session, &cached.instructions),
             });
         }
         metrics::with(|m| m.cache.misses += 1);
@@ -626,19 +696,33 @@ async fn admit(
     let opens = forwarding.iter().map(|i| session.open(proxy, *i, deadline));
     let opened = join_all(opens.collect()).await;
     let mut refusals = Vec::new();
+    let mut unreached = false;
     for (index, result) in forwarding.iter().zip(opened) {
         if let (Err(reset), Some(route)) = (result, proxy.routes.get(*index)) {
             metrics::with(|m| m.proxy.routes_skipped += 1);
+            // Hidden either way (what it would show this session is not known), but only
+            // a refused credential is final: a route that could not be reached is asked
+            // again in the background, and shown once it accepts.
+            let refused = matches!(reset, Reset::Bearer(_));
+            unreached |= !refused;
             log::warn(format_args!(
-                "proxy {}: toolkit {} hidden from a session (its credential was not accepted: {})",
+                "proxy {}: toolkit {} hidden from a session ({}: {})",
                 proxy.name,
                 route.label,
+                if refused {
+                    "it refused the session's credential"
+                } else {
+                    "it could not be asked to accept the session's credential; asking again"
+                },
                 describe(&reset)
             ));
             refusals.push(reset);
         }
     }
     if forwarding.len() < proxy.routes.len() || refusals.len() < forwarding.len() {
+        if unreached {
+            readmit(proxy, session);
+        }
         return true;
     }
     let reset = refusals
@@ -647,6 +731,55 @@ async fn admit(
     session.close();
     fail(callee, reset.unwrap_or_else(|| internal("No toolkit")));
     false
+}
+
+/// First and longest wait between two tries of [`readmit`].
+const READMIT_RETRY_MIN: Duration = Duration::from_secs(1);
+const READMIT_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Asks the forwarding routes hidden from `session` again, in a task of its own (at most
+/// one per session), with backoff from [`READMIT_RETRY_MIN`] up to [`READMIT_RETRY_MAX`],
+/// until each has accepted the session's credential (it is then shown, with a
+/// `list_changed`) or refused it (asked again only when the agent's credential changes),
+/// or the session ends.
+pub(super) fn readmit(proxy: &Proxy, session: &Rc<ProxySession>) {
+    if session.readmitting.replace(true) {
+        return;
+    }
+    let (Some(proxy), session) = (proxy.me.upgrade(), session.clone()) else {
+        session.readmitting.set(false);
+        return;
+    };
+    tokio::task::spawn_local(async move {
+        let gate = proxy.cache.as_ref().map_or(READMIT_RETRY_MAX, |c| c.gate());
+        let mut wait = READMIT_RETRY_MIN;
+        let mut refused: cache::Routes = 0;
+        let mut credential = session.credential.get();
+        loop {
+            if session.credential.get() != credential {
+                // A new credential: every hidden route may accept it.
+                credential = session.credential.get();
+                refused = 0;
+                wait = READMIT_RETRY_MIN;
+            }
+            let asked = session.hidden() & !refused;
+            if session.closed.get() || asked == 0 {
+                break;
+            }
+            for index in (0..proxy.routes.len()).filter(|i| asked & (1 << i) != 0) {
+                let deadline = Instant::now() + gate;
+                if let Err(Reset::Bearer(_)) = session.route(&proxy, index, true, deadline).await {
+                    refused |= 1 << index;
+                }
+            }
+            if session.hidden() & !refused == 0 {
+                break;
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(READMIT_RETRY_MAX);
+        }
+        session.readmitting.set(false);
+    });
 }
 
 /// The routes' `instructions`: one route's as they are; several joined, each under its
@@ -666,16 +799,49 @@ pub(super) fn instructions(proxy: &Proxy, session: &ProxySession) -> Option<Byte
         [] => None,
         [(_, one)] => Some(one.clone()),
         several => {
-            let text: Vec<String> = several
-                .iter()
-                .filter_map(|(label, raw)| {
-                    let text: String = serde_json::from_slice(raw).ok()?;
-                    Some(format!("{label}: {text}"))
-                })
-                .collect();
-            Some(rename::lexeme(&text.join("\n\n")))
+            let texts = several.iter().filter_map(|(label, raw)| {
+                let text: String = serde_json::from_slice(raw).ok()?;
+                Some((label.clone(), text))
+            });
+            Some(joined_instructions(texts))
         }
     }
+}
+
+/// Several routes' instructions as one text, each under its toolkit's name, as a JSON
+/// string lexeme.
+pub(super) fn joined_instructions(texts: impl Iterator<Item = (Rc<str>, String)>) -> Bytes {
+    let text: Vec<String> = texts
+        .map(|(label, text)| format!("{label}: {text}"))
+        .collect();
+    rename::lexeme(&text.join("\n\n"))
+}
+
+/// The instructions a session is told from the cache's record (`texts[i]`: route i's, as
+/// text): those of the routes it may see, one alone as it is, several joined.
+pub(super) fn cached_instructions(
+    proxy: &Proxy,
+    session: &ProxySession,
+    texts: &[Option<String>],
+) -> Option<Bytes> {
+    let given: Vec<(Rc<str>, String)> = proxy
+        .routes
+        .iter()
+        .zip(texts)
+        .filter(|(route, _)| session.hidden() & (1 << route.index) == 0)
+        .filter_map(|(route, text)| Some((route.label.clone(), text.clone()?)))
+        .collect();
+    match given.as_slice() {
+        [] => None,
+        [(_, one)] => Some(rename::lexeme(one)),
+        _ => Some(joined_instructions(given.into_iter())),
+    }
+}
+
+/// Route `index`'s instructions, as text, if it is open and gave some.
+pub(super) fn route_instructions(session: &ProxySession, index: usize) -> Option<String> {
+    let raw = session.open_life(index)?.instructions.clone()?;
+    serde_json::from_slice(&raw).ok()
 }
 
 /// One thing the relay task woke up for.

@@ -1110,7 +1110,7 @@ fn a_session_that_fell_back_hears_of_the_first_cached_list_only_if_it_differs() 
         // The first cached tools list: what `same` was shown; news to `diff` only (the
         // quiet session never listed tools, so it gets the cached list when it does).
         let fragment = Bytes::from_static(br#"{"name":"kit__x"}"#);
-        let stored = cache::encode_list("tools", &[Some(fragment)]);
+        let stored = cache::encode_list("tools", &["kit"], &[Some(fragment)]);
         store.put("tools/tools", stored).await.expect("a put");
         let flush = next_flush(&diff_life).await;
         assert!(
@@ -1231,5 +1231,97 @@ fn the_hydration_lease_is_renewed_while_the_session_opens() {
             "the session was opened again: the lease was lost"
         );
         p.stop();
+    });
+}
+
+/// A route exit whose `initialize` answers, call by call, as scripted: refused, after a
+/// delay, or at once.
+struct Scripted {
+    calls: Rc<std::cell::Cell<usize>>,
+    script: Vec<Option<Duration>>,
+}
+
+impl Exit for Scripted {
+    fn serve(&self, callee: Callee) -> Option<Serving> {
+        let call = self.calls.get();
+        self.calls.set(call + 1);
+        let step = self.script.get(call).copied().flatten();
+        Some(Box::pin(async move {
+            if callee.begin.kind != Kind::Lifecycle {
+                return fail(&callee, internal("not scripted"));
+            }
+            let Some(delay) = step else {
+                return fail(&callee, internal("refused"));
+            };
+            tokio::time::sleep(delay).await;
+            let reply = ReplyBegin {
+                session: Some(Rc::from("scripted")),
+                caps: Caps::TOOLS,
+                instructions: None,
+            };
+            if callee.reply.begin(reply).await.is_ok() {
+                while !matches!(
+                    callee.initial.next().await,
+                    Some(Frame::End | Frame::Abort) | None
+                ) {}
+                callee.reply.end();
+            }
+        }))
+    }
+}
+
+#[test]
+fn a_route_opening_dropped_halfway_is_not_left_opening() {
+    run(async {
+        let a = Fake::new("a", "{}");
+        let calls = Rc::new(std::cell::Cell::new(0));
+        // Refused at the session's initialize, slow on the next try, quick after that.
+        let scripted = Rc::new(Scripted {
+            calls: calls.clone(),
+            script: vec![None, Some(Duration::from_millis(300)), Some(Duration::ZERO)],
+        }) as Rc<dyn Exit>;
+        let names = ["a", "s"];
+        let prefixes = event_prefixes(&names).expect("distinct toolkits");
+        let routes = names
+            .iter()
+            .zip(prefixes)
+            .map(|(toolkit, prefix)| RouteCfg {
+                toolkit: Some((*toolkit).to_owned()),
+                exit: (*toolkit).to_owned(),
+                tools: None,
+                prompts: None,
+                resources: None,
+                event_prefix: Some(prefix),
+            })
+            .collect();
+        let p = Proxy::new(
+            "tools",
+            &ProxyBinding {
+                cache: None,
+                routes,
+            },
+            vec![Rc::new(FakeExit(a.clone())) as Rc<dyn Exit>, scripted],
+            0,
+            None,
+        );
+        let (_life, reply) = connect(&p, None).await;
+        let id = reply.session.expect("a session");
+        let session = p.sessions.borrow().get(&id).cloned().expect("the session");
+        // An opening given up halfway (as a hydration does when its lease is lost).
+        let halfway = timeout(
+            Duration::from_millis(20),
+            session.route(&p, 1, true, Instant::now() + WAIT),
+        )
+        .await;
+        assert!(halfway.is_err(), "the slow open cannot have finished");
+        // The next one opens it, rather than waiting for an opening nobody finishes.
+        let again = timeout(
+            WAIT,
+            session.route(&p, 1, true, Instant::now() + Duration::from_secs(2)),
+        )
+        .await
+        .expect("an answer in time");
+        assert!(again.is_ok(), "{:?}", again.err());
+        assert_eq!(calls.get(), 3);
     });
 }

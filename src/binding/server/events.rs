@@ -46,6 +46,15 @@ enum AnswerTo {
     Request(Weak<Inflight>),
 }
 
+/// A server-to-client request relayed to the agent and not answered yet.
+struct Pending {
+    to: AnswerTo,
+    /// The request's id as the exit wrote it (an answer refusing it for the agent echoes it).
+    id: Bytes,
+    /// Order of arrival: when the table is full, the oldest is answered for the agent.
+    order: u64,
+}
+
 struct State {
     closed: bool,
     last_active: Instant,
@@ -66,7 +75,7 @@ struct State {
     /// after, and how many exit answers (`acks`) there were when it asked the exit. Until
     /// it is live the ring keeps up to [`GET_SETUP_EVENTS_MAX`] more events than usual,
     /// and once the exit has answered it, the lifecycle task holds back as for a live GET.
-    get_hold: Option<(u64, u64)>,
+    get_hold: Option<GetHold>,
     support: Support,
     /// Control events (resumable, suspend) seen from the exit: how a GET knows the exit
     /// has answered the resume it just asked for.
@@ -77,7 +86,11 @@ struct State {
     last_exit_event: Option<Rc<str>>,
     /// Server-to-client requests relayed to the agent and not answered yet, by id.
     /// Invariant: `len() <= PENDING_ANSWERS_PER_SESSION_MAX`.
-    answers: FastMap<IdKey, AnswerTo>,
+    answers: FastMap<IdKey, Pending>,
+    /// The next `Pending::order`.
+    answers_order: u64,
+    /// The number the next GET setup's hold gets (holds are told apart by it).
+    holds: u64,
 }
 
 /// One agent session, owned by the worker that created it.
@@ -140,6 +153,8 @@ impl Session {
                 acked_at: 0,
                 last_exit_event: None,
                 answers: FastMap::default(),
+                answers_order: 0,
+                holds: 0,
             }),
             changed: Notify::new(),
             taken: Notify::new(),
@@ -183,11 +198,14 @@ impl Session {
         let st = self.st.borrow();
         let last = st.next_seq - 1;
         let ring = SESSION_REPLAY_EVENTS_MAX as u64;
-        let live = st.get_live && last.saturating_sub(st.get_taken) >= ring;
-        let held = st
-            .get_hold
-            .is_some_and(|(from, asked)| st.acks > asked && last.saturating_sub(from) >= ring);
-        live || held
+        match st.get_hold {
+            // A new GET waits for the exit's answer, which comes through the lifecycle
+            // task: it must go on reading, even for a live GET that stopped taking events
+            // (the one the new GET replaces; the ring keeps more meanwhile).
+            Some(hold) if st.acks <= hold.asked => false,
+            Some(hold) => last.saturating_sub(hold.from) >= ring,
+            None => st.get_live && last.saturating_sub(st.get_taken) >= ring,
+        }
     }
 
     fn is_closed(&self) -> bool {
@@ -235,7 +253,7 @@ impl Session {
             st.requests.remove(&inflight.key);
         }
         st.streams.remove(&inflight.stream_no);
-        st.answers.retain(|_, to| match to {
+        st.answers.retain(|_, pending| match &pending.to {
             AnswerTo::Request(w) => w.upgrade().is_some_and(|i| !Rc::ptr_eq(&i, inflight)),
             AnswerTo::Lifecycle => true,
         });
@@ -266,10 +284,13 @@ impl Session {
     }
 
     /// Records where the agent's answer to the exit's request `id` goes, before the request
-    /// is relayed. False when it must not be relayed: the table is full, or the id is
-    /// longer than [`PENDING_ANSWER_ID_BYTES_MAX`] (see [`refuse_request`]). An id that is
-    /// not a JSON string or number is relayed unrecorded (no answer can find it).
-    fn expect_answer(&self, id: &[u8], to: AnswerTo) -> bool {
+    /// is relayed. False when it must not be relayed: its id is longer than
+    /// [`PENDING_ANSWER_ID_BYTES_MAX`] (see [`refuse_request`]). When the table is full the
+    /// oldest request waiting (one the agent may never have seen, or will not answer) is
+    /// answered for the agent with an error and forgotten, so a session whose agent
+    /// ignores some requests still relays new ones. An id that is not a JSON string or
+    /// number is relayed unrecorded (no answer can find it).
+    fn expect_answer(&self, id: &Bytes, to: AnswerTo) -> bool {
         if id.len() > PENDING_ANSWER_ID_BYTES_MAX {
             return false;
         }
@@ -279,12 +300,42 @@ impl Session {
         else {
             return true;
         };
-        let mut st = self.st.borrow_mut();
-        if st.answers.len() >= PENDING_ANSWERS_PER_SESSION_MAX && !st.answers.contains_key(&key) {
-            return false;
+        let evicted = {
+            let mut st = self.st.borrow_mut();
+            let full = st.answers.len() >= PENDING_ANSWERS_PER_SESSION_MAX;
+            let evicted = if full && !st.answers.contains_key(&key) {
+                let oldest = st
+                    .answers
+                    .iter()
+                    .min_by_key(|(_, p)| p.order)
+                    .map(|(k, _)| k.clone());
+                oldest.and_then(|k| st.answers.remove(&k))
+            } else {
+                None
+            };
+            let order = st.answers_order;
+            st.answers_order += 1;
+            st.answers.insert(
+                key,
+                Pending {
+                    to,
+                    id: id.clone(),
+                    order,
+                },
+            );
+            assert!(st.answers.len() <= PENDING_ANSWERS_PER_SESSION_MAX);
+            evicted
+        };
+        if let Some(old) = evicted {
+            match old.to {
+                AnswerTo::Lifecycle => refuse_request(&self.lifecycle, old.id),
+                AnswerTo::Request(w) => {
+                    if let Some(inflight) = w.upgrade() {
+                        refuse_request(&inflight.caller, old.id);
+                    }
+                }
+            }
         }
-        st.answers.insert(key, to);
-        assert!(st.answers.len() <= PENDING_ANSWERS_PER_SESSION_MAX);
         true
     }
 
@@ -296,7 +347,7 @@ impl Session {
         else {
             return;
         };
-        let to = self.st.borrow_mut().answers.remove(&key);
+        let to = self.st.borrow_mut().answers.remove(&key).map(|p| p.to);
         let challenge = Challenge::Answer { id, result, error };
         let _ = match to {
             Some(AnswerTo::Lifecycle) => self.lifecycle.reply.challenge(challenge),
@@ -478,11 +529,12 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
 }
 
 /// Answers the exit's server-to-client request `id` for the agent, with a JSON-RPC error,
-/// because it could not be relayed ([`Session::expect_answer`]); counted as an overload.
+/// because it could not be relayed or waited too long among too many
+/// ([`Session::expect_answer`]); counted as an overload.
 fn refuse_request(caller: &Caller, id: Bytes) {
     metrics::with(|m| m.overload_rejections += 1);
     let error = Bytes::from_static(
-        b"{\"code\":-32603,\"message\":\"Too many requests awaiting the agent's answer\"}",
+        b"{\"code\":-32603,\"message\":\"Not answered: too many requests awaiting the agent's answer\"}",
     );
     let _ = caller.reply.challenge(Challenge::Answer {
         id,
@@ -658,17 +710,35 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
     tokio::task::spawn_local(serve_get(session, sink, cursor, hold));
 }
 
+/// What the session knows of a GET being set up (see [`State::get_hold`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct GetHold {
+    /// The seq the stream starts after.
+    from: u64,
+    /// The exit's answers (`acks`) when the GET asked it.
+    asked: u64,
+    /// Which setup this is (`State::holds`): each releases only its own hold.
+    number: u64,
+}
+
 /// A GET stream being set up ([`State::get_hold`]); released when it is live, or dropped
 /// when the setup fails (a 405, the agent gone).
 struct Hold {
     session: Rc<Session>,
-    hold: (u64, u64),
+    hold: GetHold,
 }
 
 impl Hold {
     fn new(session: &Rc<Session>, from: u64, asked: u64) -> Hold {
-        let hold = (from, asked);
-        session.st.borrow_mut().get_hold = Some(hold);
+        let mut st = session.st.borrow_mut();
+        let hold = GetHold {
+            from,
+            asked,
+            number: st.holds,
+        };
+        st.holds += 1;
+        st.get_hold = Some(hold);
+        drop(st);
         Hold {
             session: session.clone(),
             hold,
@@ -843,10 +913,7 @@ fn priming_id(session: &Session, cursor: u64) -> String {
 /// nowhere: the event carries `0.<seq>` alone, and a resume past the ring resumes the exit
 /// from where it is.
 pub(crate) fn exit_id_carried(exit: &str) -> bool {
-    !exit.is_empty()
-        && crate::http::field_value_ok(exit.as_bytes())
-        && !exit.starts_with([' ', '\t'])
-        && !exit.ends_with([' ', '\t'])
+    crate::http::field_value_round_trips(exit.as_bytes())
 }
 
 /// Writes already-encoded events in order; false once the connection is gone.
