@@ -84,9 +84,12 @@ class Answer:
 @dataclass(frozen=True)
 class EventStream:
     """For a GET: 200 `text/event-stream` carrying these JSON-RPC messages (one event each,
-    ids `e<n>`), then the stream stays open until the peer leaves."""
+    ids `e<n>`, or `ids[n]` when given: raw bytes, hostile ones included), then the stream
+    stays open until the peer leaves (or, with `close`, ends at once)."""
 
     messages: tuple[Any, ...]
+    ids: tuple[bytes, ...] = ()
+    close: bool = False
 
 
 Action = RpcError | Status | ForgetSession | ResetMidBody | Hang | MalformedJson | MalformedSse | Answer | EventStream
@@ -293,9 +296,11 @@ class FaultUpstream:
             head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\r\n"
             writer.write(head)
             for n, message in enumerate(action.messages, 1):
-                writer.write(f"id: e{n}\nevent: message\ndata: {json.dumps(message)}\n\n".encode())
+                event_id = action.ids[n - 1] if n <= len(action.ids) else f"e{n}".encode()
+                writer.write(b"id: " + event_id + f"\nevent: message\ndata: {json.dumps(message)}\n\n".encode())
             await writer.drain()
-            await reader.read()  # until the peer leaves; the stream is close-delimited
+            if not action.close:
+                await reader.read()  # until the peer leaves; the stream is close-delimited
             return False
         if isinstance(action, Answer):
             return await self._rpc(writer, seen, {"jsonrpc": "2.0", "id": rid, "result": action.result})

@@ -14,6 +14,8 @@ would show as an extra header line or a control byte in a value. The paths cover
   request): one that is not a version is refused at initialize with a JSON-RPC error;
 - an agent's `Authorization` with a control byte (for a route that forwards it): refused
   with 400 at the agent's edge, so it is never forwarded;
+- an upstream whose event ids hold a control byte (SSE carries all but CR, LF and NUL):
+  its event stream is resumed from now, not with a `Last-Event-ID` that cannot be sent;
 - an upstream whose list pages hand out cursors that go round: the list ends at the first
   cursor given again (3 pages), not at the page limit;
 - an upstream that streams server-to-client requests the agent never answers: every one
@@ -382,6 +384,40 @@ def test_an_upstream_cycling_its_cursors_is_listed_once_round(runtime, tmp_path:
                 assert [t["name"] for t in reply.result["tools"]] == ["kitA__p0", "kitA__p1", "kitA__p2"]
                 assert "nextCursor" not in reply.result
             assert len(up.requests("tools/list")) == 3, [s.body for s in up.requests("tools/list")]
+
+        run(scenario, timeout_s=30)
+    finally:
+        harness.stop_mcpyard(child)
+        up.close()
+
+
+@pytest.mark.mcpyard
+@pytest.mark.parametrize(
+    "event_id, resumed_with",
+    [(b"e-1", "e-1"), (b"a\x01b", None), (b"a\x7fb", None), (b"ends ", None)],
+    ids=["plain", "ctl", "del", "trailing-space"],
+)
+def test_an_upstream_event_id_that_cannot_be_sent_back_is_no_resume_point(runtime, tmp_path: Path, event_id, resumed_with):
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
+    up = FaultUpstream().start()
+    # The first GET stream carries one event and ends; the reconnect gets the normal 405.
+    up.script("GET", EventStream((note,), ids=(event_id,), close=True))
+    workers, io = runtime
+    child = harness.start_mcpyard(harness.gateway_config(up.url, workers, io), tmp_path)
+    try:
+
+        async def scenario():
+            async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=None)) as c:
+                raw = RawSession(c, child.address)
+                await raw.initialize()
+                headers = {**raw.headers(), "accept": "text/event-stream"}
+                async with c.stream("GET", raw.url, headers=headers) as response:
+                    assert response.status_code == 200
+                    # The upstream's stream broke: mcpyard reconnects it (after its 1 s).
+                    assert up.wait_until(lambda seen: len(gets_in(seen)) >= 2, TIMEOUT_S), "no reconnect"
+            again = gets_in(up.requests())[1]
+            assert again.headers.get("last-event-id") == resumed_with, again.raw_head
+            assert_clean_heads({"up": up})
 
         run(scenario, timeout_s=30)
     finally:
