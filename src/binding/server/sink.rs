@@ -139,7 +139,7 @@ impl Sink {
     fn encode_head(
         &self,
         status: u16,
-        headers: &[(&str, &[u8])],
+        headers: &[(&'static str, &[u8])],
         body: BodyFraming,
         out: &mut BytesMut,
     ) -> Result<(), http::HeadError> {
@@ -182,7 +182,7 @@ impl Sink {
     pub async fn respond(
         self,
         status: u16,
-        headers: &[(&str, &[u8])],
+        headers: &[(&'static str, &[u8])],
         body: &[u8],
     ) -> Result<(), Gone> {
         self.respond_of(status, headers, &[body]).await
@@ -193,7 +193,7 @@ impl Sink {
     pub async fn respond_of(
         mut self,
         status: u16,
-        headers: &[(&str, &[u8])],
+        headers: &[(&'static str, &[u8])],
         parts: &[&[u8]],
     ) -> Result<(), Gone> {
         assert!(self.state == State::Head);
@@ -214,7 +214,11 @@ impl Sink {
     /// Writes the head of a response whose body is streamed with [`Sink::body`] and
     /// [`Sink::finish`] (chunked transfer coding). `Err(Gone)` also when the head was
     /// refused and a 502 went in its place (the connection then closes).
-    pub async fn head(&mut self, status: u16, headers: &[(&str, &[u8])]) -> Result<(), Gone> {
+    pub async fn head(
+        &mut self,
+        status: u16,
+        headers: &[(&'static str, &[u8])],
+    ) -> Result<(), Gone> {
         assert!(self.state == State::Head);
         let mut out = BytesMut::with_capacity(256);
         if let Err(e) = self.encode_head(status, headers, BodyFraming::Chunked, &mut out) {
