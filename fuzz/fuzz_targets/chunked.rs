@@ -108,7 +108,7 @@ fuzz_target!(|data: &[u8]| {
     let mut wire = BytesMut::new();
     let written = head(&mut wire, BodyFraming::Chunked, true);
     if !field_value_ok(value) {
-        assert_eq!(written, Err(HeadError::Value("x-fuzz".to_owned())));
+        assert_eq!(written, Err(HeadError::Value("x-fuzz")));
         assert!(wire.is_empty(), "a refused head wrote bytes");
         return;
     }
