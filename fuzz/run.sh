@@ -13,6 +13,10 @@
 # fuzz/artifacts/<target>/ and its path is printed. The last line is always
 # `fuzz: N targets, M execs, K crashes`; the exit status is non-zero when K > 0 (or when the
 # build fails).
+#
+# FUZZ_SEED fixes libFuzzer's random seed (0, the default, picks one per run). CI sets it so
+# that its short run explores the same inputs every time and a red CI always means a change
+# in the code, never luck; finding new inputs is the long runs' job.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -56,7 +60,7 @@ for target in "${targets[@]}"; do
   if [ -f "dict/$target.dict" ]; then dict=(-dict="dict/$target.dict"); fi
   status=0
   "$bin_dir/$target" "work/$target" "corpus/$target" "${dict[@]}" \
-    -max_total_time="$SECONDS_EACH" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 \
+    -seed="${FUZZ_SEED:-0}" -max_total_time="$SECONDS_EACH" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="artifacts/$target/" -print_final_stats=1 >"$log" 2>&1 || status=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   execs=${execs:-0}

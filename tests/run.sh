@@ -17,8 +17,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test (unit, binding and raw-HTTP scenario tests)"
 cargo test --workspace --release
 
-echo "== fuzz smoke run (every target a few seconds; fuzz/README.md for long runs)"
-bash fuzz/run.sh 5
+echo "== fuzz smoke run (every target a few seconds, fixed seed; fuzz/README.md for long runs)"
+FUZZ_SEED=1 bash fuzz/run.sh 5
 
 if [ -x tests/py/run.sh ]; then
   echo "== Python MCP SDK scenarios"
