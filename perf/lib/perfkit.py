@@ -509,10 +509,12 @@ def pgroup_ticks(pgids):
 
 
 def system_ticks():
+    """(all, idle, stolen) ticks of every core so far. Stolen: time the hypervisor ran
+    something else while this machine had work (it counts as busy here, not as idle)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     idle = v[3] + v[4]
-    return sum(v[:8]), idle
+    return sum(v[:8]), idle, v[7]
 
 
 QUIET = {"max_wait_s": 30.0, "busy_pct": 20.0, "waited_total_s": 0.0}
@@ -646,6 +648,9 @@ def loadgen(lg, tag, url, scenario="tools-call", rate=None, connections=8, durat
     ours = sum(cpu.values()) * CLK_TCK / 1e6
     res["machine_busy_pct"] = 100.0 * busy / total if total else 0.0
     res["foreign_busy_pct"] = max(0.0, 100.0 * (busy - ours) / total) if total else 0.0
+    # Of it, time the hypervisor gave to other machines: a run with much of it measured a
+    # slower machine, whatever the target did.
+    res["steal_pct"] = 100.0 * (s1[2] - s0[2]) / total if total else 0.0
     res["wall_s"] = wall
     res["busy_before_pct"] = busy_before
     res["quiet_waited_s"] = waited
@@ -787,6 +792,7 @@ def summarize(rs):
     out["cpu_us_per_req"] = {k: median([r["cpu_us_per_req"].get(k) for r in rs])
                              for k in rs[0]["cpu_us_per_req"]}
     out["foreign_busy_pct"] = max(r["foreign_busy_pct"] for r in rs)
+    out["steal_pct"] = max(r.get("steal_pct", 0.0) for r in rs)
     out["machine_busy_pct"] = median([r.get("machine_busy_pct") for r in rs])
     out["errors"] = {k: sum(r["errors"][k] for r in rs) for k in rs[0]["errors"]}
     out["unsent"] = sum(r["unsent"] for r in rs)

@@ -644,6 +644,10 @@ FDS_GROWTH_MAX = 16  # the upstream pools follow the load's concurrency, within 
 FOREIGN_MAX_PCT = 25  # other work on the machine beyond which a run says nothing of latency
 AFTER_RESTART_S = 15  # seconds after b is back that still count as "around the restart"
 DOWN_GRACE_S = 2  # errors this long after b is back still count as "while it was down"
+# A call's errors are counted in the second it was meant to be sent; one meant for the last
+# moment before the kill is still in flight when b dies and fails with it. Such calls (meant
+# up to this long before the kill) count as "while it was down" too.
+IN_FLIGHT_S = 1
 
 
 def analyse(d, seconds, a):
@@ -652,10 +656,10 @@ def analyse(d, seconds, a):
     windows = down_windows(d["events"], total_s)
     d["down_windows"] = windows
 
-    def near(rec, tag, grace):
-        # the generator's second [start, start + 1) overlaps [kill, restart + grace)
+    def near(rec, tag, grace, before=0.0):
+        # the generator's second [start, start + 1) overlaps [kill - before, restart + grace)
         st = rec[tag]["start"] if tag in rec else rec["t"]
-        return any(st < s + grace and st + 1 > k for k, s in windows)
+        return any(st < s + grace and st + 1 > k - before for k, s in windows)
 
     steady = [s for s in seconds if a.warmup <= s["t"] < total_s]
     rows = []
@@ -708,7 +712,7 @@ def analyse(d, seconds, a):
                 errs["a_anywhere"] += s[tag]["errors"]
         failed = s["b"].get("failed_done", s["b"]["errors"]) if "b" in s else 0
         if failed:
-            if near(s, "b", DOWN_GRACE_S):
+            if near(s, "b", DOWN_GRACE_S, IN_FLIGHT_S):
                 errs["b_while_down"] += failed
             else:
                 errs["b_outside_down"] += failed
@@ -943,8 +947,8 @@ def report(d):
             ["errors only on route b, only while its upstream is down", yes(v["errors_ok"]),
              f"route a (generators a and churn): {e['a_anywhere']:,} errors, mcpyard's "
              f"toolkit a errors {e['mcpyard_toolkit_a_errors']:,.0f}; route b: "
-             f"{e['b_while_down']:,.0f} finished while it was down (to {DOWN_GRACE_S} s after "
-             f"the restart), {e['b_outside_down']:,.0f} outside"
+             f"{e['b_while_down']:,.0f} failed while it was down (calls in flight at the kill, "
+             f"to {DOWN_GRACE_S} s after the restart), {e['b_outside_down']:,.0f} outside"
              + (f" (at s {', '.join(str(t) for t in e['b_outside_down_at_s'])})"
                 if e["b_outside_down_at_s"] else "")],
             ["route a's latency unaffected by b's deaths", yes(v["latency_ok"]),

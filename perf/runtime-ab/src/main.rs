@@ -3,14 +3,18 @@
 //! (head + `content-length` body) read whole and written back. The same logic runs on
 //! tokio's epoll reactor, on tokio-uring (as mcpyard uses it, without its prompt-submission
 //! flusher) and on monoio's io_uring driver, so a comparison shows the I/O layer's own cost
-//! per request: system calls, CPU, latency.
+//! per request: system calls, CPU, latency. `raw-uring` (raw.rs) is the same relay as a
+//! purpose-built completion loop on the `io-uring` crate: fixed files, multishot accept and
+//! receive into a provided-buffer ring, one submission per loop turn.
 //!
-//! Usage: runtime-ab --rt tokio-epoll|tokio-uring|monoio --listen ADDR --upstream ADDR
+//! Usage: runtime-ab --rt tokio-epoll|tokio-uring|monoio|raw-uring --listen ADDR --upstream ADDR
 //! Prints `listening ADDR` once bound. One thread; no TLS, no pipelining, no limits beyond
 //! MESSAGE_BYTES_MAX: a measuring tool for loopback, not a proxy.
 
 use std::io;
 use std::net::SocketAddr;
+
+mod raw;
 
 /// Largest request or response accepted (a longer one ends the connection).
 const MESSAGE_BYTES_MAX: usize = 1 << 20;
@@ -229,6 +233,7 @@ fn main() -> io::Result<()> {
         "tokio-epoll" => epoll::run(listen, upstream),
         "tokio-uring" => uring::run(listen, upstream),
         "monoio" => mono::run(listen, upstream),
+        "raw-uring" => raw::run(listen, upstream),
         other => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("unknown runtime {other}"),
