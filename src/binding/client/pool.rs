@@ -1,7 +1,8 @@
 //! A worker's keep-alive connections to one upstream.
 //!
 //! Idle connections are kept most-recent-first, at most [`UPSTREAM_POOL_IDLE_MAX`], each
-//! for at most [`UPSTREAM_POOL_IDLE_TIMEOUT`]. A connection taken from the pool is checked
+//! for at most [`UPSTREAM_POOL_IDLE_TIMEOUT`]: the pool keeps what the recent peak of
+//! concurrent requests needed and shrinks as the load falls. A connection taken from the pool is checked
 //! first ([`super::wire::Wire::reusable`]): one the upstream closed while it sat idle is
 //! dropped and counted, never used. All connections of the binding on this worker (idle,
 //! busy and event streams) count against [`UPSTREAM_CONNECTIONS_MAX`].
@@ -25,6 +26,7 @@ use crate::metrics::{self, TlsFailure};
 use crate::runtime::tls::{HandshakeError, Upstream};
 use crate::runtime::{Backend, Conn, Slots};
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -98,8 +100,9 @@ pub struct Pool {
     connect_timeout: Duration,
     /// `https://`: the TLS every new connection starts with.
     tls: Option<Upstream>,
-    /// Idle connections, most recently used last. Invariant: `len() <= UPSTREAM_POOL_IDLE_MAX`.
-    idle: RefCell<Vec<(Link, Instant)>>,
+    /// Idle connections, most recently used last (so the ones idle longest are at the
+    /// front). Invariant: `len() <= UPSTREAM_POOL_IDLE_MAX`.
+    idle: RefCell<VecDeque<(Link, Instant)>>,
     /// Connections handed out and not yet returned or dropped (see [`Lease`]).
     leased: Rc<Cell<usize>>,
 }
@@ -135,7 +138,7 @@ impl Pool {
             slots,
             connect_timeout,
             tls,
-            idle: RefCell::new(Vec::new()),
+            idle: RefCell::new(VecDeque::new()),
             leased: Rc::new(Cell::new(0)),
         }
     }
@@ -143,7 +146,7 @@ impl Pool {
     /// A usable connection: the most recent idle one, or a new one.
     pub async fn take(&self) -> Result<Lease, ConnectError> {
         loop {
-            let popped = self.idle.borrow_mut().pop();
+            let popped = self.idle.borrow_mut().pop_back();
             let Some((mut link, since)) = popped else {
                 break;
             };
@@ -171,12 +174,18 @@ impl Pool {
         }
         let mut idle = self.idle.borrow_mut();
         let now = Instant::now();
-        idle.retain(|(_, since)| now.duration_since(*since) < UPSTREAM_POOL_IDLE_TIMEOUT);
+        // Entries are in the order they went idle, so the expired ones are a prefix.
+        while idle
+            .front()
+            .is_some_and(|(_, since)| now.duration_since(*since) >= UPSTREAM_POOL_IDLE_TIMEOUT)
+        {
+            idle.pop_front();
+        }
         if idle.len() >= UPSTREAM_POOL_IDLE_MAX {
             // The oldest goes: the recent ones are the likeliest to be reused soon.
-            idle.remove(0);
+            idle.pop_front();
         }
-        idle.push((link, now));
+        idle.push_back((link, now));
         assert!(idle.len() <= UPSTREAM_POOL_IDLE_MAX);
     }
 
