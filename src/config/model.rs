@@ -61,7 +61,7 @@ impl Default for Runtime {
 /// The I/O backend (`runtime.io`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoMode {
-    /// io_uring when the kernel allows it, else epoll (logged once).
+    /// The backend measured faster for mcpyard: epoll (see `runtime::choose_backend`).
     Auto,
     /// io_uring only; start-up fails when it is unavailable.
     Uring,

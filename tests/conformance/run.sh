@@ -192,7 +192,7 @@ stop "$REF_PID"
 # -------- mcpyard demo toolkit
 mkdir -p "$RAW/demo"
 cat >"$RAW/demo.yaml" <<'EOF'
-runtime: { workers: 2, io: auto }
+runtime: { workers: 2, io: uring }   # io_uring here; the other targets run the default (epoll)
 telemetry: { metrics: 127.0.0.1:0 }
 bindings:
   north: { kind: server, listen: 127.0.0.1:0, path: /mcp, exit: demo }
