@@ -169,7 +169,9 @@ impl Pool {
     /// Returns a connection whose exchange ended cleanly with keep-alive.
     pub fn give_back(&self, lease: Lease) {
         let Lease { link, _count } = lease;
-        if link.wire().is_over() || !link.wire().inbox().is_empty() {
+        // Not reusable, so not kept: one with a read still in flight would also hold a
+        // read slot for as long as it sat in the pool.
+        if link.wire().is_over() || !link.wire().inbox().is_empty() || link.wire().read_pending() {
             return;
         }
         let mut idle = self.idle.borrow_mut();

@@ -190,6 +190,12 @@ impl Wire {
         self.over.get() || self.closed.get()
     }
 
+    /// True while a read of this connection is still with the kernel (its waiter went
+    /// away); such a connection holds a read slot and is not [`Wire::reusable`].
+    pub fn read_pending(&self) -> bool {
+        self.in_flight.borrow().is_some()
+    }
+
     /// True if this connection, idle for `idle_for`, may carry another request: not
     /// closed, nothing unread, and the peer has not closed it meanwhile.
     pub fn reusable(&self, idle_for: Duration) -> bool {
