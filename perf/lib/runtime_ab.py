@@ -32,6 +32,7 @@ from perfkit import (  # noqa: E402
     set_quiet, summarize, table, wait_for_line, write_report,
 )
 
+RETRIES = 2  # extra attempts of a run that shared the machine
 NAME = "runtime-ab"
 RAW_SUB = "raw/" + NAME  # every run's loadgen JSON (not committed)
 RELAYS = ["tokio-epoll", "tokio-uring", "monoio", "raw-uring"]
@@ -64,6 +65,9 @@ def parse():
     ap.add_argument("--targets", default=",".join(TARGETS),
                     help=f"comma-separated subset of {','.join(TARGETS)} (default: all)")
     ap.add_argument("--result-bytes", type=int, default=1024, help="fixture result size (1024)")
+    ap.add_argument("--retry-foreign", type=float, default=5.0,
+                    help="run again (up to %d times) when other work or stolen time took more "
+                         "than this %% of both cores (default 5)" % RETRIES)
     add_quiet_args(ap)
     a = ap.parse_args()
     try:
@@ -221,10 +225,26 @@ def run(procs):
     duration = f"{a.duration}s"
     perf_out = os.path.join(RAW, f"{NAME}-perf.csv")
 
-    def one(tag, name, conns, rate):
+    def one(tag, name, conns, rate, traced=False):
+        # A run that shared the machine (other work or the hypervisor's stolen time above
+        # --retry-foreign % of both cores) measured a slower machine: run it again, at most
+        # RETRIES times, and keep the quietest.
+        best = None
+        for attempt in range(1 + RETRIES):
+            r = measure(tag, name, conns, rate, traced)
+            r["attempt"] = attempt + 1
+            if best is None or r["foreign_busy_pct"] < best["foreign_busy_pct"]:
+                best = r
+            if r["foreign_busy_pct"] <= a.retry_foreign:
+                break
+            log(f"{tag} {name}: other work {r['foreign_busy_pct']:.0f} % (stolen "
+                f"{r.get('steal_pct', 0):.0f} %) over {a.retry_foreign:.0f} %: again")
+        return best
+
+    def measure(tag, name, conns, rate, traced):
         t = targets[name]
         gen = lg
-        if rate and perf:
+        if traced:
             if os.path.exists(perf_out):
                 os.unlink(perf_out)
             gen = perf_wrapper(perf, events, group_pids(t.pid), perf_out, lg)
@@ -239,7 +259,7 @@ def run(procs):
         for k, split in r["cpu_split_us"].items():
             for part, v in split.items():
                 r["cpu_us_per_req"][f"{k}_{part}"] = v / n if n else None
-        if rate and perf:
+        if traced:
             counts = read_perf(perf_out)
             if counts:
                 r["syscalls"] = counts
@@ -277,6 +297,16 @@ def run(procs):
             + (f" ({a.rate_fraction:.0%} of nginx's median max {base_max:,.0f})"
                if a.rate is None else ""))
         at = rounds("rate", conns, rate)
+        if perf:
+            # System calls come from one more run per target at the same rate, traced: the
+            # tracepoints cost mcpyard's tail latency far more than the relays' (p99 25-45 ms
+            # against 4-5 ms untraced, at 256 connections), so latency and CPU come from the
+            # untraced runs above.
+            log(f"{conns} connections: system calls, one traced run each at {rate} req/s")
+            for name in targets:
+                traced = one(f"c{conns}-syscalls", name, conns, rate, traced=True)
+                if traced.get("syscalls_per_req"):
+                    at[name]["syscalls_per_req"] = traced["syscalls_per_req"]
         counts[str(conns)] = {"rate": rate, "base_max_rps": base_max, "max": maxes, "at": at}
         print_medians(conns, rate, counts[str(conns)], list(targets))
 
@@ -374,8 +404,9 @@ def report(d):
         calls = ("System calls/req: `perf stat` counting the tracepoints `sys_enter_{"
                  + ",".join(d["perf_events"]) + "}` on every process of the target while the "
                  "generator runs (warm-up included), all of them added up; the main ones are "
-                 "listed. Counting tracepoints costs the target a little CPU in the open-loop "
-                 "runs (all targets alike); the closed-loop runs are not traced.")
+                 "listed. They come from one more open-loop run per target at the same rate: "
+                 "tracing costs mcpyard's tail latency far more than the relays', so the "
+                 "latency and CPU figures come from untraced runs.")
     else:
         calls = "System calls were not counted (`perf` or its syscall tracepoints unavailable)."
     L.append(

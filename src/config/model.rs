@@ -61,7 +61,7 @@ impl Default for Runtime {
 /// The I/O backend (`runtime.io`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoMode {
-    /// The backend measured faster for mcpyard: epoll (see `runtime::choose_backend`).
+    /// epoll (`runtime::choose_backend` gives the measurements behind it).
     Auto,
     /// io_uring only; start-up fails when it is unavailable.
     Uring,

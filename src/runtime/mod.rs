@@ -115,12 +115,12 @@ fn uring_block_on<F: std::future::Future>(prompt: bool, main: F) -> std::io::Res
     }))
 }
 
-/// Picks the backend for `runtime.io`. `auto` is the one measured faster for mcpyard:
-/// epoll. Side by side on the same machine (`perf/runtime-ab.sh`, Linux 6.18), mcpyard on
-/// tokio-uring reached less throughput than on epoll at 8 and at 256 connections, with a
-/// higher p99, on every run so far, and the kernels before 6.18 offer io_uring less, not
-/// more; a bare relay on tokio-uring trails tokio's epoll one the same way. So io_uring
-/// runs only when asked for (`uring`), and start-up fails when it cannot be set up.
+/// Picks the backend for `runtime.io`. `auto` is epoll. Side by side on the same machine
+/// (`perf/runtime-ab.sh`, Linux 6.18), mcpyard on tokio-uring reached 8-16 % less
+/// throughput than on epoll at 8 connections (or tied), with more CPU per request; at 256
+/// the two traded places from run to run. A bare relay on tokio-uring trails tokio's epoll
+/// one too, and kernels before 6.18 offer io_uring less, not more. So io_uring runs only
+/// when asked for (`uring`), and start-up fails when it cannot be set up.
 pub fn choose_backend(mode: crate::config::IoMode) -> Result<Backend, String> {
     use crate::config::IoMode;
     match mode {
@@ -189,7 +189,7 @@ mod tests {
     use std::time::Instant;
 
     #[test]
-    fn auto_runs_the_backend_measured_faster_and_uring_only_when_asked() {
+    fn auto_runs_epoll_and_uring_only_when_asked() {
         use crate::config::IoMode;
         assert_eq!(choose_backend(IoMode::Auto), Ok(Backend::Epoll));
         assert_eq!(choose_backend(IoMode::Epoll), Ok(Backend::Epoll));
