@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from perfkit import rerender as perfkit_rerender  # noqa: E402
 from perfkit import errs  # noqa: E402,F401
 from perfkit import (  # noqa: E402
-    CLK_TCK, RAW, RESULTS, Fail, Fixture, Gateway, add_quiet_args, binaries, fd_count, fmt,
+    CLK_TCK, RAW, RESULTS, Fail, Fixture, Gateway, add_quiet_args, binaries, fd_count, fmt, group_pids,
     free_port, gateway_config, loadgen, loadgen_cmd, log, machine_info, machine_line,
     main_guard, nginx_head, pgroup_ticks, raise_nofile, rss_kib, set_quiet, system_ticks, table,
     wait_for_line, wait_port, wait_quiet, write_report,
@@ -316,7 +316,7 @@ def phase_list(procs, a, gw, lg, nginx_bin, tools):
     upstream = {io: {k: m1[io].get(k) for k in ("mcpyard_upstream_sessions",
                                                 "mcpyard_upstream_connections")} for io in gws}
     rss = {f"mcpyard-{io}": rss_kib(g.pid) for io, g in gws.items()}
-    rss["nginx"] = sum(rss_kib(int(p)) for p in group_pids(ngx.pid))
+    rss["nginx"] = sum(rss_kib(p) for p in group_pids(ngx.pid))
     exits = {f"mcpyard-{io}": procs.stop(g.p) for io, g in gws.items()}
     exits["nginx"] = procs.stop(ngx.p)
     for f in (fa, fb):
@@ -328,20 +328,6 @@ def phase_list(procs, a, gw, lg, nginx_bin, tools):
         "nginx_headers": nheaders, "max": maxes, "rate_50": rate, "at50": at50,
         "cache_counters": cache, "upstream_gauges": upstream, "rss_kib": rss, "exit_codes": exits,
     }
-
-
-def group_pids(pgid):
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    s = f.read()
-            except OSError:
-                continue
-            if int(s[s.rfind(")") + 2:].split()[2]) == pgid:
-                out.append(d)
-    return out
 
 
 # --------------------------------------------------------------------------- phase: fanout

@@ -109,7 +109,7 @@ def one(procs, gw, lg, io, conns, duration, can_trace):
 
 
 def report(d):
-    md = [f"# Where mcpyard's CPU per request goes as connections grow\n",
+    md = ["# Where mcpyard's CPU per request goes as connections grow\n",
           machine_line(d["machine"]) + "\n",
           f"`{d['command']}`: 1 worker, 1 KiB `tools/call` results, closed loop, perf record "
           f"(cpu-clock, {FREQ} Hz) on mcpyard for {d['duration']} s per run. 'other work' "

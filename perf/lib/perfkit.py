@@ -489,9 +489,9 @@ class Sampler(threading.Thread):
 # --------------------------------------------------------------------------- cpu accounting
 
 
-def pgroup_ticks(pgids):
-    """(utime, stime) ticks of every live process whose process group is in `pgids`."""
-    total = {g: (0, 0) for g in pgids}
+def proc_stats():
+    """(pid, the fields of /proc/<pid>/stat after the command name) of every live process;
+    in those fields, [2] is the process group, [11] and [12] utime and stime."""
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -500,7 +500,18 @@ def pgroup_ticks(pgids):
                 s = f.read()
         except OSError:
             continue
-        rest = s[s.rfind(")") + 2 :].split()
+        yield int(d), s[s.rfind(")") + 2 :].split()
+
+
+def group_pids(pgid):
+    """Every live process of process group `pgid` (nginx: the master and its worker)."""
+    return sorted(pid for pid, rest in proc_stats() if int(rest[2]) == pgid)
+
+
+def pgroup_ticks(pgids):
+    """(utime, stime) ticks of every live process whose process group is in `pgids`."""
+    total = {g: (0, 0) for g in pgids}
+    for _pid, rest in proc_stats():
         pgrp = int(rest[2])
         if pgrp in total:
             u, k = total[pgrp]

@@ -27,7 +27,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from perfkit import rerender as perfkit_rerender  # noqa: E402
 from perfkit import (  # noqa: E402
-    PERF, RAW, Fail, Fixture, Gateway, Nginx, add_quiet_args, apt_install, binaries, fmt, loadgen,
+    PERF, RAW, Fail, Fixture, Gateway, Nginx, add_quiet_args, apt_install, binaries, fmt, group_pids,
+    loadgen,
     loadgen_cmd, log, machine_info, machine_line, main_guard, median, nginx_conf, raise_nofile,
     set_quiet, summarize, table, wait_for_line, write_report,
 )
@@ -123,22 +124,6 @@ def build_relay():
     if not os.path.isabs(target):
         target = os.path.join(RELAY_DIR, target)
     return os.path.join(target, "release", "runtime-ab")
-
-
-def group_pids(pgid):
-    """Every live process of process group `pgid` (nginx: the master and its worker)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                s = f.read()
-        except OSError:
-            continue
-        if int(s[s.rfind(")") + 2:].split()[2]) == pgid:
-            pids.append(int(d))
-    return sorted(pids)
 
 
 # --------------------------------------------------------------------------- perf stat
@@ -418,7 +403,8 @@ def report(d):
         "process group (nginx: master and worker) from /proc (10 ms ticks) over the whole "
         f"run, warm-up included, divided by all its requests. {calls} Ratios: target / nginx "
         "at the same connection count.\n")
-    for conns, per in d["counts"].items():
+    # In connection-count order: a JSON round trip sorts the keys as text ("256" < "8").
+    for conns, per in sorted(d["counts"].items(), key=lambda kv: int(kv[0])):
         names = [n for n in d["targets"] if n in per["max"]]
         base_m = per["max"].get(BASE)
         base_r = per["at"].get(BASE)
