@@ -67,8 +67,8 @@ def parse():
                     help=f"comma-separated subset of {','.join(TARGETS)} (default: all)")
     ap.add_argument("--result-bytes", type=int, default=1024, help="fixture result size (1024)")
     ap.add_argument("--retry-foreign", type=float, default=5.0,
-                    help="run again (up to %d times) when other work or stolen time took more "
-                         "than this %% of both cores (default 5)" % RETRIES)
+                    help=f"run again (up to {RETRIES} times) when other work or stolen time took "
+                         "more than this %% of both cores (default 5)")
     add_quiet_args(ap)
     a = ap.parse_args()
     try:
