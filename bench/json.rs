@@ -16,7 +16,6 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput};
 use mcpyard::jsonrpc;
 use mcpyard::limits::SLOT_BYTES;
-use serde_json::value::RawValue;
 use std::collections::HashSet;
 use std::hint::black_box;
 
@@ -174,7 +173,7 @@ fn ir_loop(case: &str, n: u64) -> usize {
         .and_then(|e| e.params)
         .map(|p| p.get().to_owned())
         .unwrap_or_default();
-    let params: &RawValue = serde_json::from_str(&params).unwrap_or_else(|_| {
+    let params = jsonrpc::Raw::parse(&params).unwrap_or_else(|| {
         panic!("the CALL constant has object params");
     });
     let mut events = Vec::with_capacity(8);

@@ -8,6 +8,7 @@
 //! those items behind signatures made of public types alone. Each wrapper calls the real
 //! code and adds no logic of its own, so what the fuzzers exercise is what runs.
 
+use crate::jsonrpc::{ParamIndex, Raw};
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
@@ -133,13 +134,16 @@ pub fn request_target(params: &RawValue, uri: bool) -> Result<Option<Target>, &'
     } else {
         Kind::ToolsCall
     };
-    Ok(
-        app::target_of(kind, Some(params))?.map(|(name, at)| Target {
-            name: name.to_string(),
-            start: at.start as usize,
-            end: at.end as usize,
-        }),
-    )
+    Ok(app::target_of(
+        kind,
+        Some(Raw::from(params)),
+        &ParamIndex::of(Raw::from(params)),
+    )?
+    .map(|(name, at)| Target {
+        name: name.to_string(),
+        start: at.start as usize,
+        end: at.end as usize,
+    }))
 }
 
 /// The list cache's merge of the routes' item fragments, as stored (`encode_list`: a header

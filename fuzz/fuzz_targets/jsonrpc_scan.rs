@@ -179,7 +179,7 @@ fuzz_target!(|data: &[u8]| {
         "the scanner and serde_json read different members"
     );
     if let Ok(envelope) = parse_envelope(&body) {
-        let raw = |v: Option<&RawValue>| v.map(|v| v.get().as_bytes().to_vec());
+        let raw = |v: Option<mcpyard::jsonrpc::Raw<'_>>| v.map(|v| v.get().as_bytes().to_vec());
         let from_envelope = Outcome {
             result: raw(envelope.result),
             id: envelope.id.map(|id| id.raw.as_bytes().to_vec()),

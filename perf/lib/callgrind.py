@@ -145,6 +145,58 @@ def categories(path):
     return [(v[0], v[1], k) for k, v in out.items()]
 
 
+# The stages of a tools/call through server → client, each a set of functions whose
+# inclusive costs do not nest in one another (a function's cost is its outermost entry's:
+# inlined code gives one function several entries, the outer one holding the inner ones).
+# What no stage holds (the task's poll tree of joins and selects, wake-ups, the scheduler,
+# the I/O driver, timers, the clock) is the remainder: the per-request machinery.
+STAGES = [
+    ("agent read and HTTP parse", r"^mcpyard::http::request::RequestDecoder::decode$|"
+                                  r"^mcpyard::runtime::io::Conn::received$|"
+                                  r"^mcpyard::runtime::slots::Slots::(lend|give_back)$"),
+    ("admission, JSON-RPC parse, session", r"^mcpyard::binding::server::Server::handle$|"
+                                           r"^mcpyard::jsonrpc::envelope::parse_envelope$|"
+                                           r"^mcpyard::binding::server::app::(target_of|accepts|authorization)$|"
+                                           r"^mcpyard::jsonrpc::params::progress_token$|"
+                                           r"^mcpyard::jsonrpc::id::RequestId::key$|"
+                                           r"^mcpyard::binding::server::events::(session_for|lookup)$|"
+                                           r"^mcpyard::binding::server::events::Session::(register|unregister)$"),
+    ("exit hand-off (internal stream)", r"^mcpyard::stream::pipe::|"
+                                        r"^<mcpyard::binding::client::Client as mcpyard::binding::Exit>::serve$|"
+                                        r"^mcpyard::binding::client::request::Exchange::relay_held"),
+    ("upstream write (head, pool, socket)", r"^mcpyard::binding::client::Client::head$|"
+                                            r"^mcpyard::binding::client::write_(bounded|known)|"
+                                            r"^mcpyard::binding::client::pool::Pool::(take|give_back|put)"),
+    ("upstream read and parse (head, body, result scan)",
+     r"^mcpyard::binding::client::exchange::Response::next|"
+     r"^mcpyard::jsonrpc::scan::ResultScanner::(feed|finish)$"),
+    ("agent write (head, body, socket)", r"^mcpyard::binding::server::sink::Sink::"),
+    ("metrics", r"^mcpyard::metrics::"),
+]
+
+
+def stages(path, total):
+    """Ir per stage (see STAGES) and the remainder, phase totals (not per call)."""
+    rows = annotate(path, True, 10**6)
+    outer = {}
+    for ir, _pct, fn, _f in rows:
+        fn = re.sub(r"'\d+$", "", fn)
+        outer[fn] = max(outer.get(fn, 0), ir)
+    out, held = [], 0
+    for name, rx in STAGES:
+        ir = sum(v for fn, v in outer.items() if re.search(rx, fn))
+        out.append((name, ir))
+        held += ir
+    out.append(("runtime and glue: poll tree, wake-ups, scheduler, I/O driver, timers, clock",
+                total - held))
+    return out
+
+
+def call_count(path, fn_rx):
+    """How often functions matching fn_rx were called (all callers)."""
+    return sum(n for _ir, n, _fn in callers(path, fn_rx, 10**6))
+
+
 def callers(path, fn_rx, top=8):
     """Who calls the functions matching fn_rx (inclusive cost of the calls, call counts)."""
     r = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--tree=caller", "--auto=no",
@@ -253,6 +305,8 @@ def run(procs):
     cats = categories(os.path.join(RAW, B["path"]))
     utf8_callers = callers(os.path.join(RAW, B["path"]), r"core::str::converts::from_utf8")
     malloc_callers = callers(os.path.join(RAW, B["path"]), r"__rustc::__rust_alloc( |$)", 10)
+    stage_rows = stages(os.path.join(RAW, B["path"]), B["ir"])
+    allocs = call_count(os.path.join(RAW, B["path"]), r"__rustc::__rust_(alloc|alloc_zeroed|realloc)( |$)")
     exit_code = procs.stop(g.p, grace=30)
     procs.stop(fx.p)
     data = {
@@ -264,6 +318,7 @@ def run(procs):
             "B_over_calls": per_b, "B_minus_A": per_diff, "B_minus_A_minus_idle": per_diff_idle},
         "inclusive_top": inclusive, "exclusive_top": exclusive, "self_by_function": grouped, "categories": cats,
         "utf8_callers": utf8_callers, "malloc_callers": malloc_callers, "exit_code": exit_code,
+        "stages": stage_rows, "allocations": allocs,
     }
     write_report(NAME + ("-proxy" if a.proxy else ""), report(data, a), data)
 
@@ -306,6 +361,20 @@ def report(d, a):
     L.append(f"At the closed-loop max of compare-hops a native tools/call costs the CPU time in "
              f"its 'target CPU µs/req' column; that includes the kernel's TCP work, which "
              f"callgrind does not count (it counts user-space instructions only).\n")
+    if d.get("stages"):
+        L.append("## Stages of a tools/call (inclusive, phase B)\n")
+        L.append("Each stage is the outermost inclusive cost of the functions that do it "
+                 "(perf/lib/callgrind.py, STAGES); their sum is subtracted from the phase's "
+                 "total, and the rest is the per-request machinery between them. Session setup "
+                 "and teardown of the run are in it too (a few hundred Ir per call, see the "
+                 "methods above).\n")
+        total = B["ir"]
+        L.append(table(["stage", "Ir / call", "%"],
+                       [[k, fmt(ir / B["calls"]), f"{100 * ir / total:.1f}"] for k, ir in d["stages"]],
+                       ["l", "r", "r"]))
+        L.append("")
+        L.append(f"Heap allocations (`__rust_alloc`, `__rust_realloc`): "
+                 f"**{d['allocations'] / B['calls']:.1f} per tools/call**.\n")
     L.append("## Where the instructions go (self cost by kind, phase B)\n")
     L.append(table(["kind", "Ir / call", "%"],
                    [[k, fmt(ir / B["calls"]), f"{pct:.1f}"] for ir, pct, k in d["categories"]],

@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 
-use serde_json::value::RawValue;
+use super::raw::Raw;
 
 /// A request id exactly as the sender wrote it (the raw JSON lexeme: `7`, `"abc"`, `"a\"b"`),
 /// validated to be a JSON string or number.
@@ -42,7 +42,7 @@ impl<'a> RequestId<'a> {
     }
 
     /// Wraps a member value when it is a JSON string or number; `None` for any other type.
-    pub(crate) fn from_raw(raw: &'a RawValue) -> Option<Self> {
+    pub(crate) fn from_raw(raw: Raw<'a>) -> Option<Self> {
         let text = raw.get();
         match text.as_bytes().first() {
             Some(b'"' | b'-' | b'0'..=b'9') => Some(RequestId { raw: text }),
@@ -55,7 +55,7 @@ impl<'a> RequestId<'a> {
 ///
 /// Surrounding JSON whitespace is allowed and ignored.
 pub fn id_key_of_raw(raw: &str) -> Option<IdKey> {
-    let value: &RawValue = serde_json::from_str(raw).ok()?;
+    let value = Raw::parse(raw)?;
     let text = value.get();
     match text.as_bytes().first()? {
         b'"' => Some(IdKey::Str(raw_str(value)?.into())),
@@ -76,16 +76,16 @@ pub fn id_key_of_raw(raw: &str) -> Option<IdKey> {
 
 /// Decodes a raw JSON string, borrowing when it has no escapes; `None` when `raw` is not a
 /// string.
-pub(crate) fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+pub(crate) fn raw_str(raw: Raw<'_>) -> Option<Cow<'_, str>> {
     str_lexeme(raw.get())
 }
 
 /// Decodes a JSON string lexeme, borrowing when it has no escapes; `None` when `text` is not
-/// a string. `text` must be valid JSON (a `RawValue` or a value slice of one).
+/// a string. `text` must be valid JSON (a [`Raw`] or a value slice of one).
 pub(crate) fn str_lexeme(text: &str) -> Option<Cow<'_, str>> {
     let inner = text.strip_prefix('"')?.strip_suffix('"')?;
     if !inner.contains('\\') {
-        // A RawValue is valid JSON, so an escape-free string body is its own value.
+        // A Raw is valid JSON, so an escape-free string body is its own value.
         return Some(Cow::Borrowed(inner));
     }
     serde_json::from_str::<String>(text).ok().map(Cow::Owned)

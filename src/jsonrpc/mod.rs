@@ -21,13 +21,16 @@ mod envelope;
 mod id;
 mod items;
 mod params;
+mod raw;
 mod scan;
+mod syntax;
 mod write;
 
 pub use envelope::{Envelope, EnvelopeError, Kind, parse_envelope};
 pub use id::{IdKey, RequestId, id_key_of_raw};
 pub use items::{ItemError, ItemMode, ItemRewriter, ItemRules, ItemSink};
-pub use params::{param_raw, param_str, param_str_at, progress_token, raw_is_object};
+pub use params::{ParamIndex, param_raw, param_str, param_str_at, progress_token, raw_is_object};
+pub use raw::Raw;
 pub use scan::{
     ERROR_BYTES_MAX, ID_BYTES_MAX, ResultScanner, SCAN_DEPTH_MAX, ScanError, ScanEvent,
 };

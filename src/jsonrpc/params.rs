@@ -6,16 +6,17 @@
 //! the JavaScript and Python MCP SDKs upstream will see, so the gateway routes on the same
 //! value the upstream acts on.
 //!
-//! `params` is a [`RawValue`], which `serde_json` has already validated as JSON, so the pass
-//! here only has to find where members and values end: strings are skipped a run of plain
-//! bytes at a time (the result scanner's [`super::scan::plain_run`]), containers by bracket
-//! depth. A found value is wrapped back into a `RawValue` by `serde_json` (a short re-parse
-//! of that value alone), and a name with escapes is decoded by `serde_json` before it is
-//! compared (an escape-free one is compared as it is).
+//! `params` is a [`Raw`] value, already validated as JSON, so the pass here only has to find
+//! where members and values end: strings are skipped a run of plain bytes at a time (the
+//! result scanner's [`super::scan::plain_run`]), containers by bracket depth. A found value
+//! is a slice of a valid value, so it is a [`Raw`] as it is (no re-parse), and a name with
+//! escapes is decoded by `serde_json` before it is compared (an escape-free one is compared
+//! as it is).
 
 use std::borrow::Cow;
 
-use serde_json::value::RawValue;
+use super::raw::Raw;
+use super::syntax::{Cursor, Syntax};
 
 use super::INVALID_PARAMS;
 use super::envelope::EnvelopeError;
@@ -28,17 +29,14 @@ use super::scan::plain_run;
 /// escapes) when it is a string, and -32602 "Invalid params" when `params` is not an object
 /// or the member is not a string (`null` included). The error carries no id; the caller,
 /// which has the envelope, fills it in.
-pub fn param_str<'a>(
-    params: &'a RawValue,
-    key: &str,
-) -> Result<Option<Cow<'a, str>>, EnvelopeError> {
+pub fn param_str<'a>(params: Raw<'a>, key: &str) -> Result<Option<Cow<'a, str>>, EnvelopeError> {
     Ok(param_str_at(params, key)?.map(|(decoded, _)| decoded))
 }
 
 /// [`param_str`], also returning the member's raw lexeme (quotes included): a slice of
 /// `params`, so its offset there tells where the string sits in the original bytes.
 pub fn param_str_at<'a>(
-    params: &'a RawValue,
+    params: Raw<'a>,
     key: &str,
 ) -> Result<Option<(Cow<'a, str>, &'a str)>, EnvelopeError> {
     let invalid = || EnvelopeError {
@@ -60,30 +58,100 @@ pub fn param_str_at<'a>(
 /// Returns `params._meta.progressToken` when it is a string or an integer (MCP
 /// `ProgressToken`); `None` when absent, of another type, or `params`/`_meta` is not an
 /// object.
-pub fn progress_token(params: &RawValue) -> Option<&RawValue> {
-    let meta = find_member(params.get(), "_meta")?;
-    let token = find_member(meta, "progressToken")?;
-    if token.starts_with('"') || is_integer_lexeme(token) {
-        as_raw(token)
-    } else {
-        None
+pub fn progress_token(params: Raw<'_>) -> Option<Raw<'_>> {
+    ParamIndex::of(params).progress_token
+}
+
+/// The members of a `params` object that the request path reads, found in one pass: the
+/// target of the call (`name`, `uri`, or a completion's `ref`) and `_meta.progressToken`.
+/// When a member occurs more than once the last one wins, as in [`param_raw`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParamIndex<'a> {
+    /// `params.name`, any JSON type.
+    pub name: Option<Raw<'a>>,
+    /// `params.uri`, any JSON type.
+    pub uri: Option<Raw<'a>>,
+    /// `params.ref`, any JSON type.
+    pub reference: Option<Raw<'a>>,
+    /// `params._meta.progressToken` when it is a string or an integer.
+    pub progress_token: Option<Raw<'a>>,
+}
+
+impl<'a> ParamIndex<'a> {
+    /// The index of `params` (empty when it is not an object). The envelope reader builds
+    /// it while it reads the body; this is for params that came another way.
+    pub fn of(params: Raw<'a>) -> ParamIndex<'a> {
+        let mut cursor = Cursor::new(params.get());
+        if cursor.peek() != Some(b'{') {
+            return ParamIndex::default();
+        }
+        // A Raw is valid JSON, so the read cannot fail; should it, the index is empty.
+        ParamIndex::read(&mut cursor).unwrap_or_default()
     }
+
+    /// Reads the object at `cursor` (its syntax checked on the way), noting the members.
+    pub(super) fn read(cursor: &mut Cursor<'a>) -> Result<ParamIndex<'a>, Syntax> {
+        let mut index = ParamIndex::default();
+        cursor.object(|name, escaped, cursor| {
+            let start = cursor.at();
+            let name = member_name(name, escaped);
+            if name.as_deref() == Some("_meta") && cursor.peek() == Some(b'{') {
+                let mut token = None;
+                cursor.object(|name, escaped, cursor| {
+                    let start = cursor.at();
+                    cursor.value()?;
+                    if member_name(name, escaped).as_deref() == Some("progressToken") {
+                        token = Some(cursor.since(start)?);
+                    }
+                    Ok(())
+                })?;
+                index.progress_token = token
+                    .filter(|t| t.starts_with('"') || is_integer_lexeme(t))
+                    .map(Raw::trusted);
+                return Ok(());
+            }
+            cursor.value()?;
+            let value = Some(Raw::trusted(cursor.since(start)?));
+            match name.as_deref() {
+                Some("name") => index.name = value,
+                Some("uri") => index.uri = value,
+                Some("ref") => index.reference = value,
+                // A `_meta` that is not an object has no token.
+                Some("_meta") => index.progress_token = None,
+                _ => {}
+            }
+            Ok(())
+        })?;
+        Ok(index)
+    }
+}
+
+/// A member name's value, from its lexeme (quotes included); `None` for a name with escapes
+/// that do not decode (it then matches nothing, as in [`find_member`]).
+fn member_name(lexeme: &str, escaped: bool) -> Option<Cow<'_, str>> {
+    if escaped {
+        return serde_json::from_str::<Cow<'_, str>>(lexeme).ok();
+    }
+    lexeme
+        .strip_prefix('"')
+        .and_then(|l| l.strip_suffix('"'))
+        .map(Cow::Borrowed)
 }
 
 /// Returns `params[key]` verbatim, e.g. "requestId", "capabilities", "cursor"; `None` when
 /// `params` is not an object or has no such member.
-pub fn param_raw<'a>(params: &'a RawValue, key: &str) -> Option<&'a RawValue> {
+pub fn param_raw<'a>(params: Raw<'a>, key: &str) -> Option<Raw<'a>> {
     find_member(params.get(), key).and_then(as_raw)
 }
 
 /// True when `raw` is a JSON object.
-pub fn raw_is_object(raw: &RawValue) -> bool {
+pub fn raw_is_object(raw: Raw<'_>) -> bool {
     raw.get().trim_start().starts_with('{')
 }
 
-/// Wraps a value slice of a `RawValue` back into one (it is valid JSON, so this succeeds).
-fn as_raw(value: &str) -> Option<&RawValue> {
-    serde_json::from_str(value).ok()
+/// Wraps a value slice of a validated value (`find_member` gives those) as a [`Raw`].
+fn as_raw(value: &str) -> Option<Raw<'_>> {
+    Some(Raw::trusted(value))
 }
 
 /// The last value of member `key` in `text`, without surrounding whitespace; `None` when
@@ -209,6 +277,7 @@ mod tests {
     use super::*;
     use crate::testing::Rng;
     use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+    use serde_json::value::RawValue;
     use std::fmt;
 
     /// The reference lookup: `serde_json` walks the object and keeps the last raw value of
@@ -357,18 +426,29 @@ mod tests {
                     "seed {seed} round {round} key {key:?} in {text}"
                 );
             }
-            let raw: &RawValue = match serde_json::from_str(&text) {
-                Ok(raw) => raw,
-                Err(e) => panic!("seed {seed}: {e}"),
+            let Some(raw) = Raw::parse(&text) else {
+                panic!("seed {seed}: invalid {text}");
             };
             let want = find_member_serde(&text, "_meta")
                 .and_then(|meta| find_member_serde(meta, "progressToken"))
                 .filter(|t| t.starts_with('"') || is_integer_lexeme(t));
             assert_eq!(
-                progress_token(raw).map(RawValue::get),
+                progress_token(raw).map(Raw::get),
                 want,
                 "seed {seed} round {round} in {text}"
             );
+            let index = ParamIndex::of(raw);
+            for (key, got) in [
+                ("name", index.name),
+                ("uri", index.uri),
+                ("ref", index.reference),
+            ] {
+                assert_eq!(
+                    got.map(Raw::get),
+                    find_member_serde(&text, key),
+                    "seed {seed} round {round} key {key} in {text}"
+                );
+            }
             tokens += usize::from(want.is_some());
         }
         // The generator must reach the interesting cases, not only absent members.
@@ -416,10 +496,10 @@ mod tests {
         assert_eq!(find_member(&deep, "name"), Some("1"));
     }
 
-    fn raw(text: &str) -> &RawValue {
-        match serde_json::from_str(text) {
-            Ok(raw) => raw,
-            Err(e) => panic!("bad test json {text}: {e}"),
+    fn raw(text: &str) -> Raw<'_> {
+        match Raw::parse(text) {
+            Some(raw) => raw,
+            None => panic!("bad test json {text}"),
         }
     }
 
@@ -450,17 +530,14 @@ mod tests {
     #[test]
     fn param_raw_cases() {
         let p = raw(r#"{ "requestId" : "abc" , "capabilities": {"tools":{}}, "cursor": null }"#);
+        assert_eq!(param_raw(p, "requestId").map(Raw::get), Some("\"abc\""));
         assert_eq!(
-            param_raw(p, "requestId").map(RawValue::get),
-            Some("\"abc\"")
-        );
-        assert_eq!(
-            param_raw(p, "capabilities").map(RawValue::get),
+            param_raw(p, "capabilities").map(Raw::get),
             Some(r#"{"tools":{}}"#)
         );
-        assert_eq!(param_raw(p, "cursor").map(RawValue::get), Some("null"));
-        assert_eq!(param_raw(p, "nope").map(RawValue::get), None);
-        assert_eq!(param_raw(raw("[1]"), "requestId").map(RawValue::get), None);
+        assert_eq!(param_raw(p, "cursor").map(Raw::get), Some("null"));
+        assert_eq!(param_raw(p, "nope").map(Raw::get), None);
+        assert_eq!(param_raw(raw("[1]"), "requestId").map(Raw::get), None);
     }
 
     #[test]
@@ -481,7 +558,7 @@ mod tests {
         ];
         for (params, want) in cases {
             assert_eq!(
-                progress_token(raw(params)).map(RawValue::get),
+                progress_token(raw(params)).map(Raw::get),
                 want,
                 "params {params}"
             );

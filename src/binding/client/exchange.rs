@@ -8,6 +8,7 @@
 
 use super::pool::Lease;
 use crate::http::{HttpError, ResponseDecoder, ResponseEvent, ResponseHead};
+use crate::jsonrpc::Raw;
 use crate::jsonrpc::{self, Kind as RpcKind};
 use crate::limits::MESSAGE_BYTES_MAX;
 use crate::sse;
@@ -300,7 +301,7 @@ pub enum Upward {
 /// are ignored). Fails if the message is not valid JSON-RPC.
 pub fn classify(data: &Bytes, expect: Option<&str>) -> Result<Upward, BadBody> {
     let envelope = jsonrpc::parse_envelope(data).map_err(|_| BadBody::NotJsonRpc)?;
-    let slice = |raw: &RawValue| data.slice_ref(raw.get().as_bytes());
+    let slice = |raw: Raw<'_>| data.slice_ref(raw.get().as_bytes());
     let ours = |id: Option<&str>| match (id, expect) {
         (Some(id), Some(expect)) => id == expect,
         (None, _) => true,
@@ -374,7 +375,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
 
 /// The RESET for an upstream error response: the same code, message and data when the
 /// error object is well formed, an internal error otherwise.
-fn error_reset(error: Option<&RawValue>, data: &Bytes) -> Reset {
+fn error_reset(error: Option<Raw<'_>>, data: &Bytes) -> Reset {
     let parsed = error.and_then(|raw| serde_json::from_str::<ErrorObject<'_>>(raw.get()).ok());
     match parsed {
         Some(e) => match i32::try_from(e.code) {
@@ -392,9 +393,7 @@ fn error_reset(error: Option<&RawValue>, data: &Bytes) -> Reset {
 /// The RESET for the raw `error` object of an upstream response (as the streaming scanner
 /// captured it).
 pub fn error_object_reset(error: &Bytes) -> Reset {
-    let raw = std::str::from_utf8(error)
-        .ok()
-        .and_then(|text| serde_json::from_str::<&RawValue>(text).ok());
+    let raw = std::str::from_utf8(error).ok().and_then(Raw::parse);
     match raw {
         Some(raw) => error_reset(Some(raw), error),
         None => upstream_error("Upstream sent a malformed error response"),

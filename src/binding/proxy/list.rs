@@ -113,7 +113,10 @@ fn has_cursor(params: &[u8]) -> bool {
     if params.is_empty() {
         return false;
     }
-    let Ok(raw) = serde_json::from_slice::<&serde_json::value::RawValue>(params) else {
+    let Some(raw) = std::str::from_utf8(params)
+        .ok()
+        .and_then(jsonrpc::Raw::parse)
+    else {
         return false;
     };
     jsonrpc::param_raw(raw, "cursor").is_some_and(|c| c.get() != "null")

@@ -9,7 +9,6 @@
 
 use crate::jsonrpc;
 use bytes::{BufMut, Bytes, BytesMut};
-use serde_json::value::RawValue;
 
 /// Replaces bytes `start..end` of a stream with `with`, piece by piece.
 #[derive(Debug)]
@@ -118,7 +117,7 @@ pub fn unwrap_id(raw: &[u8]) -> Option<(String, Bytes)> {
 /// `uri` of `notifications/resources/updated`); `None` if there is no such string.
 pub fn prefix_member(params: &[u8], key: &str, prefix: &[u8]) -> Option<Bytes> {
     let text = std::str::from_utf8(params).ok()?;
-    let whole: &RawValue = serde_json::from_str(text).ok()?;
+    let whole = jsonrpc::Raw::parse(text)?;
     let value = jsonrpc::param_raw(whole, key)?;
     if !value.get().starts_with('"') {
         return None;
@@ -137,7 +136,7 @@ pub fn prefix_member(params: &[u8], key: &str, prefix: &[u8]) -> Option<Bytes> {
 /// `notifications/cancelled`'s `requestId`) replaced by its [`wrap_id`] form.
 pub fn wrap_member_id(params: &[u8], key: &str, toolkit: &str) -> Option<Bytes> {
     let text = std::str::from_utf8(params).ok()?;
-    let whole: &RawValue = serde_json::from_str(text).ok()?;
+    let whole = jsonrpc::Raw::parse(text)?;
     let value = jsonrpc::param_raw(whole, key)?;
     let start = value.get().as_ptr() as usize - text.as_ptr() as usize;
     let end = start + value.get().len();

@@ -14,9 +14,9 @@ use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
 use crate::limits::{REQUESTS_PER_SESSION_MAX, SESSIONS_PER_WORKER_MAX};
 use crate::metrics::{self, Outcome};
 
+use crate::jsonrpc::{ParamIndex, Raw};
 use crate::stream::{self, Begin, Caps, ClientHello, Frame, Kind, Reset, TargetAt, Throttle};
 use bytes::{Bytes, BytesMut};
-use serde_json::value::RawValue;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -166,7 +166,7 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
 async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink: Sink) {
     let started = Instant::now();
     let id = env.id.map_or("null", |i| i.raw);
-    let Some(params) = env.params.filter(|p| jsonrpc::raw_is_object(p)) else {
+    let Some(params) = env.params.filter(|p| jsonrpc::raw_is_object(*p)) else {
         return rpc_error(
             sink,
             id,
@@ -190,7 +190,7 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
         }
     };
     let Some(capabilities) =
-        jsonrpc::param_raw(params, "capabilities").filter(|c| jsonrpc::raw_is_object(c))
+        jsonrpc::param_raw(params, "capabilities").filter(|c| jsonrpc::raw_is_object(*c))
     else {
         return rpc_error(
             sink,
@@ -398,7 +398,7 @@ async fn request(
             .await;
         }
     };
-    let target = match target_of(kind, env.params) {
+    let target = match target_of(kind, env.params, &env.index) {
         Ok(target) => target,
         Err(message) => {
             metrics::record_request(method, Outcome::Rejected, started.elapsed());
@@ -429,8 +429,8 @@ async fn request(
         .map(|p| req.body.slice_ref(p.get().as_bytes()))
         .unwrap_or_default();
     let progress_token = env
-        .params
-        .and_then(jsonrpc::progress_token)
+        .index
+        .progress_token
         .map(|t| req.body.slice_ref(t.get().as_bytes()));
     let (target, target_at) = target.unzip();
     let begin = Begin {
@@ -483,26 +483,27 @@ async fn request(
 /// not a string; completion references are left to the exit to judge.
 pub(crate) fn target_of(
     kind: Kind,
-    params: Option<&RawValue>,
+    params: Option<Raw<'_>>,
+    index: &ParamIndex<'_>,
 ) -> Result<Option<(Rc<str>, TargetAt)>, &'static str> {
-    let (holder, key, uri) = match (kind, params) {
-        (Kind::ToolsCall | Kind::PromptsGet, Some(p)) => (p, "name", false),
+    let (found, uri) = match (kind, params) {
+        (Kind::ToolsCall | Kind::PromptsGet, Some(_)) => (index.name, false),
         (Kind::ToolsCall | Kind::PromptsGet, None) => {
             return Err("Invalid params: name must be a string");
         }
-        (Kind::ResourcesRead | Kind::ResourcesSubscribe | Kind::ResourcesUnsubscribe, Some(p)) => {
-            (p, "uri", true)
+        (Kind::ResourcesRead | Kind::ResourcesSubscribe | Kind::ResourcesUnsubscribe, Some(_)) => {
+            (index.uri, true)
         }
         (Kind::ResourcesRead | Kind::ResourcesSubscribe | Kind::ResourcesUnsubscribe, None) => {
             return Err("Invalid params: uri must be a string");
         }
-        (Kind::CompletionComplete, Some(p)) => {
-            let Some(reference) = jsonrpc::param_raw(p, "ref") else {
+        (Kind::CompletionComplete, Some(_)) => {
+            let Some(reference) = index.reference else {
                 return Ok(None);
             };
             match jsonrpc::param_str(reference, "type") {
-                Ok(Some(t)) if t == "ref/prompt" => (reference, "name", false),
-                Ok(Some(t)) if t == "ref/resource" => (reference, "uri", true),
+                Ok(Some(t)) if t == "ref/prompt" => (jsonrpc::param_raw(reference, "name"), false),
+                Ok(Some(t)) if t == "ref/resource" => (jsonrpc::param_raw(reference, "uri"), true),
                 _ => return Ok(None),
             }
         }
@@ -514,10 +515,11 @@ pub(crate) fn target_of(
     } else {
         "Invalid params: name must be a string"
     };
-    let (value, raw) = match jsonrpc::param_str_at(holder, key) {
-        Ok(Some((v, raw))) => (Rc::<str>::from(v.as_ref()), raw),
-        _ if required => return Err(missing),
-        _ => return Ok(None),
+    let decoded = found.and_then(|raw| Some((raw.as_str()?, raw.get())));
+    let (value, raw) = match decoded {
+        Some((v, raw)) => (Rc::<str>::from(v.as_ref()), raw),
+        None if required => return Err(missing),
+        None => return Ok(None),
     };
     // Both are slices of the same request body: the lexeme's offset in `params` is the
     // distance between their starts.
