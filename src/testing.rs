@@ -57,7 +57,10 @@ pub fn run_local<F: std::future::Future>(f: F) -> F::Output {
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("test runtime: {e}"));
-    tokio::task::LocalSet::new().block_on(&rt, f)
+    tokio::task::LocalSet::new().block_on(&rt, async move {
+        crate::runtime::deadline::start();
+        f.await
+    })
 }
 
 /// A CA, written to a directory of its own, that signs leaf certificates.

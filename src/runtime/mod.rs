@@ -7,6 +7,7 @@
 //! [`Inbox`] queues: closures run on the target worker's loop (session hand-off, metrics
 //! scrapes).
 
+pub mod deadline;
 pub mod io;
 pub mod notify;
 pub mod slots;
@@ -90,7 +91,10 @@ pub fn block_on<F: std::future::Future>(backend: Backend, main: F) -> std::io::R
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            Ok(tokio::task::LocalSet::new().block_on(&rt, main))
+            Ok(tokio::task::LocalSet::new().block_on(&rt, async move {
+                deadline::start();
+                main.await
+            }))
         }
     }
 }
@@ -111,6 +115,7 @@ fn uring_block_on<F: std::future::Future>(prompt: bool, main: F) -> std::io::Res
         if let Some(fd) = ring {
             tokio::task::spawn_local(submit::flusher(fd));
         }
+        deadline::start();
         main.await
     }))
 }

@@ -179,9 +179,9 @@ impl Client {
 
     /// Waits for the response head, closing the connection past `response_timeout`.
     async fn await_head(&self, response: &mut Response) -> Result<ResponseHead, UpErr> {
-        let deadline = tokio::time::sleep(self.response_timeout);
-        // `biased`: the head is often already read; then the timer is never polled, so it
-        // is never registered with the timer wheel (a registration per request otherwise).
+        // In the worker's deadline queue, not a runtime timer. `biased`: the head is often
+        // already read; then the deadline is never polled, so it is never queued.
+        let deadline = crate::runtime::deadline::until(Instant::now() + self.response_timeout);
         tokio::select! {
             biased;
             event = response.next() => match event {

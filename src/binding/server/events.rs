@@ -1351,9 +1351,10 @@ pub async fn pump(
         r.start_sse().await;
     }
     let caller = &inflight.caller;
-    // One timer for the whole reply, not one per frame. The selects below are `biased`,
-    // deadline first, so a reply that keeps frames coming cannot starve it.
-    let timeout = tokio::time::sleep_until(deadline.into());
+    // One deadline for the whole reply, not one per frame, in the worker's queue (no
+    // runtime timer per request). The selects below are `biased`, deadline first, so a
+    // reply that keeps frames coming cannot starve it.
+    let timeout = crate::runtime::deadline::until(deadline);
     tokio::pin!(timeout);
     loop {
         let detached = r.mode == Mode::Sse && r.sink.is_none();
