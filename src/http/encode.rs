@@ -245,6 +245,17 @@ pub fn encode_request_head(
     Ok(())
 }
 
+/// Ends a head whose fields are written (a template's fixed part) with the framing of a
+/// body of `length` bytes and the empty line: what [`encode_request_head`] writes after its
+/// fields for `BodyFraming::Length(length)`.
+pub fn put_content_length(length: u64, out: &mut BytesMut) {
+    let mut digits = Digits::new();
+    let pieces: [&[u8]; 3] = [b"content-length: ", digits.format(length, 10), b"\r\n\r\n"];
+    for piece in pieces {
+        out.put_slice(piece);
+    }
+}
+
 /// Writes one chunk, `<hex size>\r\n<data>\r\n` (RFC 9112 §7.1). Writes nothing for empty
 /// `data`, since an empty chunk would end the body.
 pub fn encode_chunk(data: &[u8], out: &mut BytesMut) {

@@ -113,6 +113,22 @@ impl Client {
     /// `Err(UpErr::Head)` (nothing written, one log line, a counter) if a value would
     /// break the head: the request is not sent.
     fn head(&self, req: &Outgoing<'_>, out: &mut BytesMut) -> Result<(), UpErr> {
+        if let (Some(session), "POST", Some(len), None) =
+            (req.session, req.method, req.body_len, req.last_event_id)
+        {
+            // A session's POST (every call): the fixed part comes from the session's
+            // template, checked when it was made; only the length is written here.
+            let whole = Outgoing {
+                body_len: None,
+                ..*req
+            };
+            return session.post_head(req.accept, len, out, |fixed| self.encode_head(&whole, fixed));
+        }
+        self.encode_head(req, out)
+    }
+
+    /// Writes the head of `req` field by field, checking every value.
+    fn encode_head(&self, req: &Outgoing<'_>, out: &mut BytesMut) -> Result<(), UpErr> {
         let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(8);
         headers.push(("host", self.url.authority.as_bytes()));
         let ids = req.session.map(|s| s.ids());

@@ -87,9 +87,67 @@ pub struct UpSession {
     /// and reopens it at once from `last_event`.
     restart: Cell<bool>,
     restarting: Notify,
+    /// The fixed part of this session's POST heads, as last written (see
+    /// [`UpSession::post_head`]).
+    head: RefCell<Option<HeadTemplate>>,
+}
+
+/// A session's POST head up to its framing: everything but `content-length` and the empty
+/// line, with the values it was made from (it is made again when one changes).
+struct HeadTemplate {
+    session: Option<Bytes>,
+    version: Option<Bytes>,
+    accept: &'static [u8],
+    authorization: Option<Bytes>,
+    fixed: Bytes,
 }
 
 impl UpSession {
+    /// Writes the head of a POST of `body_len` bytes on this session: the fixed part from
+    /// the session's template (made by `make`, which writes the whole head without
+    /// framing, when there is none yet or a value in it changed), then `content-length`.
+    /// The head is byte for byte what `make` with the length would write; only the
+    /// length is formatted per request.
+    pub fn post_head<E>(
+        &self,
+        accept: &'static [u8],
+        body_len: u64,
+        out: &mut BytesMut,
+        make: impl FnOnce(&mut BytesMut) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut template = self.head.borrow_mut();
+        let current = {
+            let ids = self.ids.borrow();
+            let authorization = self.authorization.borrow();
+            template.as_ref().is_some_and(|t| {
+                t.session == ids.session
+                    && t.version == ids.version
+                    && std::ptr::eq(t.accept, accept)
+                    && t.authorization == *authorization
+            })
+        };
+        if !current {
+            let mut fixed = BytesMut::with_capacity(256);
+            make(&mut fixed)?;
+            // `make` ended the head with its empty line; the template stops before it.
+            assert!(fixed.ends_with(b"\r\n\r\n"));
+            fixed.truncate(fixed.len() - 2);
+            let ids = self.ids.borrow();
+            *template = Some(HeadTemplate {
+                session: ids.session.clone(),
+                version: ids.version.clone(),
+                accept,
+                authorization: self.authorization.borrow().clone(),
+                fixed: fixed.freeze(),
+            });
+        }
+        if let Some(t) = template.as_ref() {
+            out.put_slice(&t.fixed);
+            crate::http::put_content_length(body_len, out);
+        }
+        Ok(())
+    }
+
     /// The upstream ids, for a request head.
     pub fn ids(&self) -> Ref<'_, Ids> {
         self.ids.borrow()
@@ -225,6 +283,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         last_event: RefCell::new(None),
         restart: Cell::new(false),
         restarting: Notify::new(),
+        head: RefCell::new(None),
     });
     // This task lives as long as the session, in `relay`: the larger futures of its
     // beginning and end (initialize, the reply's BEGIN, DELETE) are boxed so that its
@@ -858,6 +917,83 @@ async fn follow(session: &UpSession, response: &mut exchange::Response) -> Follo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn session(authorization: Option<&'static [u8]>) -> UpSession {
+        UpSession {
+            id: Rc::from("s1"),
+            capabilities: Bytes::new(),
+            authorization: RefCell::new(authorization.map(Bytes::from_static)),
+            ids: RefCell::new(Ids::default()),
+            next_rpc: Cell::new(1),
+            renewing: tokio::sync::Mutex::new(()),
+            closed: Cell::new(false),
+            closing: Notify::new(),
+            events: Cell::new(Events::NotAsked),
+            outbox: RefCell::new(VecDeque::new()),
+            outbox_ready: Notify::new(),
+            outbox_room: Notify::new(),
+            last_event: RefCell::new(None),
+            restart: Cell::new(false),
+            restarting: Notify::new(),
+            head: RefCell::new(None),
+        }
+    }
+
+    /// The head a field-by-field encoder writes for the session's current values.
+    fn full_head(s: &UpSession, accept: &'static [u8], len: Option<u64>) -> BytesMut {
+        let ids = s.ids();
+        let auth = s.authorization.borrow().clone();
+        let mut headers: Vec<(&'static str, &[u8])> = vec![("host", b"up:1"), ("accept", accept)];
+        if let Some(sid) = &ids.session {
+            headers.push(("mcp-session-id", sid));
+        }
+        if let Some(a) = &auth {
+            headers.push(("authorization", a));
+        }
+        let framing = len.map_or(crate::http::BodyFraming::None, crate::http::BodyFraming::Length);
+        let mut out = BytesMut::new();
+        let written = crate::http::encode_request_head("POST", "/mcp", &headers, framing, &mut out);
+        assert!(written.is_ok());
+        out
+    }
+
+    #[test]
+    fn a_post_head_from_the_template_is_the_field_by_field_head_and_follows_every_change() {
+        const ACCEPT: &[u8] = b"application/json, text/event-stream";
+        let s = session(Some(b"Bearer one"));
+        let made = Cell::new(0);
+        let mut post = |len: u64| {
+            let mut out = BytesMut::new();
+            let r: Result<(), ()> = s.post_head(ACCEPT, len, &mut out, |fixed| {
+                made.set(made.get() + 1);
+                fixed.put_slice(&full_head(&s, ACCEPT, None));
+                Ok(())
+            });
+            assert!(r.is_ok());
+            out
+        };
+        assert_eq!(post(17), full_head(&s, ACCEPT, Some(17)));
+        assert_eq!(post(1_000_000), full_head(&s, ACCEPT, Some(1_000_000)));
+        assert_eq!(made.get(), 1, "made once, reused");
+        // A new credential from the agent, a new upstream session: made again, each time.
+        *s.authorization.borrow_mut() = Some(Bytes::from_static(b"Bearer two"));
+        assert_eq!(post(0), full_head(&s, ACCEPT, Some(0)));
+        s.ids.borrow_mut().session = Some(Bytes::from_static(b"up-7"));
+        assert_eq!(post(5), full_head(&s, ACCEPT, Some(5)));
+        *s.authorization.borrow_mut() = None;
+        assert_eq!(post(5), full_head(&s, ACCEPT, Some(5)));
+        assert_eq!(made.get(), 4);
+    }
+
+    #[test]
+    fn a_head_that_cannot_be_made_is_refused_and_leaves_no_template() {
+        let s = session(None);
+        let mut out = BytesMut::new();
+        let r = s.post_head(b"*/*", 3, &mut out, |_| Err("bad value"));
+        assert_eq!(r, Err("bad value"));
+        assert!(out.is_empty());
+        assert!(s.head.borrow().is_none());
+    }
 
     #[test]
     fn capability_bits() {
