@@ -35,6 +35,11 @@ impl HeadScan {
         *self = HeadScan::default();
     }
 
+    /// True while nothing of the current head has been searched (its first read).
+    pub(super) fn fresh(&self) -> bool {
+        self.scanned_bytes == 0
+    }
+
     /// Returns true once the start line has completed (a line ending has been seen).
     pub(super) fn start_line_complete(&self) -> bool {
         self.lines_bytes > 0

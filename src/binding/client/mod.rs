@@ -122,7 +122,9 @@ impl Client {
                 body_len: None,
                 ..*req
             };
-            return session.post_head(req.accept, len, out, |fixed| self.encode_head(&whole, fixed));
+            return session.post_head(req.accept, len, out, |fixed| {
+                self.encode_head(&whole, fixed)
+            });
         }
         self.encode_head(req, out)
     }

@@ -950,7 +950,10 @@ mod tests {
         if let Some(a) = &auth {
             headers.push(("authorization", a));
         }
-        let framing = len.map_or(crate::http::BodyFraming::None, crate::http::BodyFraming::Length);
+        let framing = len.map_or(
+            crate::http::BodyFraming::None,
+            crate::http::BodyFraming::Length,
+        );
         let mut out = BytesMut::new();
         let written = crate::http::encode_request_head("POST", "/mcp", &headers, framing, &mut out);
         assert!(written.is_ok());
@@ -962,7 +965,7 @@ mod tests {
         const ACCEPT: &[u8] = b"application/json, text/event-stream";
         let s = session(Some(b"Bearer one"));
         let made = Cell::new(0);
-        let mut post = |len: u64| {
+        let post = |len: u64| {
             let mut out = BytesMut::new();
             let r: Result<(), ()> = s.post_head(ACCEPT, len, &mut out, |fixed| {
                 made.set(made.get() + 1);
