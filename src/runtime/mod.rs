@@ -3,9 +3,11 @@
 //!
 //! The main thread builds the plan, binds the listeners (SO_REUSEPORT, one socket per
 //! worker per server binding), starts the workers, then waits for SIGINT/SIGTERM and
-//! drives a graceful drain. The only channels between workers are the bounded
-//! [`Inbox`] queues: closures run on the target worker's loop (session hand-off, metrics
-//! scrapes).
+//! drives a graceful drain. Workers reach each other in two ways only: the bounded inbox
+//! queues ([`Inboxes`]), whose closures run on the target worker's loop (session hand-off,
+//! metrics scrapes), and the stores (`crate::store`), whose watches wake a worker's own
+//! task when a shared value changes. Each worker's request deadlines are in its own queue
+//! ([`deadline`]).
 
 pub mod deadline;
 pub mod io;

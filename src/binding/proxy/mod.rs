@@ -124,8 +124,10 @@ pub struct Proxy {
     pub routes: Vec<Route>,
     /// The routes' aggregate event-id prefixes.
     prefixes: Prefixes,
-    /// Live sessions of this worker, by the id handed to the caller.
-    /// Invariant: `len() <= SESSIONS_PER_WORKER_MAX`.
+    /// Live sessions of this worker, by the id handed to the caller. Invariant:
+    /// `len() <= SESSIONS_PER_WORKER_MAX + 1`: agents' sessions are refused past the bound
+    /// ([`Exit::serve`]), and the cache's hydration session, one at a time per worker,
+    /// opens without that check (it must not be starved by agents).
     sessions: RefCell<FastMap<Rc<str>, Rc<ProxySession>>>,
     worker: u8,
     /// Session ids minted on this worker so far.
