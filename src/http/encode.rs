@@ -12,7 +12,7 @@
 
 use std::fmt;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 use super::BodyFraming;
 use super::error::HttpError;
@@ -245,6 +245,21 @@ pub fn encode_request_head(
     Ok(())
 }
 
+/// The fields part of a response head, for a template: what [`encode_response_head`]
+/// writes for `status` and `headers` up to (not including) the framing and the empty line.
+/// Checked as that function checks; complete it with [`put_content_length`] (after any
+/// further field lines, each `name: value\r\n`, that the caller knows to be valid).
+pub fn response_head_fields(
+    status: u16,
+    headers: &[(&'static str, &[u8])],
+) -> Result<Bytes, HeadError> {
+    let mut out = BytesMut::with_capacity(128);
+    encode_response_head(status, headers, BodyFraming::None, &mut out)?;
+    assert!(out.ends_with(b"\r\n\r\n"));
+    out.truncate(out.len() - 2);
+    Ok(out.freeze())
+}
+
 /// Ends a head whose fields are written (a template's fixed part) with the framing of a
 /// body of `length` bytes and the empty line: what [`encode_request_head`] writes after its
 /// fields for `BodyFraming::Length(length)`.
@@ -431,6 +446,41 @@ impl Digits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reply made from ready fields is byte for byte the encoder's, with and without
+    /// `connection: close` (the way `Sink::respond_with_fields` puts them together).
+    #[test]
+    fn head_fields_completed_are_the_encoders_head() {
+        let headers: [(&str, &[u8]); 2] = [
+            ("content-type", b"application/json"),
+            ("mcp-session-id", b"s-1"),
+        ];
+        let fields = response_head_fields(200, &headers).expect("valid");
+        for len in [0u64, 7, 123_456] {
+            let mut whole = BytesMut::new();
+            assert!(
+                encode_response_head(200, &headers, BodyFraming::Length(len), &mut whole).is_ok()
+            );
+            let mut made = BytesMut::from(&fields[..]);
+            put_content_length(len, &mut made);
+            assert_eq!(made, whole);
+            let closing: Vec<(&str, &[u8])> = headers
+                .iter()
+                .copied()
+                .chain([("connection", &b"close"[..])])
+                .collect();
+            let mut whole = BytesMut::new();
+            assert!(
+                encode_response_head(200, &closing, BodyFraming::Length(len), &mut whole).is_ok()
+            );
+            let mut made = BytesMut::from(&fields[..]);
+            made.extend_from_slice(b"connection: close\r\n");
+            put_content_length(len, &mut made);
+            assert_eq!(made, whole);
+        }
+        let bad: [(&str, &[u8]); 1] = [("mcp-session-id", b"a\r\nb")];
+        assert!(response_head_fields(200, &bad).is_err());
+    }
 
     fn encoded(write: impl FnOnce(&mut BytesMut)) -> String {
         let mut out = BytesMut::new();

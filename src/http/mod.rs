@@ -29,7 +29,7 @@ mod testing;
 pub use encode::{
     HeadError, encode_chunk, encode_chunk_of, encode_error_response, encode_last_chunk,
     encode_request_head, encode_response_head, field_value_ok, field_value_round_trips,
-    put_content_length, reason_phrase, token_ok,
+    put_content_length, reason_phrase, response_head_fields, token_ok,
 };
 pub use error::HttpError;
 pub use headers::Headers;

@@ -107,6 +107,9 @@ pub struct Session {
     /// Woken when the live GET took events from the ring, or ended (the lifecycle task
     /// waits on it while the GET is behind).
     taken: Notify,
+    /// The fields of this session's `200 application/json` reply head, made once (the id
+    /// is ours, so the check cannot fail; should it, replies are encoded field by field).
+    json_head: Option<Bytes>,
 }
 
 /// One request in flight on a session.
@@ -158,6 +161,14 @@ impl Session {
             }),
             changed: Notify::new(),
             taken: Notify::new(),
+            json_head: crate::http::response_head_fields(
+                200,
+                &[
+                    ("content-type", b"application/json"),
+                    ("mcp-session-id", id.as_bytes()),
+                ],
+            )
+            .ok(),
         });
         server.sessions.borrow_mut().insert(id, session.clone());
         metrics::with(|m| {
@@ -1187,12 +1198,17 @@ impl Render<'_> {
             jsonrpc::write_result_prefix(self.id(), &mut prefix);
             if let Some(Frame::End) = peek_end(reply) {
                 if let Some(sink) = self.sink.take() {
-                    let headers: [(&str, &[u8]); 2] = [
-                        ("content-type", b"application/json"),
-                        ("mcp-session-id", self.session.id.as_bytes()),
-                    ];
                     let body: [&[u8]; 3] = [&prefix, &data, jsonrpc::RESULT_SUFFIX];
-                    let _ = sink.respond_of(200, &headers, &body).await;
+                    let _ = match &self.session.json_head {
+                        Some(fields) => sink.respond_with_fields(fields, &body).await,
+                        None => {
+                            let headers: [(&str, &[u8]); 2] = [
+                                ("content-type", b"application/json"),
+                                ("mcp-session-id", self.session.id.as_bytes()),
+                            ];
+                            sink.respond_of(200, &headers, &body).await
+                        }
+                    };
                 }
                 self.result_started = true;
                 return true;

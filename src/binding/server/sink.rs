@@ -211,6 +211,27 @@ impl Sink {
         self.complete().await
     }
 
+    /// Writes a complete response in one write, like [`Sink::respond_of`], whose head's
+    /// fields come ready made: `fields` is from [`http::response_head_fields`] (checked
+    /// there). `connection: close` and the length are added here, as the encoder would add
+    /// them, so the bytes are the same as `respond_of`'s.
+    pub async fn respond_with_fields(mut self, fields: &[u8], parts: &[&[u8]]) -> Result<(), Gone> {
+        assert!(self.state == State::Head);
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut out = BytesMut::with_capacity(fields.len() + 64 + len);
+        out.extend_from_slice(fields);
+        if !self.keep_alive {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        http::put_content_length(len as u64, &mut out);
+        for part in parts {
+            out.extend_from_slice(part);
+        }
+        self.state = State::Done;
+        self.write(out.freeze()).await?;
+        self.complete().await
+    }
+
     /// Writes the head of a response whose body is streamed with [`Sink::body`] and
     /// [`Sink::finish`] (chunked transfer coding). `Err(Gone)` also when the head was
     /// refused and a 502 went in its place (the connection then closes).
