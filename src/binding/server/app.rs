@@ -69,6 +69,10 @@ fn accepts(req: &Request, json: bool, sse: bool) -> bool {
     let Some(accept) = req.head.headers.get("accept") else {
         return false;
     };
+    // What the MCP SDKs send, answered without splitting the list (a byte compare).
+    if accept == b"application/json, text/event-stream" {
+        return true;
+    }
     let (mut j, mut s) = (!json, !sse);
     for item in accept.split(|b| *b == b',') {
         let mt = media_type(item);
