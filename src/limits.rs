@@ -237,6 +237,43 @@ pub const CACHE_RETRY_MIN: Duration = Duration::from_millis(100);
 /// cache TTL shorter than this is the lease TTL instead.
 pub const CACHE_LEASE_TTL_MAX: Duration = Duration::from_secs(30);
 
+/// Highest database index a redis store's URL may name (Redis has 16 unless configured
+/// otherwise; the bound only keeps the number sane).
+pub const REDIS_DB_MAX: u32 = 65_535;
+
+/// Longest key prefix of a redis store (`prefix:`).
+pub const REDIS_PREFIX_BYTES_MAX: usize = 64;
+
+/// Store operations waiting for a redis store's thread; one more is refused at once with a
+/// store error (the callers retry on their own schedule: leases every third of their TTL,
+/// reads on the next change).
+pub const REDIS_QUEUE_LEN: usize = 1024;
+
+/// Store operations a redis store has on its connection at once (pipelined); the queue
+/// waits behind them.
+pub const REDIS_INFLIGHT_MAX: usize = 256;
+
+/// Deadline of one store operation on Redis, from its queueing to the reply; past it the
+/// caller gets a store error and the connection is taken for lost.
+pub const REDIS_OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Deadline of one connection attempt to Redis: TCP, TLS, `AUTH`/`SELECT`, `SUBSCRIBE`.
+pub const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// First wait before connecting to Redis again after a failure; it doubles up to the max.
+pub const REDIS_RECONNECT_MIN: Duration = Duration::from_millis(100);
+pub const REDIS_RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// Keys a redis store watches at most (one tokio watch channel each), as a memory store.
+pub const REDIS_WATCHES_MAX: usize = MEMORY_STORE_KEYS_MAX;
+
+/// Largest value a redis store writes: Redis's own limit on one string (512 MiB), less
+/// room for the version in front of it.
+pub const REDIS_VALUE_BYTES_MAX: usize = 512 * 1024 * 1024 - 64;
+
+const _: () = assert!(REDIS_INFLIGHT_MAX <= REDIS_QUEUE_LEN);
+const _: () = assert!(REDIS_RECONNECT_MIN.as_millis() < REDIS_RECONNECT_MAX.as_millis());
+const _: () = assert!(CACHE_LIST_BYTES_MAX <= REDIS_VALUE_BYTES_MAX);
 const _: () = assert!(TLS_HANDSHAKE_FIRST_READ_BYTES < TLS_HANDSHAKE_READ_BYTES);
 const _: () = assert!(HEADER_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(REQUEST_TARGET_BYTES_MAX < HEADER_BYTES_MAX);
