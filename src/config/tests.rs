@@ -813,6 +813,19 @@ fn shipped_example_files_load() {
         Some(Binding::Demo(_))
     ));
 
+    let cluster = match load(&root.join("config/cluster-example.yaml")) {
+        Ok(config) => config,
+        Err(e) => panic!("{e}"),
+    };
+    let Some(Store::Redis(shared)) = cluster.stores.get("shared") else {
+        panic!("{:?}", cluster.stores)
+    };
+    assert_eq!(shared.url.shown, "redis://127.0.0.1:6379/0");
+    assert_eq!(
+        proxy(&cluster, "tools").cache.as_ref().map(|c| &*c.store),
+        Some("shared")
+    );
+
     let example = match load(&root.join("config/proxy-example.yaml")) {
         Ok(config) => config,
         Err(e) => panic!("{e}"),

@@ -40,7 +40,9 @@
 use super::list::{self, ListRequest};
 use super::session::{self, ProxySession};
 use super::{Family, Proxy, Route, join_all};
-use crate::limits::{CACHE_LIST_BYTES_MAX, CACHE_RETRY_MIN, PROXY_ROUTES_MAX};
+use crate::limits::{
+    CACHE_LIST_BYTES_MAX, CACHE_READ_RETRY_MAX, CACHE_RETRY_MIN, PROXY_ROUTES_MAX,
+};
 use crate::log;
 use crate::metrics;
 use crate::runtime::notify::Notify;
@@ -393,45 +395,42 @@ impl Cache {
     /// of those routes. The first value of a list is news only to sessions that were shown
     /// a live list before (they fell back while the cache was not ready), and only if it
     /// differs from what they were shown.
+    ///
+    /// A key that is absent leaves the view as it was: the cache never deletes its keys, so
+    /// an absent one means a store that lost them (a Redis restarted without persistence),
+    /// and the last lists stay served until the lease holder writes them again.
     fn apply(&self, proxy: &Proxy, kind: Option<Kind>, value: Option<Value>) {
+        let Some(value) = value else {
+            return;
+        };
         let Some(kind) = kind else {
-            let caps = value.and_then(|v| decode_caps(&v.bytes));
-            self.view.borrow_mut().caps = caps;
-            self.changed.notify_waiters();
+            if let Some(caps) = decode_caps(&value.bytes) {
+                self.view.borrow_mut().caps = Some(caps);
+                self.changed.notify_waiters();
+            }
             return;
         };
         let Some(at) = slot(kind) else {
             return;
         };
-        let list = match value {
-            None => None,
-            Some(v) => {
-                let labels: Vec<&str> = proxy.routes.iter().map(|r| &*r.label).collect();
-                match CachedList::decode(&v.bytes, &labels) {
-                    Some(list) => Some(Rc::new(list)),
-                    None => {
-                        // What this worker had stays served.
-                        log::warn(format_args!(
-                            "cache: proxy {}: {} in the store is not a cached list; kept the previous",
-                            proxy.name,
-                            self.list_key(kind)
-                        ));
-                        return;
-                    }
-                }
-            }
+        let labels: Vec<&str> = proxy.routes.iter().map(|r| &*r.label).collect();
+        let Some(list) = CachedList::decode(&value.bytes, &labels).map(Rc::new) else {
+            // What this worker had stays served.
+            log::warn(format_args!(
+                "cache: proxy {}: {} in the store is not a cached list; kept the previous",
+                proxy.name,
+                self.list_key(kind)
+            ));
+            return;
         };
         let before = {
             let mut view = self.view.borrow_mut();
             match view.lists.get_mut(at) {
-                Some(held) => std::mem::replace(held, list.clone()),
+                Some(held) => std::mem::replace(held, Some(list.clone())),
                 None => return,
             }
         };
         self.changed.notify_waiters();
-        let Some(list) = list else {
-            return;
-        };
         let news = match &before {
             Some(before) => News::Changed(before.changed(&list)),
             None => News::First(&list, at),
@@ -473,9 +472,19 @@ async fn follow(proxy: Weak<Proxy>, kind: Option<Kind>, key: String) {
             None
         }
     };
+    // While reads fail (a networked store that is down), the view keeps what it had and
+    // the read is tried again with backoff: the change it was for may never be announced
+    // again. One log line when reads start failing, one when they work again.
+    let mut retry = CACHE_RETRY_MIN;
+    let mut failing = false;
     loop {
         match store.get(&key).await {
             Ok(value) => {
+                if failing {
+                    log::info(format_args!("cache: reading {key} works again"));
+                    failing = false;
+                }
+                retry = CACHE_RETRY_MIN;
                 let Some(proxy) = proxy.upgrade() else {
                     return;
                 };
@@ -483,7 +492,20 @@ async fn follow(proxy: Weak<Proxy>, kind: Option<Kind>, key: String) {
                     cache.apply(&proxy, kind, value);
                 }
             }
-            Err(e) => log::warn(format_args!("cache: reading {key} failed: {e}")),
+            Err(e) => {
+                if !failing {
+                    log::warn(format_args!(
+                        "cache: reading {key} failed: {e}; serving what this worker had, retrying"
+                    ));
+                    failing = true;
+                }
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(CACHE_READ_RETRY_MAX);
+                if proxy.strong_count() == 0 {
+                    return;
+                }
+                continue;
+            }
         }
         match watch.as_mut() {
             Some(w) => {
@@ -498,6 +520,9 @@ async fn follow(proxy: Weak<Proxy>, kind: Option<Kind>, key: String) {
 
 /// Tries the hydration lease, and hydrates while holding it.
 async fn lease_loop(proxy: Weak<Proxy>) {
+    // Logged when taking the lease starts failing (the store is down) and not again until
+    // it has worked once.
+    let mut failing = false;
     loop {
         let Some(p) = proxy.upgrade() else {
             return;
@@ -510,7 +535,12 @@ async fn lease_loop(proxy: Weak<Proxy>) {
         }
         let key = format!("{}lifecycle.lock", cache.prefix);
         let wait = cache.lease_ttl() / 3;
-        match cache.setup.store.lock(&key, cache.lease_ttl()).await {
+        let taken = cache.setup.store.lock(&key, cache.lease_ttl()).await;
+        if taken.is_ok() && failing {
+            log::info(format_args!("cache: taking {key} works again"));
+            failing = false;
+        }
+        match taken {
             Ok(Some(token)) => {
                 metrics::with(|m| m.cache.lease_changes += 1);
                 log::info(format_args!(
@@ -526,7 +556,11 @@ async fn lease_loop(proxy: Weak<Proxy>) {
                 ));
             }
             Ok(None) => {}
-            Err(e) => log::warn(format_args!("cache: taking {key} failed: {e}")),
+            Err(e) if !failing => {
+                log::warn(format_args!("cache: taking {key} failed: {e}; retrying"));
+                failing = true;
+            }
+            Err(_) => {}
         }
         let stopped = cache.stop.notified();
         tokio::select! {
