@@ -291,3 +291,62 @@ def stop_mcpyard(child: Child) -> None:
     log = child.stderr()
     assert still_running, f"mcpyard died during the test: exit {child.proc.returncode}\n{log[-4000:]}"
     assert code == 0, f"mcpyard exit after SIGTERM: {code}\n{log[-4000:]}"
+
+
+class Redis:
+    """Debian's `redis-server` on a loopback port chosen at run time, with no persistence
+    (`--save "" --appendonly no`) and its files in `workdir`; `stop` and `start` again
+    (same port, empty) stand for a crash and a restart. tests/py/run.sh installs it."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import shutil
+        import socket
+
+        if shutil.which("redis-server") is None:
+            raise AssertionError("redis-server is missing: tests/py/run.sh installs it (apt-get install redis-server)")
+        log = open(self.workdir / "redis.log", "ab")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=log,
+            stderr=log,
+            preexec_fn=_die_with_parent,
+        )
+        log.close()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"redis-server exited ({self.proc.returncode}): {(self.workdir / 'redis.log').read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise AssertionError(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def command(self, *args: str) -> bytes:
+        """One command on a connection of the test's own; the raw reply."""
+        import socket
+
+        body = f"*{len(args)}\r\n".encode() + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(body)
+            return s.recv(65536)
