@@ -426,7 +426,7 @@ impl Cache {
         let before = {
             let mut view = self.view.borrow_mut();
             match view.lists.get_mut(at) {
-                Some(held) => std::mem::replace(held, Some(list.clone())),
+                Some(held) => held.replace(list.clone()),
                 None => return,
             }
         };
