@@ -233,9 +233,10 @@ const _: () = assert!(PROXY_ROUTES_MAX * 4 + 10 <= MEMORY_STORE_KEYS_MAX);
 /// First wait before a failed cache refresh is tried again; it doubles up to the lease TTL.
 pub const CACHE_RETRY_MIN: Duration = Duration::from_millis(100);
 
-/// Longest wait between tries of a cache read that failed (a networked store that is
-/// down); the wait doubles from [`CACHE_RETRY_MIN`] up to this.
-pub const CACHE_READ_RETRY_MAX: Duration = Duration::from_secs(2);
+/// Longest wait between tries of a cache's store operation that failed (a networked store
+/// that is down): a read, or taking the hydration lease; the wait doubles from
+/// [`CACHE_RETRY_MIN`] up to this (or a third of the lease TTL, if shorter).
+pub const CACHE_STORE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Longest lease a cache's hydrating worker holds between renewals (a third of it); a
 /// cache TTL shorter than this is the lease TTL instead.

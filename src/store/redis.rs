@@ -240,13 +240,18 @@ impl RedisStore {
             .map_err(|e| format!("redis store {name}: cannot start its event loop: {e}"))?;
         let thread_shared = shared.clone();
         let shown = config.url.shown.clone();
+        let (tried, first_try) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name(format!("mcpyard-store-{name}"))
             .spawn(move || {
                 let local = tokio::task::LocalSet::new();
-                local.block_on(&runtime, serve(client, shown, requests, thread_shared));
+                let serving = serve(client, shown, requests, thread_shared, tried);
+                local.block_on(&runtime, serving);
             })
             .map_err(|e| format!("redis store {name}: cannot start its thread: {e}"))?;
+        // The workers start next, and their first reads should find the store connected:
+        // wait for the first attempt (bounded by its own deadline), whatever its outcome.
+        let _ = first_try.recv_timeout(REDIS_CONNECT_TIMEOUT + REDIS_RECONNECT_MIN);
         Ok(RedisStore { shared, queue })
     }
 
@@ -427,6 +432,7 @@ async fn serve(
     shown: String,
     mut requests: mpsc::Receiver<Request>,
     shared: Arc<Shared>,
+    tried: std::sync::mpsc::SyncSender<()>,
 ) {
     let link = Rc::new(Link::default());
     let scripts = Rc::new(Scripts {
@@ -435,7 +441,8 @@ async fn serve(
         renew: redis::Script::new(RENEW_SCRIPT),
         unlock: redis::Script::new(UNLOCK_SCRIPT),
     });
-    tokio::task::spawn_local(supervise(client, shown, link.clone(), shared.clone()));
+    let supervising = supervise(client, shown, link.clone(), shared.clone(), tried);
+    tokio::task::spawn_local(supervising);
     let inflight = Arc::new(Semaphore::new(REDIS_INFLIGHT_MAX));
     loop {
         let Ok(permit) = inflight.clone().acquire_owned().await else {
@@ -682,12 +689,27 @@ enum State {
 
 /// Keeps the store connected: connects, subscribes, re-reads the watched versions, then
 /// watches the connection until it fails; backs off and starts again.
-async fn supervise(client: redis::Client, shown: String, link: Rc<Link>, shared: Arc<Shared>) {
+/// `tried` hears once, when the first attempt has connected (and read the watched
+/// versions) or failed.
+async fn supervise(
+    client: redis::Client,
+    shown: String,
+    link: Rc<Link>,
+    shared: Arc<Shared>,
+    tried: std::sync::mpsc::SyncSender<()>,
+) {
     let name = &shared.name;
     let mut state = State::Starting;
     let mut backoff = REDIS_RECONNECT_MIN;
+    let mut tried = Some(tried);
     loop {
-        match connect(&client, &shared).await {
+        let attempt = connect(&client, &shared).await;
+        if attempt.is_err()
+            && let Some(tried) = tried.take()
+        {
+            let _ = tried.try_send(());
+        }
+        match attempt {
             Ok((connection, messages)) => {
                 *link.failed.borrow_mut() = None;
                 *link.connection.borrow_mut() = Some(connection.clone());
@@ -698,7 +720,7 @@ async fn supervise(client: redis::Client, shown: String, link: Rc<Link>, shared:
                     log::info(format_args!("store {name}: connected to redis at {shown}"));
                 }
                 backoff = REDIS_RECONNECT_MIN;
-                let why = follow(connection, messages, &link, &shared).await;
+                let why = follow(connection, messages, &link, &shared, &mut tried).await;
                 link.connection.borrow_mut().take();
                 shared.stats.set_connected(false);
                 log::warn(format_args!(
@@ -757,8 +779,13 @@ async fn follow(
     mut messages: redis::aio::PubSubStream,
     link: &Link,
     shared: &Shared,
+    tried: &mut Option<std::sync::mpsc::SyncSender<()>>,
 ) -> String {
-    if let Err(why) = resync(&mut connection, shared).await {
+    let synced = resync(&mut connection, shared).await;
+    if let Some(tried) = tried.take() {
+        let _ = tried.try_send(());
+    }
+    if let Err(why) = synced {
         return why;
     }
     let mut ping = tokio::time::interval(PING_INTERVAL);

@@ -11,7 +11,9 @@ its own) with two workers, one node on io_uring and two on epoll.
   and refreshes go on;
 - Redis stopped: every node keeps serving the lists it had and answers `initialize` at
   once; Redis started again (empty): the nodes reconnect, hydration resumes, and a change
-  made meanwhile reaches every session once.
+  made meanwhile reaches every session once;
+- `rediss://` (a test CA, trusted through SSL_CERT_FILE) with the password from the
+  environment and a database index; a wrong password is one log line, never the password.
 """
 
 from __future__ import annotations
@@ -58,10 +60,10 @@ def node_config(urls: dict[str, str], redis_url: str, prefix: str, *, io: str, t
 class Node:
     """One mcpyard node of the cluster, and its metrics."""
 
-    def __init__(self, index: int, config: str, metrics_port: int, workdir: Path) -> None:
+    def __init__(self, index: int, config: str, metrics_port: int, workdir: Path, env: dict[str, str] | None = None) -> None:
         self.index = index
         self.metrics_port = metrics_port
-        self.child = harness.start_mcpyard(config, workdir)
+        self.child = harness.start_mcpyard(config, workdir, env)
         self.url = self.child.address
         self.killed = False
 
@@ -336,3 +338,52 @@ def test_redis_down_keeps_the_lists_served_and_recovery_resumes_hydration(upstre
         assert log.count("store shared: lost redis") == 1, log[-3000:]
         assert log.count("store shared: redis at") == 1 and "is back" in log, log[-3000:]
         assert "cannot connect" not in log, log[-3000:]
+
+
+def test_rediss_with_a_password_from_the_environment_and_a_database_index(upstreams, tmp_path, tls_material):
+    password = "pw-" + unique("")
+    server = harness.Redis(
+        tmp_path / "redis-tls",
+        tls=(tls_material.server.cert, tls_material.server.key, tls_material.ca.pem),
+        password=password,
+    )
+    server.start()
+    urls = {name: child.address for name, child in upstreams.items()}
+    url = f"rediss://127.0.0.1:{server.port}/3"
+    env = {"SSL_CERT_FILE": str(tls_material.ca.pem), "REDIS_TEST_PASSWORD": password}
+    port = harness.free_port()
+    config = node_config(urls, url, "tls:", io="epoll", ttl="5m", metrics_port=port)
+    config = config.replace('prefix: "tls:" }', 'prefix: "tls:", password_env: REDIS_TEST_PASSWORD }')
+    assert "password_env" in config
+    node = Node(0, config, port, tmp_path / "node", env)
+    # A wrong password: refused, said once, and never written to the log.
+    bad_port = harness.free_port()
+    bad_config = config.replace(f"127.0.0.1:{port}", f"127.0.0.1:{bad_port}")
+    bad = harness.start_mcpyard(bad_config, tmp_path / "node-bad", {**env, "REDIS_TEST_PASSWORD": "wrong-" + password})
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            raw = await session_on(client, node)
+            names = await tool_names(raw)
+            assert sum(n.startswith("alpha__") for n in names) == 16
+            assert node.metric('mcpyard_store_connected{store="shared"}') == 1
+            assert node.metric("mcpyard_cache_misses_total") == 0
+            # The lists are in database 3, under the prefix.
+            keys = server.command("KEYS", "tls:*", auth=True, db=3)
+            assert b"tls:value:tools/tools" in keys, keys
+            assert b"tls:value:tools/tools" not in server.command("KEYS", "tls:*", auth=True, db=0)
+
+            async def refused_once():
+                return "cannot connect" in bad.stderr()
+
+            await until(refused_once, "the wrong password was not reported")
+
+    try:
+        run(scenario, timeout_s=60)
+    finally:
+        harness.stop_mcpyard(node.child)
+        harness.stop_mcpyard(bad)
+        server.stop()
+    for log in (node.child.stderr(), bad.stderr()):
+        assert password not in log, "the password was logged"
+    assert bad.stderr().count("cannot connect") == 1, bad.stderr()[-2000:]

@@ -41,7 +41,7 @@ use super::list::{self, ListRequest};
 use super::session::{self, ProxySession};
 use super::{Family, Proxy, Route, join_all};
 use crate::limits::{
-    CACHE_LIST_BYTES_MAX, CACHE_READ_RETRY_MAX, CACHE_RETRY_MIN, PROXY_ROUTES_MAX,
+    CACHE_LIST_BYTES_MAX, CACHE_RETRY_MIN, CACHE_STORE_RETRY_MAX, PROXY_ROUTES_MAX,
 };
 use crate::log;
 use crate::metrics;
@@ -290,6 +290,9 @@ pub struct Cache {
     changed: Notify,
     /// Set at drain: hydration ends (its route sessions close) and no lease is taken.
     stopping: std::cell::Cell<bool>,
+    /// Keys whose last read failed: one log line when the first starts failing and one when
+    /// the last works again, not one per key.
+    failing_reads: std::cell::Cell<usize>,
     stop: Notify,
 }
 
@@ -302,7 +305,33 @@ impl Cache {
             view: RefCell::new(View::default()),
             changed: Notify::new(),
             stopping: std::cell::Cell::new(false),
+            failing_reads: std::cell::Cell::new(0),
             stop: Notify::new(),
+        }
+    }
+
+    /// A key's read started failing.
+    fn read_failed(&self, proxy: &Proxy, e: &crate::store::StoreError) {
+        let before = self.failing_reads.get();
+        self.failing_reads.set(before + 1);
+        if before == 0 {
+            log::warn(format_args!(
+                "cache: proxy {} on worker {}: reading the store failed: {e}; serving what \
+                 this worker has, retrying",
+                proxy.name, proxy.worker
+            ));
+        }
+    }
+
+    /// A key that failed was read again.
+    fn read_recovered(&self, proxy: &Proxy) {
+        let now = self.failing_reads.get().saturating_sub(1);
+        self.failing_reads.set(now);
+        if now == 0 {
+            log::info(format_args!(
+                "cache: proxy {} on worker {}: reading the store works again",
+                proxy.name, proxy.worker
+            ));
         }
     }
 
@@ -474,39 +503,38 @@ async fn follow(proxy: Weak<Proxy>, kind: Option<Kind>, key: String) {
     };
     // While reads fail (a networked store that is down), the view keeps what it had and
     // the read is tried again with backoff: the change it was for may never be announced
-    // again. One log line when reads start failing, one when they work again.
+    // again.
     let mut retry = CACHE_RETRY_MIN;
     let mut failing = false;
     loop {
-        match store.get(&key).await {
+        let read = store.get(&key).await;
+        let Some(proxy) = proxy.upgrade() else {
+            return;
+        };
+        let Some(cache) = proxy.cache.as_ref() else {
+            return;
+        };
+        match read {
             Ok(value) => {
                 if failing {
-                    log::info(format_args!("cache: reading {key} works again"));
                     failing = false;
+                    cache.read_recovered(&proxy);
                 }
                 retry = CACHE_RETRY_MIN;
-                let Some(proxy) = proxy.upgrade() else {
-                    return;
-                };
-                if let Some(cache) = proxy.cache.as_ref() {
-                    cache.apply(&proxy, kind, value);
-                }
+                cache.apply(&proxy, kind, value);
             }
             Err(e) => {
                 if !failing {
-                    log::warn(format_args!(
-                        "cache: reading {key} failed: {e}; serving what this worker had, retrying"
-                    ));
                     failing = true;
+                    cache.read_failed(&proxy, &e);
                 }
+                drop(proxy);
                 tokio::time::sleep(retry).await;
-                retry = (retry * 2).min(CACHE_READ_RETRY_MAX);
-                if proxy.strong_count() == 0 {
-                    return;
-                }
+                retry = (retry * 2).min(CACHE_STORE_RETRY_MAX);
                 continue;
             }
         }
+        drop(proxy);
         match watch.as_mut() {
             Some(w) => {
                 if !w.changed().await {
@@ -523,6 +551,7 @@ async fn lease_loop(proxy: Weak<Proxy>) {
     // Logged when taking the lease starts failing (the store is down) and not again until
     // it has worked once.
     let mut failing = false;
+    let mut retry = CACHE_RETRY_MIN;
     loop {
         let Some(p) = proxy.upgrade() else {
             return;
@@ -534,12 +563,21 @@ async fn lease_loop(proxy: Weak<Proxy>) {
             return;
         }
         let key = format!("{}lifecycle.lock", cache.prefix);
-        let wait = cache.lease_ttl() / 3;
         let taken = cache.setup.store.lock(&key, cache.lease_ttl()).await;
         if taken.is_ok() && failing {
             log::info(format_args!("cache: taking {key} works again"));
             failing = false;
         }
+        // A store that failed is tried again soon (with backoff), so hydration resumes
+        // as soon as it is back; a lease held elsewhere is tried every third of its TTL.
+        let wait = if taken.is_err() {
+            let wait = retry.min(cache.lease_ttl() / 3);
+            retry = (retry * 2).min(CACHE_STORE_RETRY_MAX);
+            wait
+        } else {
+            retry = CACHE_RETRY_MIN;
+            cache.lease_ttl() / 3
+        };
         match taken {
             Ok(Some(token)) => {
                 metrics::with(|m| m.cache.lease_changes += 1);
