@@ -144,10 +144,15 @@ pub(super) fn parse_redis_url(text: &str) -> Result<RedisUrl, String> {
                 Some((user, password)) => (user, Some(password)),
                 None => (userinfo, None),
             };
-            let bad = " whose user information is percent-encoded UTF-8";
-            let user = percent_decode(user).ok_or_else(|| fail(bad))?;
+            let bad = " whose user information is percent-encoded UTF-8 without control characters";
+            let decode = |text: &str| {
+                percent_decode(text)
+                    .filter(|t| !t.chars().any(char::is_control))
+                    .ok_or_else(|| fail(bad))
+            };
+            let user = decode(user)?;
             let password = match password {
-                Some(p) => Some(percent_decode(p).ok_or_else(|| fail(bad))?),
+                Some(p) => Some(decode(p)?),
                 None => None,
             };
             (
@@ -639,6 +644,8 @@ mod tests {
             "redis://user:pa ss@h",
             "redis://user:%zz@h",
             "redis://user:%ff@h",
+            "redis://user:a%0d%0aFLUSHALL@h",
+            "redis://us%00er@h",
             "redis://bad_host!/0",
             "redis://[::1/0",
         ] {

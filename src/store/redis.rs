@@ -408,15 +408,22 @@ struct Scripts {
 /// The connection the store thread's operations use, and how they report its failure.
 #[derive(Default)]
 struct Link {
-    /// `Some` while connected.
-    connection: RefCell<Option<redis::aio::MultiplexedConnection>>,
+    /// `Some` while connected: the connection, and which one it is (it counts up with
+    /// every connection made).
+    connection: RefCell<Option<(u64, redis::aio::MultiplexedConnection)>>,
     /// Why the connection failed under an operation, for the supervisor to act on.
     failed: RefCell<Option<String>>,
     failure: Notify,
 }
 
 impl Link {
-    fn fail(&self, reason: String) {
+    /// Reports that connection `which` failed; a report about an earlier connection (an
+    /// operation that outlived it) is not news.
+    fn fail(&self, which: u64, reason: String) {
+        let current = self.connection.borrow().as_ref().map(|(n, _)| *n);
+        if current != Some(which) {
+            return;
+        }
         let mut failed = self.failed.borrow_mut();
         if failed.is_none() {
             *failed = Some(reason);
@@ -465,10 +472,11 @@ async fn execute(request: Request, link: &Link, scripts: &Scripts, shared: &Shar
     let started = Instant::now();
     let metric = request.op.metric();
     let connection = link.connection.borrow().clone();
+    let which = connection.as_ref().map_or(0, |(n, _)| *n);
     let result = match connection {
         None => Err(Failure::Unavailable("not connected")),
         Some(_) if started >= request.deadline => Err(Failure::Timeout),
-        Some(mut connection) => {
+        Some((_, mut connection)) => {
             let work = run(&mut connection, scripts, shared, request.op, &request.key);
             match tokio::time::timeout_at(request.deadline.into(), work).await {
                 Ok(result) => result,
@@ -481,7 +489,7 @@ async fn execute(request: Request, link: &Link, scripts: &Scripts, shared: &Shar
         Err(Failure::Error(why)) => (StoreOutcome::Error, Err(shared.error(&why))),
         Err(Failure::Connection(why)) => {
             let error = shared.error(&format!("connection failed: {why}"));
-            link.fail(why);
+            link.fail(which, why);
             (StoreOutcome::Error, Err(error))
         }
         Err(Failure::Timeout) => (
@@ -702,6 +710,7 @@ async fn supervise(
     let mut state = State::Starting;
     let mut backoff = REDIS_RECONNECT_MIN;
     let mut tried = Some(tried);
+    let mut generation = 0u64;
     loop {
         let attempt = connect(&client, &shared).await;
         if attempt.is_err()
@@ -711,8 +720,9 @@ async fn supervise(
         }
         match attempt {
             Ok((connection, messages)) => {
+                generation += 1;
                 *link.failed.borrow_mut() = None;
-                *link.connection.borrow_mut() = Some(connection.clone());
+                *link.connection.borrow_mut() = Some((generation, connection.clone()));
                 shared.stats.set_connected(true);
                 if state == State::Down {
                     log::info(format_args!("store {name}: redis at {shown} is back"));
@@ -791,6 +801,9 @@ async fn follow(
     let mut ping = tokio::time::interval(PING_INTERVAL);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // This thread runs tokio's epoll loop, not a worker's io_uring: what `select!`
+        // drops here (a channel receive, a timer, a ping's reply wait on the multiplexed
+        // connection, whose driver task goes on) is safe to drop.
         tokio::select! {
             message = next_message(&mut messages) => {
                 let Some(message) = message else {

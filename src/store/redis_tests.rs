@@ -405,3 +405,49 @@ fn a_store_that_never_reached_redis_answers_errors_at_once() {
     // Nothing listens there: the connection was refused, not hung.
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 }
+
+#[test]
+fn a_stalled_redis_fills_the_queue_and_every_caller_gets_an_answer_in_bounded_time() {
+    let server = Server::start("stall");
+    run_local(async {
+        let store = std::rc::Rc::new(server.store("stall", "q:"));
+        connected(&store).await;
+        // Redis stops answering this client (its commands wait), as a stalled server would.
+        server.raw(&["CLIENT", "PAUSE", "4000", "ALL"]);
+        let callers = crate::limits::REDIS_QUEUE_LEN + crate::limits::REDIS_INFLIGHT_MAX + 200;
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..callers)
+            .map(|_| {
+                let store = store.clone();
+                tokio::task::spawn_local(async move {
+                    let result = store.get("k").await;
+                    (result, Instant::now())
+                })
+            })
+            .collect();
+        let (mut full, mut late) = (0, 0);
+        for task in tasks {
+            let (result, at) = task.await.unwrap();
+            let error = result.expect_err("paused: no answer");
+            assert!(
+                at - started < crate::limits::REDIS_OPERATION_TIMEOUT * 2 + Duration::from_secs(1),
+                "answered after {:?}",
+                at - started
+            );
+            if error.message.contains("too many operations queued") {
+                full += 1;
+            } else {
+                late += 1;
+            }
+        }
+        // What did not fit in the queue was refused at once; the rest timed out.
+        assert!(full >= 200, "{full} refused, {late} timed out");
+        assert!(
+            late >= crate::limits::REDIS_INFLIGHT_MAX,
+            "{full} refused, {late} timed out"
+        );
+        server.raw(&["CLIENT", "UNPAUSE"]);
+        connected(&store).await;
+        assert!(store.put("k", Bytes::from_static(b"after")).await.is_ok());
+    });
+}
