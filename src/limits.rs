@@ -269,6 +269,11 @@ pub const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const REDIS_RECONNECT_MIN: Duration = Duration::from_millis(100);
 pub const REDIS_RECONNECT_MAX: Duration = Duration::from_secs(5);
 
+/// How often a connected redis store pings, so that a connection that died without a word
+/// (a network partition: no FIN, no RST) is found within about this plus the operation
+/// timeout.
+pub const REDIS_PING_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Keys a redis store watches at most (one tokio watch channel each), as a memory store.
 pub const REDIS_WATCHES_MAX: usize = MEMORY_STORE_KEYS_MAX;
 

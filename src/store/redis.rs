@@ -54,8 +54,8 @@ use super::{Store, StoreError, StoreFuture, Token, Value, Watch};
 use crate::config::RedisStore as RedisConfig;
 use crate::limits::{
     LOG_FIELD_BYTES_MAX, REDIS_CONNECT_TIMEOUT, REDIS_INFLIGHT_MAX, REDIS_OPERATION_TIMEOUT,
-    REDIS_QUEUE_LEN, REDIS_RECONNECT_MAX, REDIS_RECONNECT_MIN, REDIS_VALUE_BYTES_MAX,
-    REDIS_WATCHES_MAX,
+    REDIS_PING_INTERVAL, REDIS_QUEUE_LEN, REDIS_RECONNECT_MAX, REDIS_RECONNECT_MIN,
+    REDIS_VALUE_BYTES_MAX, REDIS_WATCHES_MAX,
 };
 use crate::log;
 use crate::metrics::store::{StoreOp, StoreOutcome, StoreStats};
@@ -66,10 +66,6 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
-
-/// How often a connected store pings Redis, so that a connection that died without a word
-/// (a network partition: no FIN, no RST) is found within about this plus the timeout.
-const PING_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Longest version prefix: `u64::MAX` has 20 digits.
 const VERSION_DIGITS_MAX: usize = 20;
@@ -798,7 +794,7 @@ async fn follow(
     if let Err(why) = synced {
         return why;
     }
-    let mut ping = tokio::time::interval(PING_INTERVAL);
+    let mut ping = tokio::time::interval(REDIS_PING_INTERVAL);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // This thread runs tokio's epoll loop, not a worker's io_uring: what `select!`

@@ -387,3 +387,40 @@ def test_rediss_with_a_password_from_the_environment_and_a_database_index(upstre
     for log in (node.child.stderr(), bad.stderr()):
         assert password not in log, "the password was logged"
     assert bad.stderr().count("cannot connect") == 1, bad.stderr()[-2000:]
+
+
+def test_a_node_started_while_redis_is_down_serves_live_lists_then_joins_the_cache(upstreams, tmp_path):
+    server = harness.Redis(tmp_path / "redis-late")
+    urls = {name: child.address for name, child in upstreams.items()}
+    port = harness.free_port()
+    node = Node(0, node_config(urls, server.url, unique("t") + ":", io="uring", ttl="2s", metrics_port=port), port, tmp_path / "node")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            # No store: initialize is not held for lists that cannot come (the gate would
+            # be the routes' 1 s + 5 s); the agent gets the routes' live lists.
+            started = time.monotonic()
+            raw = await session_on(client, node)
+            assert time.monotonic() - started < 2.0
+            names = await tool_names(raw)
+            assert sum(n.startswith("alpha__") for n in names) == 16
+            assert node.metric("mcpyard_cache_misses_total") >= 1
+            assert node.metric('mcpyard_store_connected{store="shared"}') == 0
+            server.start()
+
+            async def cached():
+                fresh = await session_on(client, node)
+                hits = node.metric("mcpyard_cache_hits_total")
+                return await tool_names(fresh) == names and node.metric("mcpyard_cache_hits_total") > hits
+
+            await until(cached, "the node never served from the cache once redis was up", timeout_s=20)
+            assert node.metric('mcpyard_store_connected{store="shared"}') == 1
+
+    try:
+        run(scenario, timeout_s=60)
+    finally:
+        harness.stop_mcpyard(node.child)
+        server.stop()
+    log = node.child.stderr()
+    assert log.count("cannot connect to redis") == 1, log[-3000:]
+    assert log.count("is back") == 1, log[-3000:]

@@ -314,6 +314,8 @@ impl Cache {
     fn read_failed(&self, proxy: &Proxy, e: &crate::store::StoreError) {
         let before = self.failing_reads.get();
         self.failing_reads.set(before + 1);
+        // Agents waiting for the first lists stop waiting (see `wait_ready`).
+        self.changed.notify_waiters();
         if before == 0 {
             log::warn(format_args!(
                 "cache: proxy {} on worker {}: reading the store failed: {e}; serving what \
@@ -387,12 +389,17 @@ impl Cache {
         }
     }
 
-    /// Waits (until `deadline`) for [`Cache::ready`].
+    /// Waits (until `deadline`) for [`Cache::ready`]; `None` at the deadline, or at once
+    /// while the store cannot be read (a networked store that is down: waiting for lists
+    /// that cannot arrive would only hold the agent, who is served live lists instead).
     pub async fn wait_ready(&self, deadline: Instant) -> Option<CachedCaps> {
         loop {
             let changed = self.changed.notified();
             if let Some(caps) = self.ready() {
                 return Some(caps);
+            }
+            if self.failing_reads.get() > 0 {
+                return None;
             }
             if tokio::time::timeout_at(deadline.into(), changed)
                 .await
