@@ -221,7 +221,8 @@ impl RedisStore {
     /// on its own. Returns an error only when the thread or its runtime cannot start; an
     /// unreachable Redis is not one (the node serves, and the store connects when it can).
     pub fn start(name: &str, config: &RedisConfig) -> Result<RedisStore, String> {
-        let client = redis::Client::open(connection_info(config))
+        let client = connection_info(config)
+            .and_then(redis::Client::open)
             .map_err(|e| format!("redis store {name}: {}", clean(&e.to_string())))?;
         let shared = Arc::new(Shared {
             name: Box::from(name),
@@ -283,7 +284,7 @@ impl RedisStore {
 }
 
 /// What redis-rs needs to connect: address, TLS, database, credentials.
-fn connection_info(config: &RedisConfig) -> redis::ConnectionInfo {
+fn connection_info(config: &RedisConfig) -> redis::RedisResult<redis::ConnectionInfo> {
     let url = &config.url;
     let addr = if url.tls {
         redis::ConnectionAddr::TcpTls {
@@ -303,8 +304,7 @@ fn connection_info(config: &RedisConfig) -> redis::ConnectionInfo {
         settings = settings.set_password(password.expose());
     }
     redis::IntoConnectionInfo::into_connection_info(addr)
-        .map(|info| info.set_redis_settings(settings.clone()))
-        .unwrap_or_else(|_| unreachable!("an address always converts"))
+        .map(|info| info.set_redis_settings(settings))
 }
 
 impl Store for RedisStore {
@@ -654,7 +654,7 @@ fn parse_version(stored: &[u8]) -> Option<(u64, usize)> {
 }
 
 /// A change message: `<version> <key>`; `None` for anything else.
-fn parse_change(payload: &[u8]) -> Option<(u64, &str)> {
+pub(crate) fn parse_change(payload: &[u8]) -> Option<(u64, &str)> {
     let space = memchr::memchr(b' ', payload)?;
     let digits = payload.get(..space)?;
     if digits.is_empty()
