@@ -10,7 +10,9 @@
 //!   key (a watch may never fire for a value written before it began), then on each change
 //!   `get` again, CRC32C-compare each route's items with the last seen and tell each agent
 //!   session of this worker that can see a route whose items changed, once
-//!   (`list_changed`);
+//!   (`list_changed`). A read that fails (a networked store that is down) leaves the view
+//!   as it was and is tried again with backoff, and so is a key the store no longer has
+//!   (a Redis restarted empty): agents keep being served the last lists;
 //! - its **lease loop** tries the binding's `lifecycle.lock`. The one worker that holds it
 //!   hydrates ([`hydrate`]): it opens a session through its own proxy (one session per
 //!   route, with the cache's credential), lists every kind from every route in parallel,
