@@ -261,7 +261,7 @@ def test_another_node_takes_the_lease_when_the_holder_is_killed(upstreams, redis
             # The lease is 2 s (the TTL), the others try every third of it.
             await until(taken_over, "nobody took the lease over", timeout_s=10)
             took = time.monotonic() - killed_at
-            assert took <= 2 + 2 / 3 + 1.0, f"took over after {took:.1f}s"
+            assert took <= 2 + 2 / 3 + 1.5, f"took over after {took:.1f}s"
             # Refreshes go on under the new holder: a change reaches the surviving nodes.
             survivors = cluster.live()
             raw = await session_on(client, survivors[0])
