@@ -14,8 +14,9 @@
 //!
 //! **Keys** (all under the configured `prefix`, `mcpyard:` by default, so deployments can
 //! share one Redis): `<prefix>value:<key>` holds a value, `<prefix>lease:<key>` a lease,
-//! `<prefix>version` the version counter, and `<prefix>changes` is the channel that tells
-//! of every change.
+//! `<prefix>version` the version counter, and `<prefix>changes:<db>` is the channel that
+//! tells of every change (pub/sub channels are the same in every database of a server, so
+//! the database index is in its name).
 //!
 //! **Values and versions.** A value is stored as `<version>:<bytes>` (the version in
 //! decimal). A small server-side script writes it atomically: it takes the next version
@@ -29,7 +30,7 @@
 //! in one step on the server, so a node that lost its lease (it was stuck past the TTL, and
 //! another took it) can never extend or release the new holder's.
 //!
-//! **Watches.** One pub/sub channel (`<prefix>changes`) carries every change, rather than
+//! **Watches.** One pub/sub channel (`<prefix>changes:<db>`) carries every change, rather than
 //! keyspace notifications: those need `notify-keyspace-events` set in the server's config,
 //! which a managed Redis may not allow and an operator could turn off under us, while
 //! `PUBLISH` from the write script needs nothing. The store thread keeps one
@@ -175,6 +176,8 @@ struct Shared {
     name: Box<str>,
     /// The configured prefix of every key and of the channel.
     prefix: String,
+    /// The database index, part of the channel's name.
+    db: u32,
     /// One sender per watched key. Invariant: `len() <= REDIS_WATCHES_MAX`.
     watches: Mutex<HashMap<Box<str>, watch::Sender<u64>>>,
     stats: Arc<StoreStats>,
@@ -194,7 +197,7 @@ impl Shared {
     }
 
     fn channel(&self) -> String {
-        format!("{}changes", self.prefix)
+        format!("{}changes:{}", self.prefix, self.db)
     }
 
     fn error(&self, what: &str) -> StoreError {
@@ -227,6 +230,7 @@ impl RedisStore {
         let shared = Arc::new(Shared {
             name: Box::from(name),
             prefix: config.prefix.clone(),
+            db: config.url.db,
             watches: Mutex::new(HashMap::new()),
             stats: crate::metrics::store::register(name),
         });

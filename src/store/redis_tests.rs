@@ -109,15 +109,20 @@ impl Server {
     }
 
     fn store(&self, name: &str, prefix: &str) -> RedisStore {
+        self.store_in(name, prefix, 0)
+    }
+
+    /// A store on database `db`.
+    fn store_in(&self, name: &str, prefix: &str, db: u32) -> RedisStore {
         let config = RedisConfig {
             url: RedisUrl {
                 tls: false,
                 host: "127.0.0.1".into(),
                 port: self.port,
-                db: 0,
+                db,
                 username: None,
                 password: None,
-                shown: format!("redis://127.0.0.1:{}/0", self.port),
+                shown: format!("redis://127.0.0.1:{}/{db}", self.port),
             },
             prefix: prefix.into(),
         };
@@ -449,5 +454,27 @@ fn a_stalled_redis_fills_the_queue_and_every_caller_gets_an_answer_in_bounded_ti
         server.raw(&["CLIENT", "UNPAUSE"]);
         connected(&store).await;
         assert!(store.put("k", Bytes::from_static(b"after")).await.is_ok());
+    });
+}
+
+#[test]
+fn databases_of_one_server_are_apart_values_and_watches_alike() {
+    let server = Server::start("dbs");
+    run_local(async {
+        let zero = server.store_in("zero", "d:", 0);
+        let two = server.store_in("two", "d:", 2);
+        connected(&zero).await;
+        connected(&two).await;
+        let mut watching_zero = zero.watch("k").unwrap();
+        two.put("k", Bytes::from_static(b"in two")).await.unwrap();
+        assert_eq!(zero.get("k").await, Ok(None));
+        assert!(
+            !fired(&mut watching_zero, Duration::from_millis(300)).await,
+            "a change in database 2 woke a watcher of database 0"
+        );
+        zero.put("k", Bytes::from_static(b"in zero")).await.unwrap();
+        assert!(fired(&mut watching_zero, Duration::from_secs(5)).await);
+        let got = two.get("k").await.unwrap().unwrap();
+        assert_eq!(&got.bytes[..], b"in two");
     });
 }
