@@ -505,10 +505,11 @@ async fn execute(request: Request, link: &Link, scripts: &Scripts, shared: &Shar
 /// A redis-rs error as a [`Failure`]: the connection's, or the operation's own.
 fn failure(e: &redis::RedisError) -> Failure {
     let text = clean(&e.to_string());
-    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-        Failure::Connection(text)
-    } else if e.is_timeout() {
+    // A slow answer is not a broken connection (the pings tell those apart).
+    if e.is_timeout() {
         Failure::Timeout
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        Failure::Connection(text)
     } else {
         Failure::Error(text)
     }
@@ -759,8 +760,11 @@ async fn connect(
     client: &redis::Client,
     shared: &Shared,
 ) -> Result<(redis::aio::MultiplexedConnection, redis::aio::PubSubStream), String> {
-    let config =
-        redis::AsyncConnectionConfig::new().set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT));
+    // redis-rs's own response timeout (500 ms by default) would cut a large value's write
+    // short: it gets the operation's deadline, which each operation enforces anyway.
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
+        .set_response_timeout(Some(REDIS_OPERATION_TIMEOUT));
     let opening = async {
         let connection = client
             .get_multiplexed_async_connection_with_config(&config)

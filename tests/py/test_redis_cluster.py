@@ -12,6 +12,10 @@ its own) with two workers, one node on io_uring and two on epoll.
 - Redis stopped: every node keeps serving the lists it had and answers `initialize` at
   once; Redis started again (empty): the nodes reconnect, hydration resumes, and a change
   made meanwhile reaches every session once;
+- Redis stalled (CLIENT PAUSE) past the holder's renewal: lists stay served, and once it
+  answers again a change reaches every session once (the lease the holder could not
+  release does not hold the cluster up);
+- a node started while Redis is down serves live lists at once, then joins the cache;
 - `rediss://` (a test CA, trusted through SSL_CERT_FILE) with the password from the
   environment and a database index; a wrong password is one log line, never the password.
 """
@@ -424,3 +428,39 @@ def test_a_node_started_while_redis_is_down_serves_live_lists_then_joins_the_cac
     log = node.child.stderr()
     assert log.count("cannot connect to redis") == 1, log[-3000:]
     assert log.count("is back") == 1, log[-3000:]
+
+
+def test_a_stalled_redis_holds_nothing_up_once_it_answers_again(upstreams, redis, tmp_path):
+    # Leases of 3 s renewed every second: the pause below (CLIENT PAUSE, every command of
+    # every client waits) makes the holder's renewal time out, and its release cannot
+    # reach Redis either.
+    cluster = Cluster(upstreams, redis, tmp_path, ttl="3s")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=60)) as client:
+            async with anyio.create_task_group() as tg:
+                agents, seen, streams = [], [], []
+                for node in cluster.nodes:
+                    a, s, st = await listening(client, node.url, 1, tg)
+                    agents += a
+                    seen += s
+                    streams += st
+                served = [await tool_names(raw) for raw in agents]
+                redis.command("CLIENT", "PAUSE", "3500", "ALL")
+                await anyio.sleep(2.5)
+                for raw, names in zip(agents, served):
+                    assert await tool_names(raw) == names, "lists went away while redis stalled"
+                await anyio.sleep(1.5)  # the pause is over
+                name = unique("dyn_")
+                await agents[2].request("tools/call", {"name": "beta__add_tool", "arguments": {"name": name}})
+                await until(lambda: _all_once(seen), "the change after the stall never reached every session", timeout_s=15)
+                await anyio.sleep(3.5)  # refreshes go on: nobody is told twice
+                for s in seen:
+                    assert s.count("notifications/tools/list_changed") == 1, s
+                await agents[0].request("tools/call", {"name": "beta__remove_tool", "arguments": {"name": name}})
+                await until(lambda: _all_twice(seen), "the removal was not announced")
+                tg.cancel_scope.cancel()
+            for response in streams:
+                await response.aclose()
+
+    cluster.run(scenario, timeout_s=90)

@@ -561,6 +561,8 @@ async fn lease_loop(proxy: Weak<Proxy>) {
     // it has worked once.
     let mut failing = false;
     let mut retry = CACHE_RETRY_MIN;
+    // A lease this worker gave up while the store could not be told.
+    let mut unreleased: Option<Token> = None;
     loop {
         let Some(p) = proxy.upgrade() else {
             return;
@@ -572,6 +574,11 @@ async fn lease_loop(proxy: Weak<Proxy>) {
             return;
         }
         let key = format!("{}lifecycle.lock", cache.prefix);
+        if let Some(token) = unreleased.take()
+            && cache.setup.store.unlock(&key, &token).await.is_err()
+        {
+            unreleased = Some(token);
+        }
         let taken = cache.setup.store.lock(&key, cache.lease_ttl()).await;
         if taken.is_ok() && failing {
             log::info(format_args!("cache: taking {key} works again"));
@@ -596,7 +603,13 @@ async fn lease_loop(proxy: Weak<Proxy>) {
                 ));
                 // Boxed: it lives as long as the lease, the loop around it far longer.
                 Box::pin(hydrate(&p, &key, &token)).await;
-                let _ = cache.setup.store.unlock(&key, &token).await;
+                if cache.setup.store.unlock(&key, &token).await.is_err() {
+                    // The store could not be told (it is down, or was for a moment): the
+                    // lease would block every node until it expires. Released once the
+                    // store answers again (a no-op if it expired and was taken meanwhile:
+                    // the store compares the token).
+                    unreleased = Some(token);
+                }
                 log::info(format_args!(
                     "cache: worker {} gave up the hydration lease of proxy {}",
                     p.worker, p.name
