@@ -137,7 +137,7 @@ impl StoreStats {
 
 static STORES: Mutex<Vec<Arc<StoreStats>>> = Mutex::new(Vec::new());
 
-/// The metrics of a new store named `name`, registered for scrapes (up to [`STORES_MAX`]).
+/// The metrics of a new store named `name`, registered for scrapes (the first 64 stores).
 pub fn register(name: &str) -> Arc<StoreStats> {
     let stats = Arc::new(StoreStats {
         name: Box::from(name),

@@ -1,4 +1,4 @@
-//! The Redis store (`type: redis`): the same [`Store`](super::Store) as the memory store,
+//! The Redis store (`type: redis`): the same [`Store`] as the memory store,
 //! on a Redis server that several mcpyard nodes share, so that one node in the cluster
 //! hydrates the proxy caches and every node serves them.
 //!
@@ -10,7 +10,13 @@
 //! reply. A full queue, a Redis that is down or an answer later than
 //! [`REDIS_OPERATION_TIMEOUT`] is a [`StoreError`] at once, never a hang. Nothing of this
 //! is on an agent's request path: the proxy cache reads the store into each worker's own
-//! view when a watch fires, and answers lists from that view.
+//! view when a watch fires, and answers lists from that view. (Handing the workers clones
+//! of the multiplexed connection instead would also work, but then the bound on queued
+//! operations, the deadline, the metrics and the reaction to a failed connection would be
+//! spread over every worker; here they are in one place.) What the thread holds is bounded:
+//! the queue, [`REDIS_INFLIGHT_MAX`] operations on the connection, and the subscriber's
+//! messages, which redis-rs buffers in a channel of its own that this thread drains as they
+//! come (they are small, and come at the rate of writes).
 //!
 //! **Keys** (all under the configured `prefix`, `mcpyard:` by default, so deployments can
 //! share one Redis): `<prefix>value:<key>` holds a value, `<prefix>lease:<key>` a lease,
