@@ -158,3 +158,16 @@ pub fn encode_list(array: &str, labels: &[&str], fragments: &[Option<Bytes>]) ->
 pub fn served_list(stored: &Bytes, labels: &[&str], hidden: u64) -> Option<Bytes> {
     cache::CachedList::decode(stored, labels).map(|list| list.for_session(hidden))
 }
+
+/// Reads a value as the redis store stored it (`<version>:<bytes>`): the version and the
+/// bytes, or `None` where the store gives an error.
+pub fn decode_redis_value(stored: Vec<u8>) -> Option<(u64, Bytes)> {
+    crate::store::redis::decode_value(stored)
+        .ok()
+        .map(|v| (v.version, v.bytes))
+}
+
+/// Reads a redis store change message (`<version> <key>`) as the store thread does.
+pub fn parse_redis_change(payload: &[u8]) -> Option<(u64, String)> {
+    crate::store::redis::parse_change(payload).map(|(v, k)| (v, k.to_owned()))
+}

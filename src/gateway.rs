@@ -13,6 +13,7 @@ use crate::limits::{CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE};
 use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task, tls};
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
+use crate::store::redis::RedisStore;
 use crate::{log, metrics};
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
@@ -83,16 +84,16 @@ pub fn run(config: Config) -> Result<(), String> {
         ));
     }
     let tls = Arc::new(tls_setups(&config)?);
-    let stores: BTreeMap<String, Arc<dyn Store>> = config
-        .stores
-        .iter()
-        .map(|(name, store)| {
-            let store: Arc<dyn Store> = match store {
-                crate::config::Store::Memory => Arc::new(MemoryStore::default()),
-            };
-            (name.clone(), store)
-        })
-        .collect();
+    let mut stores: BTreeMap<String, Arc<dyn Store>> = BTreeMap::new();
+    for (name, store) in &config.stores {
+        let store: Arc<dyn Store> = match store {
+            crate::config::Store::Memory => Arc::new(MemoryStore::default()),
+            crate::config::Store::Redis(redis) => Arc::new(
+                RedisStore::start(name, redis).map_err(|e| format!("{}: {e}", config.source))?,
+            ),
+        };
+        stores.insert(name.clone(), store);
+    }
     let stores = Arc::new(stores);
     let demos: BTreeMap<String, Arc<DemoShared>> = config
         .bindings

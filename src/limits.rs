@@ -233,10 +233,57 @@ const _: () = assert!(PROXY_ROUTES_MAX * 4 + 10 <= MEMORY_STORE_KEYS_MAX);
 /// First wait before a failed cache refresh is tried again; it doubles up to the lease TTL.
 pub const CACHE_RETRY_MIN: Duration = Duration::from_millis(100);
 
+/// Longest wait between tries of a cache's store operation that failed (a networked store
+/// that is down): a read, or taking the hydration lease; the wait doubles from
+/// [`CACHE_RETRY_MIN`] up to this (or a third of the lease TTL, if shorter).
+pub const CACHE_STORE_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// Longest lease a cache's hydrating worker holds between renewals (a third of it); a
 /// cache TTL shorter than this is the lease TTL instead.
 pub const CACHE_LEASE_TTL_MAX: Duration = Duration::from_secs(30);
 
+/// Highest database index a redis store's URL may name (Redis has 16 unless configured
+/// otherwise; the bound only keeps the number sane).
+pub const REDIS_DB_MAX: u32 = 65_535;
+
+/// Longest key prefix of a redis store (`prefix:`).
+pub const REDIS_PREFIX_BYTES_MAX: usize = 64;
+
+/// Store operations waiting for a redis store's thread; one more is refused at once with a
+/// store error (the callers retry on their own schedule: leases every third of their TTL,
+/// reads on the next change).
+pub const REDIS_QUEUE_LEN: usize = 1024;
+
+/// Store operations a redis store has on its connection at once (pipelined); the queue
+/// waits behind them.
+pub const REDIS_INFLIGHT_MAX: usize = 256;
+
+/// Deadline of one store operation on Redis, from its queueing to the reply; past it the
+/// caller gets a store error and the connection is taken for lost.
+pub const REDIS_OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Deadline of one connection attempt to Redis: TCP, TLS, `AUTH`/`SELECT`, `SUBSCRIBE`.
+pub const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// First wait before connecting to Redis again after a failure; it doubles up to the max.
+pub const REDIS_RECONNECT_MIN: Duration = Duration::from_millis(100);
+pub const REDIS_RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// How often a connected redis store pings, so that a connection that died without a word
+/// (a network partition: no FIN, no RST) is found within about this plus the operation
+/// timeout.
+pub const REDIS_PING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Keys a redis store watches at most (one tokio watch channel each), as a memory store.
+pub const REDIS_WATCHES_MAX: usize = MEMORY_STORE_KEYS_MAX;
+
+/// Largest value a redis store writes: Redis's own limit on one string (512 MiB), less
+/// room for the version in front of it.
+pub const REDIS_VALUE_BYTES_MAX: usize = 512 * 1024 * 1024 - 64;
+
+const _: () = assert!(REDIS_INFLIGHT_MAX <= REDIS_QUEUE_LEN);
+const _: () = assert!(REDIS_RECONNECT_MIN.as_millis() < REDIS_RECONNECT_MAX.as_millis());
+const _: () = assert!(CACHE_LIST_BYTES_MAX <= REDIS_VALUE_BYTES_MAX);
 const _: () = assert!(TLS_HANDSHAKE_FIRST_READ_BYTES < TLS_HANDSHAKE_READ_BYTES);
 const _: () = assert!(HEADER_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(REQUEST_TARGET_BYTES_MAX < HEADER_BYTES_MAX);

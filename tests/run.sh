@@ -2,8 +2,8 @@
 # The whole test suite, as CI and the README run it: `bash tests/run.sh`.
 # Installs what the tests need by itself: a Python venv with the official MCP SDK
 # (tests/py), Node packages with the official TypeScript SDK (tests/js) and the MCP
-# conformance suite with a Node 22 from npm (tests/conformance), and cargo-fuzz for the
-# fuzz smoke run (fuzz/run.sh).
+# conformance suite with a Node 22 from npm (tests/conformance), cargo-fuzz for the fuzz
+# smoke run (fuzz/run.sh), and Debian's redis-server for the redis store's tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +13,13 @@ cargo build --release --workspace
 echo "== cargo fmt / clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+
+echo "== redis-server (the redis store's tests start their own, on ports chosen at run time)"
+if ! command -v redis-server >/dev/null; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server >/dev/null
+fi
 
 echo "== cargo test (unit, binding and raw-HTTP scenario tests)"
 cargo test --workspace --release

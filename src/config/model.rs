@@ -77,10 +77,41 @@ pub struct Telemetry {
 }
 
 /// A store (`stores.<name>`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Store {
     /// The embedded, process-wide in-memory store.
     Memory,
+    /// A Redis server that several mcpyard nodes share (`type: redis`).
+    Redis(RedisStore),
+}
+
+/// `type: redis`: where the server is and how this deployment's keys are named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisStore {
+    /// The server, the database and the credentials (`url:`, `password_env:`).
+    pub url: RedisUrl,
+    /// Put before every key and channel name, so deployments can share one Redis:
+    /// 1 to `limits::REDIS_PREFIX_BYTES_MAX` visible ASCII characters. Default `mcpyard:`.
+    pub prefix: String,
+}
+
+/// A parsed `redis://` or `rediss://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisUrl {
+    /// `rediss://`: TLS (rustls, the platform's trust roots), the host name verified.
+    pub tls: bool,
+    /// Lower-case DNS name or IP address, IPv6 without brackets.
+    pub host: String,
+    /// The port; 6379 when the URL has none.
+    pub port: u16,
+    /// The database index (the URL's path); 0 when the URL has none.
+    pub db: u32,
+    /// The ACL user (`AUTH user password`); `None`: the default user.
+    pub username: Option<String>,
+    /// The password, from the URL or from the environment variable `password_env:` names.
+    pub password: Option<Secret>,
+    /// The URL as logs show it: the password replaced by `***`.
+    pub shown: String,
 }
 
 /// One binding (`bindings.<name>`), by `kind`.

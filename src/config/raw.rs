@@ -18,8 +18,8 @@ use serde_yaml_ng::Value;
 
 use super::duration::parse_duration;
 use super::glob::{ALLOW_LIST_GLOBS_MAX, AllowList, GLOB_BYTES_MAX, Glob};
-use super::model::{ClientAuth, IoMode, Secret, Store, UpstreamUrl};
-use super::url::{parse_host_name, parse_origin, parse_upstream_url};
+use super::model::{ClientAuth, IoMode, RedisUrl, Secret, UpstreamUrl};
+use super::url::{parse_host_name, parse_origin, parse_redis_url, parse_upstream_url};
 use crate::limits::{LOG_FIELD_BYTES_MAX, REQUEST_TARGET_BYTES_MAX, WORKERS_MAX};
 
 /// The top level of the file.
@@ -54,12 +54,26 @@ pub(super) struct RawTelemetry {
     pub metrics: Option<SocketAddr>,
 }
 
-/// `stores.<name>`.
+/// `stores.<name>`. Which keys a type takes is checked in `validate.rs`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping")]
 pub(super) struct RawStore {
     #[serde(default, rename = "type", deserialize_with = "de_store_type")]
-    pub store_type: Option<Store>,
+    pub store_type: Option<StoreType>,
+    // redis
+    #[serde(default, deserialize_with = "de_redis_url")]
+    pub url: Option<RedisUrl>,
+    #[serde(default)]
+    pub password_env: Option<Value>,
+    #[serde(default)]
+    pub prefix: Option<Value>,
+}
+
+/// A store's `type:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StoreType {
+    Memory,
+    Redis,
 }
 
 /// `bindings.<name>`: the union of every kind's keys. Which keys a given kind allows is
@@ -318,15 +332,19 @@ fn de_socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>,
     })
 }
 
-fn de_store_type<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Store>, D::Error> {
+fn de_store_type<'de, D: Deserializer<'de>>(d: D) -> Result<Option<StoreType>, D::Error> {
     leaf(d, |value| match value.as_str() {
-        Some("memory") => Ok(Store::Memory),
-        Some("redis") => Err(format!(
-            "found {}, expected memory (redis is not supported yet)",
+        Some("memory") => Ok(StoreType::Memory),
+        Some("redis") => Ok(StoreType::Redis),
+        _ => Err(format!(
+            "found {}, expected one of: memory, redis",
             render(value)
         )),
-        _ => Err(format!("found {}, expected memory", render(value))),
     })
+}
+
+fn de_redis_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RedisUrl>, D::Error> {
+    leaf_str(d, "a redis:// or rediss:// URL", parse_redis_url)
 }
 
 fn de_kind<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Kind>, D::Error> {

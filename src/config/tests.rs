@@ -453,9 +453,88 @@ fn invalid_files_get_exact_messages() {
             "gw.yaml: bindings.tools.cache.store: found \"cache1\", expected the name of a store (one of: cache0)",
         ),
         (
-            "redis store",
+            "unknown store type",
+            edit("{ type: memory }", "{ type: etcd }"),
+            "gw.yaml: stores.cache0.type: found \"etcd\", expected one of: memory, redis",
+        ),
+        (
+            "redis store without a url",
             edit("{ type: memory }", "{ type: redis }"),
-            "gw.yaml: stores.cache0.type: found \"redis\", expected memory (redis is not supported yet)",
+            "gw.yaml: stores.cache0.url: missing, expected a redis:// or rediss:// URL such as redis://127.0.0.1:6379/0",
+        ),
+        (
+            "redis url with a bad scheme",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"http://127.0.0.1:6379\" }",
+            ),
+            "gw.yaml: stores.cache0.url: found \"http://127.0.0.1:6379\", expected a redis:// or rediss:// URL such as redis://127.0.0.1:6379/0",
+        ),
+        (
+            "redis url with CR/LF",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"redis://h\\r\\nFLUSHALL/0\" }",
+            ),
+            "gw.yaml: stores.cache0.url: found \"redis://h\\r\\nFLUSHALL/0\", expected a redis:// or rediss:// URL such as redis://127.0.0.1:6379/0 of visible ASCII characters (percent-encode the rest)",
+        ),
+        (
+            "redis url with a bad db index",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"redis://:pw@h/70000\" }",
+            ),
+            "gw.yaml: stores.cache0.url: found \"redis://***@h/70000\", expected a redis:// or rediss:// URL such as redis://127.0.0.1:6379/0 whose path is a database index from 0 to 65535",
+        ),
+        (
+            "redis url not a string",
+            edit("{ type: memory }", "{ type: redis, url: 6379 }"),
+            "gw.yaml: stores.cache0.url: found 6379, expected a redis:// or rediss:// URL",
+        ),
+        (
+            "redis password in two places",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"redis://:pw@h\", password_env: HOME }",
+            ),
+            "gw.yaml: stores.cache0.password_env: found a password in the url too, expected the password in one place",
+        ),
+        (
+            "redis password variable unset",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"redis://h\", password_env: MCPYARD_TEST_SURELY_UNSET_1c9 }",
+            ),
+            "gw.yaml: stores.cache0.password_env: found MCPYARD_TEST_SURELY_UNSET_1c9, expected the environment variable MCPYARD_TEST_SURELY_UNSET_1c9 to be set",
+        ),
+        (
+            "redis password variable badly named",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"redis://h\", password_env: \"A-B\" }",
+            ),
+            "gw.yaml: stores.cache0.password_env: found \"A-B\", expected the name of an environment variable (letters, digits and _)",
+        ),
+        (
+            "redis prefix with a space",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"redis://h\", prefix: \"a b\" }",
+            ),
+            "gw.yaml: stores.cache0.prefix: found \"a b\", expected 1 to 64 visible ASCII characters such as mcpyard:",
+        ),
+        (
+            "memory store with a url",
+            edit("{ type: memory }", "{ type: memory, url: \"redis://h\" }"),
+            "gw.yaml: stores.cache0.url: unknown key for a memory store, expected only type (url, password_env and prefix are for type: redis)",
+        ),
+        (
+            "unknown store key",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"redis://h\", pasword: x }",
+            ),
+            "gw.yaml: stores.cache0.pasword: unknown key, expected one of: type, url, password_env, prefix",
         ),
         (
             "unknown kind",
@@ -734,6 +813,19 @@ fn shipped_example_files_load() {
         Some(Binding::Demo(_))
     ));
 
+    let cluster = match load(&root.join("config/cluster-example.yaml")) {
+        Ok(config) => config,
+        Err(e) => panic!("{e}"),
+    };
+    let Some(Store::Redis(shared)) = cluster.stores.get("shared") else {
+        panic!("{:?}", cluster.stores)
+    };
+    assert_eq!(shared.url.shown, "redis://127.0.0.1:6379/0");
+    assert_eq!(
+        proxy(&cluster, "tools").cache.as_ref().map(|c| &*c.store),
+        Some("shared")
+    );
+
     let example = match load(&root.join("config/proxy-example.yaml")) {
         Ok(config) => config,
         Err(e) => panic!("{e}"),
@@ -944,4 +1036,44 @@ fn cache_credentials_are_bearer_tokens_only() {
         "gw.yaml: bindings.tools.cache.authorization: found forward, expected a mapping { bearer: TOKEN } \
          (hydration runs without an agent, so there is no header to forward)"
     );
+}
+
+#[test]
+fn redis_stores_load_with_the_password_from_the_environment() {
+    // SAFETY: tests in this binary that touch this variable are this one only.
+    unsafe { std::env::set_var("MCPYARD_TEST_REDIS_PW_51a", "s3cr3t\"pw") };
+    let text = edit(
+        "{ type: memory }",
+        "{ type: redis, url: \"rediss://app@cache.example.com:6380/2\", password_env: MCPYARD_TEST_REDIS_PW_51a }",
+    );
+    let config = load_ok(&text);
+    let Some(Store::Redis(redis)) = config.stores.get("cache0") else {
+        panic!("{:?}", config.stores)
+    };
+    assert_eq!(redis.prefix, "mcpyard:");
+    let url = &redis.url;
+    assert!(url.tls);
+    assert_eq!(
+        (&*url.host, url.port, url.db),
+        ("cache.example.com", 6380, 2)
+    );
+    assert_eq!(url.username.as_deref(), Some("app"));
+    assert_eq!(
+        url.password.as_ref().map(Secret::expose),
+        Some("s3cr3t\"pw")
+    );
+    assert_eq!(url.shown, "rediss://app@cache.example.com:6380/2");
+    assert!(
+        !format!("{config:?}").contains("s3cr3t"),
+        "the password is never printed"
+    );
+    let text = edit(
+        "{ type: memory }",
+        "{ type: redis, url: \"redis://127.0.0.1\", prefix: \"team-a:\" }",
+    );
+    let Some(Store::Redis(redis)) = load_ok(&text).stores.get("cache0").cloned() else {
+        panic!()
+    };
+    assert_eq!(redis.prefix, "team-a:");
+    assert_eq!(redis.url.shown, "redis://127.0.0.1:6379/0");
 }

@@ -1,5 +1,6 @@
 //! Parsing of the URLs and host names the config names: a `client` binding's upstream
-//! `server:` URL, and a `server` binding's `origins:` and `hosts:` allow-lists.
+//! `server:` URL, a `server` binding's `origins:` and `hosts:` allow-lists, and a redis
+//! store's `url:`.
 //!
 //! Only what an HTTP/1.1 client needs is accepted: `http`/`https`, a DNS name, IPv4 address
 //! or bracketed IPv6 address, an optional port, and a path with an optional query. The
@@ -9,8 +10,9 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use super::model::{Scheme, UpstreamUrl};
+use super::model::{RedisUrl, Scheme, Secret, UpstreamUrl};
 use super::raw::quote;
+use crate::limits::REDIS_DB_MAX;
 
 /// Longest URL or origin accepted; it must fit a request target with room to spare.
 const URL_BYTES_MAX: usize = crate::limits::REQUEST_TARGET_BYTES_MAX;
@@ -85,6 +87,178 @@ pub(super) fn parse_upstream_url(text: &str) -> Result<UpstreamUrl, String> {
         port,
         path_and_query,
     })
+}
+
+/// The port a `redis://` or `rediss://` URL without one connects to.
+const REDIS_PORT_DEFAULT: u16 = 6379;
+
+/// Parses a redis store URL: `redis://` or `rediss://` (TLS), optional user information
+/// (`user:password@`, percent-encoded), a host, an optional port (6379) and an optional
+/// database index path (`/0`, at most [`REDIS_DB_MAX`]). No query or fragment: every option
+/// is a config key of its own.
+///
+/// Returns the parsed URL, or a complete `found …, expected …` message. The message never
+/// repeats the user information (it may hold a password): it shows it as `***`.
+pub(super) fn parse_redis_url(text: &str) -> Result<RedisUrl, String> {
+    let expected = "expected a redis:// or rediss:// URL such as redis://127.0.0.1:6379/0";
+    let shown = redact_userinfo(text);
+    let fail = |what: &str| format!("found {}, {expected}{what}", quote(&shown));
+    if text.len() > URL_BYTES_MAX {
+        return Err(format!(
+            "found a URL of {} bytes, {expected} of at most {URL_BYTES_MAX} bytes",
+            text.len()
+        ));
+    }
+    if !text.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(fail(
+            " of visible ASCII characters (percent-encode the rest)",
+        ));
+    }
+    let (scheme, rest) = text.split_once("://").ok_or_else(|| fail(""))?;
+    let tls = if scheme.eq_ignore_ascii_case("redis") {
+        false
+    } else if scheme.eq_ignore_ascii_case("rediss") {
+        true
+    } else {
+        return Err(fail(""));
+    };
+    if rest.contains(['?', '#']) {
+        return Err(fail(
+            " without a query or fragment (options are keys of the store)",
+        ));
+    }
+    let authority_len = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_len);
+    let (userinfo, host_and_port) = match authority.rsplit_once('@') {
+        Some((userinfo, host_and_port)) => (Some(userinfo), host_and_port),
+        None => (None, authority),
+    };
+    if host_and_port.is_empty() {
+        return Err(fail(" with a host"));
+    }
+    let (host, port) = split_redis_authority(host_and_port).map_err(fail)?;
+    let (username, password) = match userinfo {
+        None => (None, None),
+        Some(userinfo) => {
+            let (user, password) = match userinfo.split_once(':') {
+                Some((user, password)) => (user, Some(password)),
+                None => (userinfo, None),
+            };
+            let bad = " whose user information is percent-encoded UTF-8 without control characters";
+            let decode = |text: &str| {
+                percent_decode(text)
+                    .filter(|t| !t.chars().any(char::is_control))
+                    .ok_or_else(|| fail(bad))
+            };
+            let user = decode(user)?;
+            let password = match password {
+                Some(p) => Some(decode(p)?),
+                None => None,
+            };
+            (
+                Some(user).filter(|u| !u.is_empty()),
+                password.filter(|p| !p.is_empty()),
+            )
+        }
+    };
+    let db = match path.strip_prefix('/') {
+        None | Some("") => 0,
+        Some(digits) => parse_db(digits).ok_or_else(|| {
+            fail(&format!(
+                " whose path is a database index from 0 to {REDIS_DB_MAX}"
+            ))
+        })?,
+    };
+    let scheme = if tls { "rediss" } else { "redis" };
+    let user_shown = username.as_deref().map_or(String::new(), |u| {
+        let shown = if password.is_some() {
+            format!("{u}:***")
+        } else {
+            u.to_owned()
+        };
+        format!("{}@", quote(&shown).trim_matches('"'))
+    });
+    Ok(RedisUrl {
+        shown: format!("{scheme}://{user_shown}{}:{port}/{db}", host.written()),
+        tls,
+        host: host.name,
+        port,
+        db,
+        username,
+        password: password.map(Secret::new),
+    })
+}
+
+/// `text` with everything between `://` and the last `@` of the authority replaced by `***`.
+fn redact_userinfo(text: &str) -> String {
+    let Some((scheme, rest)) = text.split_once("://") else {
+        // No authority to find: hide everything after the last `@`'s left side anyway.
+        return match text.rsplit_once('@') {
+            Some((_, after)) => format!("***@{after}"),
+            None => text.to_owned(),
+        };
+    };
+    let authority_len = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_len);
+    match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://***@{host}{tail}"),
+        None => text.to_owned(),
+    }
+}
+
+/// Splits a redis URL's `host[:port]`; the port defaults to 6379.
+fn split_redis_authority(authority: &str) -> Result<(Host, u16), &'static str> {
+    const BAD_HOST: &str = " whose host is a DNS name, an IPv4 address or a bracketed IPv6 address";
+    const BAD_PORT: &str = " with a port from 1 to 65535";
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (inner, after) = rest.split_once(']').ok_or(BAD_HOST)?;
+        let host = parse_ipv6(inner).ok_or(BAD_HOST)?;
+        match after {
+            "" => (host, None),
+            _ => (host, Some(after.strip_prefix(':').ok_or(BAD_HOST)?)),
+        }
+    } else {
+        match authority.split_once(':') {
+            Some((name, port)) => (parse_name(name).ok_or(BAD_HOST)?, Some(port)),
+            None => (parse_name(authority).ok_or(BAD_HOST)?, None),
+        }
+    };
+    let port = match port {
+        None => REDIS_PORT_DEFAULT,
+        Some(digits) => parse_port(digits).ok_or(BAD_PORT)?,
+    };
+    Ok((host, port))
+}
+
+/// A database index of 1 to 5 digits, at most [`REDIS_DB_MAX`].
+fn parse_db(digits: &str) -> Option<u32> {
+    if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u32>().ok().filter(|&db| db <= REDIS_DB_MAX)
+}
+
+/// Decodes `%XX` escapes (RFC 3986 §2.1); `None` for a broken escape or bytes that are not
+/// UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while let Some(&b) = bytes.get(at) {
+        if b == b'%' {
+            let hex = bytes.get(at + 1..at + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            if !hex.bytes().all(|h| h.is_ascii_hexdigit()) {
+                return None;
+            }
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            at += 3;
+        } else {
+            out.push(b);
+            at += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Parses an allowed `Origin` value such as `http://localhost:6274`.
@@ -418,5 +592,80 @@ mod tests {
         for text in ["", "a:80", "::1", "[::1]:80", "a b", "http://a"] {
             assert!(parse_host_name(text).is_err(), "{text}");
         }
+    }
+
+    #[test]
+    fn redis_urls_give_host_port_db_and_credentials() {
+        let url = parse_redis_url("redis://127.0.0.1:6380/3").unwrap();
+        assert_eq!(
+            (url.tls, &*url.host, url.port, url.db, &url.username),
+            (false, "127.0.0.1", 6380, 3, &None)
+        );
+        assert!(url.password.is_none());
+        assert_eq!(url.shown, "redis://127.0.0.1:6380/3");
+        let url = parse_redis_url("REDISS://app:p%40ss%3Aw0rd@Cache.Example.com").unwrap();
+        assert!(url.tls);
+        assert_eq!(
+            (&*url.host, url.port, url.db),
+            ("cache.example.com", 6379, 0)
+        );
+        assert_eq!(url.username.as_deref(), Some("app"));
+        assert_eq!(url.password.as_ref().map(Secret::expose), Some("p@ss:w0rd"));
+        assert_eq!(url.shown, "rediss://app:***@cache.example.com:6379/0");
+        assert!(!url.shown.contains("w0rd"));
+        let url = parse_redis_url("redis://:secret@[::1]/").unwrap();
+        assert_eq!((&*url.host, url.username.as_deref()), ("::1", None));
+        assert_eq!(url.password.as_ref().map(Secret::expose), Some("secret"));
+        assert_eq!(url.shown, "redis://[::1]:6379/0");
+        let url = parse_redis_url(&format!("redis://h/{REDIS_DB_MAX}")).unwrap();
+        assert_eq!(url.db, REDIS_DB_MAX);
+    }
+
+    #[test]
+    fn hostile_redis_urls_are_refused_without_repeating_a_password() {
+        for bad in [
+            "",
+            "127.0.0.1:6379",
+            "http://127.0.0.1:6379",
+            "unix:///tmp/redis.sock",
+            "redis://",
+            "redis:///0",
+            "redis://h:0",
+            "redis://h:65536",
+            "redis://h:-1",
+            "redis://h/16x",
+            "redis://h/-1",
+            "redis://h/99999999999",
+            "redis://h/0/1",
+            "redis://h/0?protocol=resp3",
+            "rediss://h/#insecure",
+            "redis://h\r\n/0",
+            "redis://h/0\r\nFLUSHALL",
+            "redis://user:pa ss@h",
+            "redis://user:%zz@h",
+            "redis://user:%ff@h",
+            "redis://user:a%0d%0aFLUSHALL@h",
+            "redis://us%00er@h",
+            "redis://bad_host!/0",
+            "redis://[::1/0",
+        ] {
+            let err = parse_redis_url(bad).expect_err(bad);
+            assert!(err.starts_with("found "), "{bad:?}: {err}");
+            assert!(!err.contains('\n') && !err.contains('\r'), "{err}");
+        }
+        let err = parse_redis_url(&format!("redis://h/{}", REDIS_DB_MAX + 1)).unwrap_err();
+        assert!(err.contains("database index"), "{err}");
+        for secretive in [
+            "redis://user:s3cr3t@h:99999",
+            "redis://user:s3cr3t@h/x",
+            "ftp://user:s3cr3t@h",
+            "redis://user:s3cr3t@h\n",
+            "user:s3cr3t@h",
+        ] {
+            let err = parse_redis_url(secretive).unwrap_err();
+            assert!(!err.contains("s3cr3t"), "{err}");
+        }
+        let long = format!("redis://{}/0", "a".repeat(URL_BYTES_MAX));
+        assert!(parse_redis_url(&long).unwrap_err().contains("bytes"));
     }
 }

@@ -16,11 +16,14 @@ use serde_yaml_ng::Value;
 use super::duration::format_duration;
 use super::event_prefix::{event_code, event_prefixes};
 use super::model::{
-    Binding, Cache, ClientAuth, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding, Route,
-    Runtime, Scheme, ServerBinding, ServerTls, Store, Telemetry, UpstreamUrl,
+    Binding, Cache, ClientAuth, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding,
+    RedisStore, Route, Runtime, Scheme, Secret, ServerBinding, ServerTls, Store, Telemetry,
+    UpstreamUrl,
 };
-use super::raw::{Kind, RawBinding, RawConfig, RawStore, RawTls, quote, render};
-use crate::limits::{PROXY_ROUTES_MAX, REQUEST_TIMEOUT_DEFAULT, SESSION_IDLE_TIMEOUT_MAX};
+use super::raw::{Kind, RawBinding, RawConfig, RawStore, RawTls, StoreType, quote, render};
+use crate::limits::{
+    PROXY_ROUTES_MAX, REDIS_PREFIX_BYTES_MAX, REQUEST_TIMEOUT_DEFAULT, SESSION_IDLE_TIMEOUT_MAX,
+};
 
 /// Where a check failed and what it found, before the file name is added.
 #[derive(Debug)]
@@ -47,6 +50,8 @@ const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 const RESPONSE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
 const PROGRESS_INTERVAL_DEFAULT: Duration = Duration::from_millis(200);
 const SERVER_PATH_DEFAULT: &str = "/mcp";
+/// What a redis store's keys and channel start with when `prefix:` is not given.
+const REDIS_PREFIX_DEFAULT: &str = "mcpyard:";
 
 /// What a `server` may exit to, and what a proxy route may exit to.
 const SERVER_EXITS: &[Kind] = &[Kind::Proxy, Kind::Client, Kind::Demo];
@@ -128,12 +133,113 @@ fn validate_stores(raw: BTreeMap<String, RawStore>) -> Result<BTreeMap<String, S
                 format!("found store name {}, expected {expected}", quote(&name)),
             )
         })?;
-        let store = store
-            .store_type
-            .ok_or_else(|| fault(format!("stores.{name}.type"), "missing, expected memory"))?;
+        let path = format!("stores.{name}");
+        let store = match store.store_type {
+            None => {
+                return Err(fault(
+                    format!("{path}.type"),
+                    "missing, expected one of: memory, redis",
+                ));
+            }
+            Some(StoreType::Memory) => {
+                let redis_only = [
+                    ("url", store.url.is_some()),
+                    ("password_env", store.password_env.is_some()),
+                    ("prefix", store.prefix.is_some()),
+                ];
+                if let Some((key, _)) = redis_only.iter().find(|(_, set)| *set) {
+                    return Err(fault(
+                        format!("{path}.{key}"),
+                        "unknown key for a memory store, expected only type (url, password_env \
+                         and prefix are for type: redis)",
+                    ));
+                }
+                Store::Memory
+            }
+            Some(StoreType::Redis) => Store::Redis(validate_redis(&path, store)?),
+        };
         stores.insert(name, store);
     }
     Ok(stores)
+}
+
+/// A redis store: its URL, the password from the environment if `password_env` names a
+/// variable, and the key prefix.
+fn validate_redis(path: &str, raw: RawStore) -> Result<RedisStore, Fault> {
+    let mut url = raw.url.ok_or_else(|| {
+        fault(
+            format!("{path}.url"),
+            "missing, expected a redis:// or rediss:// URL such as redis://127.0.0.1:6379/0",
+        )
+    })?;
+    if let Some(value) = raw.password_env.filter(|v| !v.is_null()) {
+        let key = format!("{path}.password_env");
+        let expected = "expected the name of an environment variable (letters, digits and _)";
+        let name = value
+            .as_str()
+            .filter(|n| {
+                !n.is_empty()
+                    && n.len() <= NAME_BYTES_MAX
+                    && !n.starts_with(|c: char| c.is_ascii_digit())
+                    && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            })
+            .ok_or_else(|| fault(&key, format!("found {}, {expected}", render(&value))))?;
+        if url.password.is_some() {
+            return Err(fault(
+                &key,
+                "found a password in the url too, expected the password in one place",
+            ));
+        }
+        // The value is a secret: no message below repeats it.
+        let password = match std::env::var(name) {
+            Ok(p) if !p.is_empty() => p,
+            Ok(_) | Err(std::env::VarError::NotPresent) => {
+                return Err(fault(
+                    &key,
+                    format!("found {name}, expected the environment variable {name} to be set"),
+                ));
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(fault(
+                    &key,
+                    format!(
+                        "found {name}, expected the environment variable {name} to hold UTF-8 text"
+                    ),
+                ));
+            }
+        };
+        if password.chars().any(char::is_control) {
+            return Err(fault(
+                &key,
+                format!(
+                    "found {name} holding control characters, expected a password without them"
+                ),
+            ));
+        }
+        url.password = Some(Secret::new(password));
+    }
+    let prefix = match raw.prefix.filter(|v| !v.is_null()) {
+        None => REDIS_PREFIX_DEFAULT.to_owned(),
+        Some(value) => value
+            .as_str()
+            .filter(|p| {
+                !p.is_empty()
+                    && p.len() <= REDIS_PREFIX_BYTES_MAX
+                    && p.bytes().all(|b| b.is_ascii_graphic())
+            })
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                fault(
+                    format!("{path}.prefix"),
+                    format!(
+                        "found {}, expected 1 to {REDIS_PREFIX_BYTES_MAX} visible ASCII characters \
+                         such as mcpyard:",
+                        render(&value)
+                    ),
+                )
+            })?,
+    };
+    Ok(RedisStore { url, prefix })
 }
 
 /// Checks the binding names and collects each binding's kind, so that exits can be checked

@@ -4,6 +4,8 @@
 //! path takes a lock or touches a shared cache line. A scrape asks every worker (over its
 //! cross-worker queue) for a [`WorkerMetrics`] clone and merges them with [`render`].
 
+pub mod store;
+
 use crate::stream::Kind;
 use hdrhistogram::Histogram;
 use std::cell::RefCell;
@@ -986,6 +988,7 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
         );
     }
+    store::render(&mut out);
     out
 }
 

@@ -173,7 +173,7 @@ impl MemoryStore {
 }
 
 /// 128 random bits for a lease token.
-fn new_token() -> Result<u128, StoreError> {
+pub(super) fn new_token() -> Result<u128, StoreError> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| StoreError {
         message: format!("no entropy for a lease token: {e}"),

@@ -5,16 +5,20 @@
 //! their holder is doing, and [`Watch`]es that wake a worker's task on that worker's own
 //! event loop when a key changes. Every operation is asynchronous and fallible, and leases
 //! are tokens with TTLs, so a networked implementation (Redis: `GET`/`SET`, `SET NX PX` with
-//! a random token, compare-and-delete/extend scripts, keyspace notifications feeding the
+//! a random token, compare-and-delete/extend scripts, a change channel feeding the
 //! watches) fits the same trait.
 //!
 //! [`memory::MemoryStore`] is the embedded default: process-wide, lock-free for readers.
+//! [`redis::RedisStore`] puts the same trait on a Redis server that several nodes share.
 //!
 //! Flow: the proxy cache's lease holder hydrates lists and `put`s their bytes; every
 //! worker `watch`es the keys and `get`s them (a refcount, not a copy) into its own view.
 
 pub mod memory;
+pub mod redis;
 
+#[cfg(test)]
+mod redis_tests;
 #[cfg(test)]
 mod tests;
 

@@ -291,3 +291,85 @@ def stop_mcpyard(child: Child) -> None:
     log = child.stderr()
     assert still_running, f"mcpyard died during the test: exit {child.proc.returncode}\n{log[-4000:]}"
     assert code == 0, f"mcpyard exit after SIGTERM: {code}\n{log[-4000:]}"
+
+
+class Redis:
+    """Debian's `redis-server` on a loopback port chosen at run time, with no persistence
+    (`--save "" --appendonly no`) and its files in `workdir`; `stop` and `start` again
+    (same port, empty) stand for a crash and a restart. With `tls` = (cert, key, ca) it
+    serves TLS only; with `password` it requires AUTH. tests/py/run.sh installs it."""
+
+    def __init__(self, workdir: Path, *, tls: tuple[Path, Path, Path] | None = None, password: str | None = None) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.tls = tls
+        self.password = password
+        self.proc: subprocess.Popen[bytes] | None = None
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import shutil
+
+        if shutil.which("redis-server") is None:
+            raise AssertionError("redis-server is missing: tests/py/run.sh installs it (apt-get install redis-server)")
+        argv = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
+        if self.tls:
+            cert, key, ca = self.tls
+            argv += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+            argv += ["--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]
+        else:
+            argv += ["--port", str(self.port)]
+        if self.password:
+            argv += ["--requirepass", self.password]
+        log = open(self.workdir / "redis.log", "ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+        log.close()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"redis-server exited ({self.proc.returncode}): {(self.workdir / 'redis.log').read_text()[-2000:]}")
+            try:
+                reply = self.command("PING")
+                if reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH"):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise AssertionError(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def command(self, *args: str, auth: bool = False, db: int | None = None) -> bytes:
+        """One command (after AUTH and SELECT `db` when asked) on a connection of the test's
+        own; the raw reply to the command."""
+        import socket
+        import ssl
+
+        def encode(*parts: str) -> bytes:
+            return f"*{len(parts)}\r\n".encode() + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in parts)
+
+        before = []
+        if auth and self.password:
+            before.append(encode("AUTH", self.password))
+        if db is not None:
+            before.append(encode("SELECT", str(db)))
+        raw = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        with raw:
+            conn = raw
+            if self.tls:
+                context = ssl.create_default_context(cafile=str(self.tls[2]))
+                conn = context.wrap_socket(raw, server_hostname="127.0.0.1")
+            with conn:
+                for message in before:
+                    conn.sendall(message)
+                    conn.recv(1024)
+                conn.sendall(encode(*args))
+                return conn.recv(65536)

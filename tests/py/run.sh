@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Python MCP SDK scenario tests against the release gateway binary.
-# Needs only python3 and cargo; idempotent (reuses .venv and the built binary).
+# Needs python3 and cargo, and installs redis-server (apt) when it is missing; idempotent
+# (reuses .venv and the built binary).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -13,6 +14,14 @@ fi
 # upstreams; it comes from tests/js's lock file.
 if [ ! -f tests/js/node_modules/@modelcontextprotocol/server-everything/dist/index.js ]; then
   (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The cluster scenarios (test_redis_cluster.py) start Debian's redis-server themselves, on
+# ports chosen at run time; only the package is needed.
+if ! command -v redis-server >/dev/null; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server >/dev/null
 fi
 
 if [ ! -x target/release/mcpyard ]; then

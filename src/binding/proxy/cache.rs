@@ -10,7 +10,9 @@
 //!   key (a watch may never fire for a value written before it began), then on each change
 //!   `get` again, CRC32C-compare each route's items with the last seen and tell each agent
 //!   session of this worker that can see a route whose items changed, once
-//!   (`list_changed`);
+//!   (`list_changed`). A read that fails (a networked store that is down) leaves the view
+//!   as it was and is tried again with backoff, and so is a key the store no longer has
+//!   (a Redis restarted empty): agents keep being served the last lists;
 //! - its **lease loop** tries the binding's `lifecycle.lock`. The one worker that holds it
 //!   hydrates ([`hydrate`]): it opens a session through its own proxy (one session per
 //!   route, with the cache's credential), lists every kind from every route in parallel,
@@ -40,7 +42,9 @@
 use super::list::{self, ListRequest};
 use super::session::{self, ProxySession};
 use super::{Family, Proxy, Route, join_all};
-use crate::limits::{CACHE_LIST_BYTES_MAX, CACHE_RETRY_MIN, PROXY_ROUTES_MAX};
+use crate::limits::{
+    CACHE_LIST_BYTES_MAX, CACHE_RETRY_MIN, CACHE_STORE_RETRY_MAX, PROXY_ROUTES_MAX,
+};
 use crate::log;
 use crate::metrics;
 use crate::runtime::notify::Notify;
@@ -288,6 +292,9 @@ pub struct Cache {
     changed: Notify,
     /// Set at drain: hydration ends (its route sessions close) and no lease is taken.
     stopping: std::cell::Cell<bool>,
+    /// Keys whose last read failed: one log line when the first starts failing and one when
+    /// the last works again, not one per key.
+    failing_reads: std::cell::Cell<usize>,
     stop: Notify,
 }
 
@@ -300,7 +307,35 @@ impl Cache {
             view: RefCell::new(View::default()),
             changed: Notify::new(),
             stopping: std::cell::Cell::new(false),
+            failing_reads: std::cell::Cell::new(0),
             stop: Notify::new(),
+        }
+    }
+
+    /// A key's read started failing.
+    fn read_failed(&self, proxy: &Proxy, e: &crate::store::StoreError) {
+        let before = self.failing_reads.get();
+        self.failing_reads.set(before + 1);
+        // Agents waiting for the first lists stop waiting (see `wait_ready`).
+        self.changed.notify_waiters();
+        if before == 0 {
+            log::warn(format_args!(
+                "cache: proxy {} on worker {}: reading the store failed: {e}; serving what \
+                 this worker has, retrying",
+                proxy.name, proxy.worker
+            ));
+        }
+    }
+
+    /// A key that failed was read again.
+    fn read_recovered(&self, proxy: &Proxy) {
+        let now = self.failing_reads.get().saturating_sub(1);
+        self.failing_reads.set(now);
+        if now == 0 {
+            log::info(format_args!(
+                "cache: proxy {} on worker {}: reading the store works again",
+                proxy.name, proxy.worker
+            ));
         }
     }
 
@@ -356,12 +391,17 @@ impl Cache {
         }
     }
 
-    /// Waits (until `deadline`) for [`Cache::ready`].
+    /// Waits (until `deadline`) for [`Cache::ready`]; `None` at the deadline, or at once
+    /// while the store cannot be read (a networked store that is down: waiting for lists
+    /// that cannot arrive would only hold the agent, who is served live lists instead).
     pub async fn wait_ready(&self, deadline: Instant) -> Option<CachedCaps> {
         loop {
             let changed = self.changed.notified();
             if let Some(caps) = self.ready() {
                 return Some(caps);
+            }
+            if self.failing_reads.get() > 0 {
+                return None;
             }
             if tokio::time::timeout_at(deadline.into(), changed)
                 .await
@@ -393,45 +433,42 @@ impl Cache {
     /// of those routes. The first value of a list is news only to sessions that were shown
     /// a live list before (they fell back while the cache was not ready), and only if it
     /// differs from what they were shown.
+    ///
+    /// A key that is absent leaves the view as it was: the cache never deletes its keys, so
+    /// an absent one means a store that lost them (a Redis restarted without persistence),
+    /// and the last lists stay served until the lease holder writes them again.
     fn apply(&self, proxy: &Proxy, kind: Option<Kind>, value: Option<Value>) {
+        let Some(value) = value else {
+            return;
+        };
         let Some(kind) = kind else {
-            let caps = value.and_then(|v| decode_caps(&v.bytes));
-            self.view.borrow_mut().caps = caps;
-            self.changed.notify_waiters();
+            if let Some(caps) = decode_caps(&value.bytes) {
+                self.view.borrow_mut().caps = Some(caps);
+                self.changed.notify_waiters();
+            }
             return;
         };
         let Some(at) = slot(kind) else {
             return;
         };
-        let list = match value {
-            None => None,
-            Some(v) => {
-                let labels: Vec<&str> = proxy.routes.iter().map(|r| &*r.label).collect();
-                match CachedList::decode(&v.bytes, &labels) {
-                    Some(list) => Some(Rc::new(list)),
-                    None => {
-                        // What this worker had stays served.
-                        log::warn(format_args!(
-                            "cache: proxy {}: {} in the store is not a cached list; kept the previous",
-                            proxy.name,
-                            self.list_key(kind)
-                        ));
-                        return;
-                    }
-                }
-            }
+        let labels: Vec<&str> = proxy.routes.iter().map(|r| &*r.label).collect();
+        let Some(list) = CachedList::decode(&value.bytes, &labels).map(Rc::new) else {
+            // What this worker had stays served.
+            log::warn(format_args!(
+                "cache: proxy {}: {} in the store is not a cached list; kept the previous",
+                proxy.name,
+                self.list_key(kind)
+            ));
+            return;
         };
         let before = {
             let mut view = self.view.borrow_mut();
             match view.lists.get_mut(at) {
-                Some(held) => std::mem::replace(held, list.clone()),
+                Some(held) => held.replace(list.clone()),
                 None => return,
             }
         };
         self.changed.notify_waiters();
-        let Some(list) = list else {
-            return;
-        };
         let news = match &before {
             Some(before) => News::Changed(before.changed(&list)),
             None => News::First(&list, at),
@@ -473,18 +510,40 @@ async fn follow(proxy: Weak<Proxy>, kind: Option<Kind>, key: String) {
             None
         }
     };
+    // While reads fail (a networked store that is down), the view keeps what it had and
+    // the read is tried again with backoff: the change it was for may never be announced
+    // again.
+    let mut retry = CACHE_RETRY_MIN;
+    let mut failing = false;
     loop {
-        match store.get(&key).await {
+        let read = store.get(&key).await;
+        let Some(proxy) = proxy.upgrade() else {
+            return;
+        };
+        let Some(cache) = proxy.cache.as_ref() else {
+            return;
+        };
+        match read {
             Ok(value) => {
-                let Some(proxy) = proxy.upgrade() else {
-                    return;
-                };
-                if let Some(cache) = proxy.cache.as_ref() {
-                    cache.apply(&proxy, kind, value);
+                if failing {
+                    failing = false;
+                    cache.read_recovered(&proxy);
                 }
+                retry = CACHE_RETRY_MIN;
+                cache.apply(&proxy, kind, value);
             }
-            Err(e) => log::warn(format_args!("cache: reading {key} failed: {e}")),
+            Err(e) => {
+                if !failing {
+                    failing = true;
+                    cache.read_failed(&proxy, &e);
+                }
+                drop(proxy);
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(CACHE_STORE_RETRY_MAX);
+                continue;
+            }
         }
+        drop(proxy);
         match watch.as_mut() {
             Some(w) => {
                 if !w.changed().await {
@@ -498,6 +557,12 @@ async fn follow(proxy: Weak<Proxy>, kind: Option<Kind>, key: String) {
 
 /// Tries the hydration lease, and hydrates while holding it.
 async fn lease_loop(proxy: Weak<Proxy>) {
+    // Logged when taking the lease starts failing (the store is down) and not again until
+    // it has worked once.
+    let mut failing = false;
+    let mut retry = CACHE_RETRY_MIN;
+    // A lease this worker gave up while the store could not be told.
+    let mut unreleased: Option<Token> = None;
     loop {
         let Some(p) = proxy.upgrade() else {
             return;
@@ -509,8 +574,27 @@ async fn lease_loop(proxy: Weak<Proxy>) {
             return;
         }
         let key = format!("{}lifecycle.lock", cache.prefix);
-        let wait = cache.lease_ttl() / 3;
-        match cache.setup.store.lock(&key, cache.lease_ttl()).await {
+        if let Some(token) = unreleased.take()
+            && cache.setup.store.unlock(&key, &token).await.is_err()
+        {
+            unreleased = Some(token);
+        }
+        let taken = cache.setup.store.lock(&key, cache.lease_ttl()).await;
+        if taken.is_ok() && failing {
+            log::info(format_args!("cache: taking {key} works again"));
+            failing = false;
+        }
+        // A store that failed is tried again soon (with backoff), so hydration resumes
+        // as soon as it is back; a lease held elsewhere is tried every third of its TTL.
+        let wait = if taken.is_err() {
+            let wait = retry.min(cache.lease_ttl() / 3);
+            retry = (retry * 2).min(CACHE_STORE_RETRY_MAX);
+            wait
+        } else {
+            retry = CACHE_RETRY_MIN;
+            cache.lease_ttl() / 3
+        };
+        match taken {
             Ok(Some(token)) => {
                 metrics::with(|m| m.cache.lease_changes += 1);
                 log::info(format_args!(
@@ -519,14 +603,24 @@ async fn lease_loop(proxy: Weak<Proxy>) {
                 ));
                 // Boxed: it lives as long as the lease, the loop around it far longer.
                 Box::pin(hydrate(&p, &key, &token)).await;
-                let _ = cache.setup.store.unlock(&key, &token).await;
+                if cache.setup.store.unlock(&key, &token).await.is_err() {
+                    // The store could not be told (it is down, or was for a moment): the
+                    // lease would block every node until it expires. Released once the
+                    // store answers again (a no-op if it expired and was taken meanwhile:
+                    // the store compares the token).
+                    unreleased = Some(token);
+                }
                 log::info(format_args!(
                     "cache: worker {} gave up the hydration lease of proxy {}",
                     p.worker, p.name
                 ));
             }
             Ok(None) => {}
-            Err(e) => log::warn(format_args!("cache: taking {key} failed: {e}")),
+            Err(e) if !failing => {
+                log::warn(format_args!("cache: taking {key} failed: {e}; retrying"));
+                failing = true;
+            }
+            Err(_) => {}
         }
         let stopped = cache.stop.notified();
         tokio::select! {
