@@ -15,11 +15,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== redis-server (the redis store's tests start their own, on ports chosen at run time)"
-if ! command -v redis-server >/dev/null; then
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server >/dev/null
-fi
+bash tests/install-redis.sh
 
 echo "== cargo test (unit, binding and raw-HTTP scenario tests)"
 cargo test --workspace --release

@@ -16,13 +16,8 @@ if [ ! -f tests/js/node_modules/@modelcontextprotocol/server-everything/dist/ind
   (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
-# The cluster scenarios (test_redis_cluster.py) start Debian's redis-server themselves, on
-# ports chosen at run time; only the package is needed.
-if ! command -v redis-server >/dev/null; then
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server >/dev/null
-fi
+# The cluster scenarios (test_redis_cluster.py) start Debian's redis-server themselves.
+bash tests/install-redis.sh
 
 if [ ! -x target/release/mcpyard ]; then
   cargo build --release --bin mcpyard
