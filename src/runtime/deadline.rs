@@ -138,25 +138,32 @@ pub fn start() {
         Some(rearm)
     });
     if let Some(rearm) = rearm {
-        tokio::task::spawn_local(drive(rearm));
+        // Made here and moved into the task, so it runs even if the driver is dropped
+        // before its first poll (a runtime whose main future ended at once).
+        let stop = Stop;
+        tokio::task::spawn_local(async move {
+            let _stop = stop;
+            drive(rearm).await;
+        });
+    }
+}
+
+/// The queue goes with its driver (the worker's or the test's runtime shutting down), so a
+/// later runtime on this thread starts afresh instead of finding a queue nobody drives.
+struct Stop;
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        let _ = QUEUE.try_with(|q| {
+            if let Ok(mut q) = q.try_borrow_mut() {
+                *q = None;
+            }
+        });
     }
 }
 
 /// The driver: fires what is due, sleeps until the next deadline or an earlier one comes.
 async fn drive(rearm: std::rc::Rc<Notify>) {
-    // The queue goes with its driver (the worker's or the test's runtime shutting down), so
-    // a later runtime on this thread starts afresh instead of finding a queue nobody drives.
-    struct Stop;
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let _ = QUEUE.try_with(|q| {
-                if let Ok(mut q) = q.try_borrow_mut() {
-                    *q = None;
-                }
-            });
-        }
-    }
-    let _stop = Stop;
     let timer = tokio::time::sleep_until(tokio::time::Instant::now());
     tokio::pin!(timer);
     let mut woken = Vec::new();
@@ -165,7 +172,8 @@ async fn drive(rearm: std::rc::Rc<Notify>) {
         let next = QUEUE.with(|q| {
             let mut q = q.borrow_mut();
             let q = q.as_mut()?;
-            let next = q.expire(Instant::now(), &mut woken);
+            // tokio's clock, the one the timer below runs on.
+            let next = q.expire(tokio::time::Instant::now().into_std(), &mut woken);
             q.armed = next;
             next
         });
@@ -189,6 +197,8 @@ async fn drive(rearm: std::rc::Rc<Notify>) {
 pub struct Deadline {
     at: Instant,
     state: State,
+    /// Not `Send`: its slot belongs to this thread's queue.
+    _local: std::marker::PhantomData<std::rc::Rc<()>>,
 }
 
 enum State {
@@ -209,6 +219,7 @@ pub fn until(at: Instant) -> Deadline {
     Deadline {
         at,
         state: State::New,
+        _local: std::marker::PhantomData,
     }
 }
 
@@ -351,6 +362,17 @@ mod tests {
             until(Instant::now() - Duration::from_millis(1)).await;
             until(Instant::now() + Duration::from_millis(5)).await;
             assert!(t.elapsed() < Duration::from_secs(5));
+        });
+    }
+
+    #[test]
+    fn a_runtime_after_one_that_ended_at_once_still_gets_a_driver() {
+        // The first runtime's main future ends before its driver was ever polled.
+        crate::testing::run_local(async {});
+        crate::testing::run_local(async {
+            let t = Instant::now();
+            until(Instant::now() + Duration::from_millis(5)).await;
+            assert!(t.elapsed() >= Duration::from_millis(5));
         });
     }
 

@@ -130,7 +130,9 @@ enum Op {
     Get,
     Put(Bytes),
     Delete,
-    Lock(Duration),
+    /// The lease's TTL and the token to take it with (made by the caller, so a lock whose
+    /// answer is lost can still be released).
+    Lock(Duration, Token),
     Renew(Token, Duration),
     Unlock(Token),
 }
@@ -141,7 +143,7 @@ impl Op {
             Op::Get => StoreOp::Get,
             Op::Put(_) => StoreOp::Put,
             Op::Delete => StoreOp::Delete,
-            Op::Lock(_) => StoreOp::Lock,
+            Op::Lock(..) => StoreOp::Lock,
             Op::Renew(..) => StoreOp::Renew,
             Op::Unlock(_) => StoreOp::Unlock,
         }
@@ -356,7 +358,11 @@ impl Store for RedisStore {
     }
 
     fn lock<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Option<Token>> {
-        let call = self.call(Op::Lock(ttl), key);
+        let token = match super::memory::new_token() {
+            Ok(t) => Token(t),
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let call = self.call(Op::Lock(ttl, token), key);
         Box::pin(async move {
             match call.await? {
                 Reply::Lease(t) => Ok(t),
@@ -467,15 +473,35 @@ async fn serve(
         };
         let (link, scripts, shared) = (link.clone(), scripts.clone(), shared.clone());
         tokio::task::spawn_local(async move {
-            execute(request, &link, &scripts, &shared).await;
+            if let Some(lost) = execute(request, &link, &scripts, &shared).await {
+                release_lost_lease(&link, &scripts, &shared, lost).await;
+            }
             drop(permit);
         });
     }
 }
 
-/// Runs one operation and answers it.
-async fn execute(request: Request, link: &Link, scripts: &Scripts, shared: &Shared) {
+/// A lease whose `SET NX` went out but whose answer did not come: it may be held under a
+/// token nobody knows.
+struct LostLease {
+    key: Box<str>,
+    token: Token,
+    ttl: Duration,
+}
+
+/// Runs one operation and answers it. A lock whose answer was lost comes back, to be
+/// released.
+async fn execute(
+    request: Request,
+    link: &Link,
+    scripts: &Scripts,
+    shared: &Shared,
+) -> Option<LostLease> {
     let started = Instant::now();
+    let lock = match &request.op {
+        Op::Lock(ttl, token) => Some((token.clone(), *ttl)),
+        _ => None,
+    };
     let metric = request.op.metric();
     let connection = link.connection.borrow().clone();
     let which = connection.as_ref().map_or(0, |(n, _)| *n);
@@ -490,6 +516,8 @@ async fn execute(request: Request, link: &Link, scripts: &Scripts, shared: &Shar
             }
         }
     };
+    // The command may have run although its answer did not come.
+    let lost = matches!(result, Err(Failure::Timeout | Failure::Connection(_)));
     let (outcome, answer) = match result {
         Ok(reply) => (StoreOutcome::Ok, Ok(reply)),
         Err(Failure::Error(why)) => (StoreOutcome::Error, Err(shared.error(&why))),
@@ -506,6 +534,37 @@ async fn execute(request: Request, link: &Link, scripts: &Scripts, shared: &Shar
     };
     shared.stats.record(metric, outcome, started.elapsed());
     let _ = request.reply.send(answer);
+    match lock {
+        Some((token, ttl)) if lost => Some(LostLease {
+            key: request.key,
+            token,
+            ttl,
+        }),
+        _ => None,
+    }
+}
+
+/// Releases a lease that may have been taken although its answer was lost (the script
+/// compares the token, so a lease never taken, or taken by another, is left alone). Tried
+/// while the lease could still be held, a try per reconnection pace.
+async fn release_lost_lease(link: &Link, scripts: &Scripts, shared: &Shared, lost: LostLease) {
+    let until = Instant::now() + lost.ttl;
+    while Instant::now() < until {
+        let connection = link.connection.borrow().as_ref().map(|(_, c)| c.clone());
+        if let Some(mut connection) = connection {
+            let unlock = run(
+                &mut connection,
+                scripts,
+                shared,
+                Op::Unlock(lost.token.clone()),
+                &lost.key,
+            );
+            if let Ok(Ok(_)) = tokio::time::timeout(REDIS_OPERATION_TIMEOUT, unlock).await {
+                return;
+            }
+        }
+        tokio::time::sleep(REDIS_RECONNECT_MIN).await;
+    }
 }
 
 /// A redis-rs error as a [`Failure`]: the connection's, or the operation's own.
@@ -567,8 +626,8 @@ async fn run(
                 .invoke_async(connection)
                 .await
         }
-        Op::Lock(ttl) => {
-            let token = Token(super::memory::new_token().map_err(|e| Failure::Error(e.message))?);
+        Op::Lock(ttl, token) => {
+            let token = token.clone();
             let set = redis::cmd("SET")
                 .arg(shared.lease_key(key))
                 .arg(token_text(&token))
@@ -621,7 +680,7 @@ async fn run(
             redis::Value::Int(1) => Ok(Reply::Done(true)),
             other => Err(unexpected(&other)),
         },
-        Op::Lock(_) => Err(Failure::Error("unreachable: lock answered above".into())),
+        Op::Lock(..) => Err(Failure::Error("unreachable: lock answered above".into())),
     }
 }
 
@@ -850,19 +909,19 @@ async fn next_message(messages: &mut redis::aio::PubSubStream) -> Option<redis::
     .await
 }
 
-/// Wakes the watchers of a key a change message names, if the version is newer than the
-/// one they were last woken for. Messages that are not `<version> <key>` are ignored.
+/// Wakes the watchers of a key a change message names, when its version differs from the
+/// one they were last woken for. A message only says that a key changed: the watchers
+/// read the value itself, so a forged version (even the largest) cannot silence later
+/// changes. Messages that are not `<version> <key>` are ignored.
 fn apply_change(shared: &Shared, payload: &[u8]) {
     let Some((version, key)) = parse_change(payload) else {
         return;
     };
     if let Some(tx) = guard(&shared.watches).get(key) {
         tx.send_if_modified(|seen| {
-            let newer = version > *seen;
-            if newer {
-                *seen = version;
-            }
-            newer
+            let changed = version != *seen;
+            *seen = version;
+            changed
         });
     }
 }
@@ -879,6 +938,9 @@ async fn resync(
         return Ok(());
     }
     let mut pipe = redis::pipe();
+    // A key that is not a string (written by someone else) answers with an error, read as
+    // version 0, rather than failing the whole resync and with it every connection.
+    pipe.ignore_errors();
     for key in &keys {
         pipe.cmd("GETRANGE")
             .arg(shared.value_key(key))

@@ -478,3 +478,91 @@ fn databases_of_one_server_are_apart_values_and_watches_alike() {
         assert_eq!(&got.bytes[..], b"in two");
     });
 }
+
+#[test]
+fn a_forged_change_message_cannot_silence_later_changes() {
+    let server = Server::start("forged");
+    run_local(async {
+        let writer = server.store("w", "f:");
+        let reader = server.store("r", "f:");
+        connected(&writer).await;
+        connected(&reader).await;
+        let mut watch = reader.watch("tools").unwrap();
+        writer
+            .put("tools", Bytes::from_static(b"v0"))
+            .await
+            .unwrap();
+        assert!(fired(&mut watch, Duration::from_secs(5)).await);
+        // Anyone who may PUBLISH on that Redis can send a change with the largest version.
+        server.raw(&["PUBLISH", "f:changes:0", "18446744073709551615 tools"]);
+        assert!(
+            fired(&mut watch, Duration::from_secs(5)).await,
+            "a change is a change"
+        );
+        // A real change after it still wakes the watcher.
+        writer
+            .put("tools", Bytes::from_static(b"v1"))
+            .await
+            .unwrap();
+        assert!(fired(&mut watch, Duration::from_secs(5)).await, "silenced");
+        let got = reader.get("tools").await.unwrap().unwrap();
+        assert_eq!(&got.bytes[..], b"v1");
+    });
+}
+
+#[test]
+fn a_watched_key_that_is_not_a_string_does_not_keep_the_store_down() {
+    let server = Server::start("wrongtype");
+    run_local(async {
+        let store = server.store("s", "t:");
+        connected(&store).await;
+        let _odd = store.watch("odd").unwrap();
+        let mut fine = store.watch("fine").unwrap();
+        // Someone else's hash where a value would be, then the connections cut: the
+        // resync at reconnection reads it as version 0 and the store is usable again.
+        server.raw(&["HSET", "t:value:odd", "a", "b"]);
+        server.raw(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        server.raw(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        connected(&store).await;
+        store.put("fine", Bytes::from_static(b"x")).await.unwrap();
+        assert!(
+            fired(&mut fine, Duration::from_secs(5)).await,
+            "watches work again"
+        );
+        assert!(
+            store.get("odd").await.is_err(),
+            "the odd key itself is an error"
+        );
+    });
+}
+
+#[test]
+fn a_lock_whose_answer_was_lost_is_released() {
+    let server = Server::start("lostlock");
+    run_local(async {
+        let a = server.store("a", "l:");
+        let b = server.store("b", "l:");
+        connected(&a).await;
+        connected(&b).await;
+        // Redis stalls past the operation deadline; the SET runs once it resumes, after
+        // the caller was told "no answer in time".
+        server.raw(&["CLIENT", "PAUSE", "2500", "WRITE"]);
+        let ttl = Duration::from_secs(30);
+        assert!(a.lock("lease", ttl).await.is_err(), "timed out");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The lease it may have taken is given back, so another node gets it long before
+        // the 30 s TTL.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(_)) = b.lock("lease", ttl).await {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "lease stuck with a lost token"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}

@@ -122,7 +122,7 @@ impl UpSession {
             template.as_ref().is_some_and(|t| {
                 t.session == ids.session
                     && t.version == ids.version
-                    && std::ptr::eq(t.accept, accept)
+                    && t.accept == accept
                     && t.authorization == *authorization
             })
         };

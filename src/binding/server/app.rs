@@ -530,7 +530,9 @@ pub(crate) fn target_of(
     let Some(whole) = params else {
         return Ok(None);
     };
-    let start = raw.as_ptr() as usize - whole.get().as_ptr() as usize;
+    let Some(start) = (raw.as_ptr() as usize).checked_sub(whole.get().as_ptr() as usize) else {
+        return Ok(None);
+    };
     let end = start + raw.len();
     assert!(end <= whole.get().len());
     let at = TargetAt {
