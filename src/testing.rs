@@ -50,6 +50,31 @@ impl Rng {
     }
 }
 
+/// One of `seeds` with up to four random byte edits (replace, insert or remove) drawn from
+/// `alphabet`: the inputs of the tests that hold a hand-written parser to a reference.
+pub fn mutated(rng: &mut Rng, seeds: &[&str], alphabet: &[u8]) -> Vec<u8> {
+    let mut bytes = rng.pick(seeds).as_bytes().to_vec();
+    for _ in 0..=rng.below(3) {
+        if bytes.is_empty() {
+            break;
+        }
+        let at = rng.index(bytes.len());
+        let with = rng.pick(alphabet);
+        match rng.below(3) {
+            0 => {
+                if let Some(b) = bytes.get_mut(at) {
+                    *b = with;
+                }
+            }
+            1 => bytes.insert(at, with),
+            _ => {
+                bytes.remove(at);
+            }
+        }
+    }
+    bytes
+}
+
 /// Runs `f` to completion on a current-thread tokio runtime inside a `LocalSet`, as a
 /// worker runs its tasks (so `spawn_local` works).
 pub fn run_local<F: std::future::Future>(f: F) -> F::Output {

@@ -74,7 +74,7 @@ pub(super) fn parse_upstream_url(text: &str) -> Result<UpstreamUrl, String> {
     if authority.is_empty() {
         return Err(fail(" with a host"));
     }
-    let (host, port) = split_authority(authority, scheme).map_err(fail)?;
+    let (host, port) = split_host_port(authority, default_port(scheme)).map_err(fail)?;
     let path_and_query = if path_and_query.starts_with('/') {
         path_and_query.to_owned()
     } else {
@@ -136,7 +136,7 @@ pub(super) fn parse_redis_url(text: &str) -> Result<RedisUrl, String> {
     if host_and_port.is_empty() {
         return Err(fail(" with a host"));
     }
-    let (host, port) = split_redis_authority(host_and_port).map_err(fail)?;
+    let (host, port) = split_host_port(host_and_port, REDIS_PORT_DEFAULT).map_err(fail)?;
     let (username, password) = match userinfo {
         None => (None, None),
         Some(userinfo) => {
@@ -206,30 +206,6 @@ fn redact_userinfo(text: &str) -> String {
     }
 }
 
-/// Splits a redis URL's `host[:port]`; the port defaults to 6379.
-fn split_redis_authority(authority: &str) -> Result<(Host, u16), &'static str> {
-    const BAD_HOST: &str = " whose host is a DNS name, an IPv4 address or a bracketed IPv6 address";
-    const BAD_PORT: &str = " with a port from 1 to 65535";
-    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
-        let (inner, after) = rest.split_once(']').ok_or(BAD_HOST)?;
-        let host = parse_ipv6(inner).ok_or(BAD_HOST)?;
-        match after {
-            "" => (host, None),
-            _ => (host, Some(after.strip_prefix(':').ok_or(BAD_HOST)?)),
-        }
-    } else {
-        match authority.split_once(':') {
-            Some((name, port)) => (parse_name(name).ok_or(BAD_HOST)?, Some(port)),
-            None => (parse_name(authority).ok_or(BAD_HOST)?, None),
-        }
-    };
-    let port = match port {
-        None => REDIS_PORT_DEFAULT,
-        Some(digits) => parse_port(digits).ok_or(BAD_PORT)?,
-    };
-    Ok((host, port))
-}
-
 /// A database index of 1 to 5 digits, at most [`REDIS_DB_MAX`].
 fn parse_db(digits: &str) -> Option<u32> {
     if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -279,7 +255,7 @@ pub(super) fn parse_origin(text: &str) -> Result<String, String> {
     if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
         return Err(fail());
     }
-    let (host, port) = split_authority(authority, scheme).map_err(|_| fail())?;
+    let (host, port) = split_host_port(authority, default_port(scheme)).map_err(|_| fail())?;
     Ok(format!(
         "{}://{}",
         scheme_name(scheme),
@@ -318,10 +294,11 @@ fn split_scheme(text: &str) -> Option<(Scheme, &str)> {
     }
 }
 
-/// Splits `host[:port]` into a checked host and a port, the scheme's default if absent.
+/// Splits `host[:port]` into a checked host and a port, `default` if absent (the scheme's,
+/// or Redis's 6379).
 ///
 /// Returns the qualifier for the `expected …` message on failure.
-fn split_authority(authority: &str, scheme: Scheme) -> Result<(Host, u16), &'static str> {
+fn split_host_port(authority: &str, default: u16) -> Result<(Host, u16), &'static str> {
     const BAD_HOST: &str = " whose host is a DNS name, an IPv4 address or a bracketed IPv6 address";
     const BAD_PORT: &str = " with a port from 1 to 65535";
     let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
@@ -338,7 +315,7 @@ fn split_authority(authority: &str, scheme: Scheme) -> Result<(Host, u16), &'sta
         }
     };
     let port = match port {
-        None => default_port(scheme),
+        None => default,
         Some(digits) => parse_port(digits).ok_or(BAD_PORT)?,
     };
     Ok((host, port))

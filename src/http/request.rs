@@ -204,23 +204,7 @@ impl RequestDecoder {
         let window = buf
             .get(..buf.len().min(HEADER_BYTES_MAX))
             .unwrap_or_default();
-        // The usual case, a whole head in its first read, is parsed at once, without the
-        // search for line ends. A head not complete (or not valid) there takes the path
-        // below, which decides as before: only complete lines are parsed, and only when a
-        // new one has arrived. httparse stops at the head's empty line, so a complete parse
-        // of the whole window is the parse of the head alone.
-        let whole = if self.scan.fresh() {
-            parse_head(window).ok().flatten()
-        } else {
-            None
-        };
-        let parsed = match whole {
-            Some(parsed) => Some(parsed),
-            None => match self.scan.grown_lines(window) {
-                Some(lines_bytes) => parse_head(window.get(..lines_bytes).unwrap_or_default())?,
-                None => None,
-            },
-        };
+        let parsed = self.scan.parse(window, parse_head)?;
         let Some(parsed) = parsed else {
             if buf.len() >= HEADER_BYTES_MAX {
                 return Err(HttpError::HeaderFieldsTooLarge);

@@ -35,9 +35,28 @@ impl HeadScan {
         *self = HeadScan::default();
     }
 
-    /// True while nothing of the current head has been searched (its first read).
-    pub(super) fn fresh(&self) -> bool {
-        self.scanned_bytes == 0
+    /// Parses the head at the front of `window` with `parse` once it can be: `Ok(None)`
+    /// while it is not complete.
+    ///
+    /// The usual case, a whole head in its first read, is parsed at once, without the
+    /// search for line ends. A head not complete (or not valid) there takes the line path,
+    /// which decides as before: only complete lines are parsed, and only when a new one has
+    /// arrived. httparse stops at the head's empty line, so a complete parse of the whole
+    /// window is the parse of the head alone.
+    pub(super) fn parse<T, E>(
+        &mut self,
+        window: &[u8],
+        parse: impl Fn(&[u8]) -> Result<Option<T>, E>,
+    ) -> Result<Option<T>, E> {
+        if self.scanned_bytes == 0
+            && let Ok(Some(head)) = parse(window)
+        {
+            return Ok(Some(head));
+        }
+        match self.grown_lines(window) {
+            Some(lines_bytes) => parse(window.get(..lines_bytes).unwrap_or_default()),
+            None => Ok(None),
+        }
     }
 
     /// Returns true once the start line has completed (a line ending has been seen).

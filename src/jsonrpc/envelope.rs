@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use super::params::ParamIndex;
+use super::params::{ParamIndex, member_name};
 use super::raw::Raw;
 use super::syntax::{Cursor, Syntax, value_span};
 
@@ -273,17 +273,14 @@ impl Key {
     /// decoded strictly first (a lone surrogate is not JSON here, as for serde_json's
     /// readers of names).
     fn of(lexeme: &str, escaped: bool) -> Result<Key, Syntax> {
-        let decoded;
-        let name = if escaped {
-            decoded = serde_json::from_str::<String>(lexeme).map_err(|_| Syntax)?;
-            decoded.as_str()
-        } else {
-            lexeme
-                .strip_prefix('"')
-                .and_then(|l| l.strip_suffix('"'))
-                .ok_or(Syntax)?
-        };
-        Ok(match name {
+        member_name(lexeme, escaped)
+            .map(|name| Key::named(&name))
+            .ok_or(Syntax)
+    }
+
+    /// The key a decoded member name stands for.
+    fn named(name: &str) -> Key {
+        match name {
             "jsonrpc" => Key::Jsonrpc,
             "id" => Key::Id,
             "method" => Key::Method,
@@ -291,7 +288,7 @@ impl Key {
             "result" => Key::Result,
             "error" => Key::Error,
             _ => Key::Other,
-        })
+        }
     }
 }
 
@@ -345,15 +342,7 @@ mod tests {
         }
 
         fn visit_str<E: de::Error>(self, name: &str) -> Result<Key, E> {
-            Ok(match name {
-                "jsonrpc" => Key::Jsonrpc,
-                "id" => Key::Id,
-                "method" => Key::Method,
-                "params" => Key::Params,
-                "result" => Key::Result,
-                "error" => Key::Error,
-                _ => Key::Other,
-            })
+            Ok(Key::named(name))
         }
     }
 
@@ -805,21 +794,7 @@ mod tests {
         const BYTES: &[u8] = b"{}[]\",:\\ \t\n0123456789-+.eEtrufalsn\x01u";
         let (mut rng, seed) = crate::testing::Rng::seeded(0x5eed_e7e1);
         for round in 0..ROUNDS {
-            let mut bytes = rng.pick(SEEDS).as_bytes().to_vec();
-            for _ in 0..=rng.below(3) {
-                if bytes.is_empty() {
-                    break;
-                }
-                let at = rng.index(bytes.len());
-                let with = rng.pick(BYTES);
-                match rng.below(3) {
-                    0 => bytes[at] = with,
-                    1 => bytes.insert(at, with),
-                    _ => {
-                        bytes.remove(at);
-                    }
-                }
-            }
+            let bytes = crate::testing::mutated(&mut rng, SEEDS, BYTES);
             assert_eq!(
                 outline(parse_envelope(&bytes)),
                 outline(parse_envelope_serde(&bytes)),

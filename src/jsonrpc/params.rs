@@ -127,8 +127,9 @@ impl<'a> ParamIndex<'a> {
 }
 
 /// A member name's value, from its lexeme (quotes included); `None` for a name with escapes
-/// that do not decode (it then matches nothing, as in [`find_member`]).
-fn member_name(lexeme: &str, escaped: bool) -> Option<Cow<'_, str>> {
+/// that do not decode strictly (a lone surrogate): here it then matches nothing, as in
+/// [`find_member`]; the envelope reader refuses it.
+pub(super) fn member_name(lexeme: &str, escaped: bool) -> Option<Cow<'_, str>> {
     if escaped {
         return serde_json::from_str::<Cow<'_, str>>(lexeme).ok();
     }

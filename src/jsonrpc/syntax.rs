@@ -426,21 +426,7 @@ mod tests {
         const BYTES: &[u8] = b"{}[]\",:\\ \t\n\r0123456789-+.eEtrufalsn\x01\x7fu";
         let (mut rng, seed) = Rng::seeded(0x5eed_0e57);
         for round in 0..ROUNDS {
-            let mut bytes = rng.pick(SEEDS).as_bytes().to_vec();
-            for _ in 0..=rng.below(3) {
-                if bytes.is_empty() {
-                    break;
-                }
-                let at = rng.index(bytes.len());
-                let with = rng.pick(BYTES);
-                match rng.below(3) {
-                    0 => bytes[at] = with,
-                    1 => bytes.insert(at, with),
-                    _ => {
-                        bytes.remove(at);
-                    }
-                }
-            }
+            let bytes = crate::testing::mutated(&mut rng, SEEDS, BYTES);
             let Ok(text) = std::str::from_utf8(&bytes) else {
                 continue;
             };

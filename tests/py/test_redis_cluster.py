@@ -102,6 +102,16 @@ class Cluster:
             self.stop()
             raise
 
+    async def listening(self, client, per_node: int, tg):
+        """`per_node` sessions with a GET stream on every node: all agents, what each heard, the streams."""
+        agents, seen, streams = [], [], []
+        for node in self.nodes:
+            a, s, st = await listening(client, node.url, per_node, tg)
+            agents += a
+            seen += s
+            streams += st
+        return agents, seen, streams
+
     def live(self) -> list[Node]:
         return [n for n in self.nodes if not n.killed]
 
@@ -207,12 +217,7 @@ def test_list_changed_reaches_every_session_on_every_node_once_and_only_on_chang
     async def scenario():
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=60)) as client:
             async with anyio.create_task_group() as tg:
-                agents, seen, streams = [], [], []
-                for node in cluster.nodes:
-                    a, s, st = await listening(client, node.url, 2, tg)
-                    agents += a
-                    seen += s
-                    streams += st
+                agents, seen, streams = await cluster.listening(client, 2, tg)
                 name = unique("dyn_")
                 await agents[0].request("tools/call", {"name": "alpha__add_tool", "arguments": {"name": name}})
                 await until(lambda: _all_once(seen), "not every session on every node heard of the change")
@@ -289,12 +294,7 @@ def test_redis_down_keeps_the_lists_served_and_recovery_resumes_hydration(upstre
     async def scenario():
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=60)) as client:
             async with anyio.create_task_group() as tg:
-                agents, seen, streams = [], [], []
-                for node in cluster.nodes:
-                    a, s, st = await listening(client, node.url, 1, tg)
-                    agents += a
-                    seen += s
-                    streams += st
+                agents, seen, streams = await cluster.listening(client, 1, tg)
                 served = [await tool_names(raw) for raw in agents]
                 redis.stop()
 
@@ -439,12 +439,7 @@ def test_a_stalled_redis_holds_nothing_up_once_it_answers_again(upstreams, redis
     async def scenario():
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(TIMEOUT_S, read=60)) as client:
             async with anyio.create_task_group() as tg:
-                agents, seen, streams = [], [], []
-                for node in cluster.nodes:
-                    a, s, st = await listening(client, node.url, 1, tg)
-                    agents += a
-                    seen += s
-                    streams += st
+                agents, seen, streams = await cluster.listening(client, 1, tg)
                 served = [await tool_names(raw) for raw in agents]
                 redis.command("CLIENT", "PAUSE", "3500", "ALL")
                 await anyio.sleep(2.5)

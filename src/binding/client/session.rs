@@ -103,6 +103,28 @@ struct HeadTemplate {
 }
 
 impl UpSession {
+    /// A session not yet initialized upstream.
+    fn new(id: Rc<str>, capabilities: Bytes, authorization: Option<Bytes>) -> UpSession {
+        UpSession {
+            id,
+            capabilities,
+            authorization: RefCell::new(authorization),
+            ids: RefCell::new(Ids::default()),
+            next_rpc: Cell::new(1),
+            renewing: tokio::sync::Mutex::new(()),
+            closed: Cell::new(false),
+            closing: Notify::new(),
+            events: Cell::new(Events::NotAsked),
+            outbox: RefCell::new(VecDeque::new()),
+            outbox_ready: Notify::new(),
+            outbox_room: Notify::new(),
+            last_event: RefCell::new(None),
+            restart: Cell::new(false),
+            restarting: Notify::new(),
+            head: RefCell::new(None),
+        }
+    }
+
     /// Writes the head of a POST of `body_len` bytes on this session: the fixed part from
     /// the session's template (made by `make`, which writes the whole head without
     /// framing, when there is none yet or a value in it changed), then `content-length`.
@@ -267,24 +289,11 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         Some(crate::config::ClientAuth::Forward) => hello.authorization.clone(),
         Some(crate::config::ClientAuth::Bearer(secret)) => Some(secret.bearer_header()),
     };
-    let session = Rc::new(UpSession {
-        id: client.mint_session_id(),
-        capabilities: hello.capabilities.clone(),
-        authorization: RefCell::new(authorization),
-        ids: RefCell::new(Ids::default()),
-        next_rpc: Cell::new(1),
-        renewing: tokio::sync::Mutex::new(()),
-        closed: Cell::new(false),
-        closing: Notify::new(),
-        events: Cell::new(Events::NotAsked),
-        outbox: RefCell::new(VecDeque::new()),
-        outbox_ready: Notify::new(),
-        outbox_room: Notify::new(),
-        last_event: RefCell::new(None),
-        restart: Cell::new(false),
-        restarting: Notify::new(),
-        head: RefCell::new(None),
-    });
+    let session = Rc::new(UpSession::new(
+        client.mint_session_id(),
+        hello.capabilities.clone(),
+        authorization,
+    ));
     // This task lives as long as the session, in `relay`: the larger futures of its
     // beginning and end (initialize, the reply's BEGIN, DELETE) are boxed so that its
     // task cell is sized for the relay alone.
@@ -919,24 +928,11 @@ mod tests {
     use super::*;
 
     fn session(authorization: Option<&'static [u8]>) -> UpSession {
-        UpSession {
-            id: Rc::from("s1"),
-            capabilities: Bytes::new(),
-            authorization: RefCell::new(authorization.map(Bytes::from_static)),
-            ids: RefCell::new(Ids::default()),
-            next_rpc: Cell::new(1),
-            renewing: tokio::sync::Mutex::new(()),
-            closed: Cell::new(false),
-            closing: Notify::new(),
-            events: Cell::new(Events::NotAsked),
-            outbox: RefCell::new(VecDeque::new()),
-            outbox_ready: Notify::new(),
-            outbox_room: Notify::new(),
-            last_event: RefCell::new(None),
-            restart: Cell::new(false),
-            restarting: Notify::new(),
-            head: RefCell::new(None),
-        }
+        UpSession::new(
+            Rc::from("s1"),
+            Bytes::new(),
+            authorization.map(Bytes::from_static),
+        )
     }
 
     /// The head a field-by-field encoder writes for the session's current values.
