@@ -274,8 +274,11 @@ pub const REDIS_RECONNECT_MAX: Duration = Duration::from_secs(5);
 /// timeout.
 pub const REDIS_PING_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Keys a redis store watches at most (one tokio watch channel each), as a memory store.
-pub const REDIS_WATCHES_MAX: usize = MEMORY_STORE_KEYS_MAX;
+/// Keys a redis store watches at most (one tokio watch channel each, about 200 bytes): a
+/// cache's keys and one per shared session the node holds (`sessions:`). When it is full,
+/// keys nobody watches any more are dropped first.
+pub const REDIS_WATCHES_MAX: usize = 64 * 1024;
+const _: () = assert!(MEMORY_STORE_KEYS_MAX <= REDIS_WATCHES_MAX);
 
 /// Largest value a redis store writes: Redis's own limit on one string (512 MiB), less
 /// room for the version in front of it.

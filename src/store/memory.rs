@@ -29,10 +29,19 @@ struct Lease {
     expires: Instant,
 }
 
+/// A value and, if it was written with a time to live ([`super::Store::put_for`]), when
+/// it is gone (it reads as absent from then on, and is dropped by the next write that
+/// needs its room).
+#[derive(Clone)]
+struct Stored {
+    value: Value,
+    until: Option<Instant>,
+}
+
 /// The process-wide in-memory store.
 pub struct MemoryStore {
     /// The values. Invariant: `len() <= MEMORY_STORE_KEYS_MAX`.
-    values: ArcSwap<HashMap<Box<str>, Value>>,
+    values: ArcSwap<HashMap<Box<str>, Stored>>,
     /// Serializes writers (copy, change, swap); readers never take it.
     writing: Mutex<()>,
     /// The last version given out.
@@ -77,25 +86,38 @@ impl MemoryStore {
 
     /// The value of `key` now, without waiting: lock-free, no copy.
     pub fn get_now(&self, key: &str) -> Option<Value> {
-        self.values.load().get(key).cloned()
+        let values = self.values.load();
+        let stored = values.get(key)?;
+        if stored.until.is_some_and(|until| until <= self.clock.now()) {
+            return None;
+        }
+        Some(stored.value.clone())
     }
 
     /// Writes `bytes` under `key` (or removes it) and wakes its watchers.
-    fn write(&self, key: &str, bytes: Option<Bytes>) -> Result<Option<u64>, StoreError> {
+    /// `until`: when a written value is gone (`None`: never).
+    fn write(
+        &self,
+        key: &str,
+        bytes: Option<Bytes>,
+        until: Option<Instant>,
+    ) -> Result<Option<u64>, StoreError> {
         let version = {
             let _turn = guard(&self.writing);
             let current = self.values.load();
-            if bytes.is_some()
-                && !current.contains_key(key)
-                && current.len() >= MEMORY_STORE_KEYS_MAX
-            {
-                return Err(full());
-            }
             let mut next = HashMap::clone(&current);
+            if bytes.is_some() && !next.contains_key(key) && next.len() >= MEMORY_STORE_KEYS_MAX {
+                let now = self.clock.now();
+                next.retain(|_, stored| stored.until.is_none_or(|until| until > now));
+                if next.len() >= MEMORY_STORE_KEYS_MAX {
+                    return Err(full());
+                }
+            }
             let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
             let changed = match bytes {
                 Some(bytes) => {
-                    next.insert(Box::from(key), Value { bytes, version });
+                    let value = Value { bytes, version };
+                    next.insert(Box::from(key), Stored { value, until });
                     true
                 }
                 None => next.remove(key).is_some(),
@@ -163,6 +185,10 @@ impl MemoryStore {
             return Ok(Watch::new(tx.subscribe()));
         }
         if watches.len() >= MEMORY_STORE_KEYS_MAX {
+            // Keys nobody watches any more make room.
+            watches.retain(|_, tx| tx.receiver_count() > 0);
+        }
+        if watches.len() >= MEMORY_STORE_KEYS_MAX {
             return Err(full());
         }
         let version = self.get_now(key).map_or(0, |v| v.version);
@@ -188,14 +214,22 @@ impl super::Store for MemoryStore {
 
     fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {
         let written = self
-            .write(key, Some(bytes))
+            .write(key, Some(bytes), None)
+            .map(|v| v.unwrap_or_else(|| self.version.load(Ordering::Acquire)));
+        Box::pin(std::future::ready(written))
+    }
+
+    fn put_for<'a>(&'a self, key: &'a str, bytes: Bytes, ttl: Duration) -> StoreFuture<'a, u64> {
+        let until = self.clock.now() + ttl;
+        let written = self
+            .write(key, Some(bytes), Some(until))
             .map(|v| v.unwrap_or_else(|| self.version.load(Ordering::Acquire)));
         Box::pin(std::future::ready(written))
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
         Box::pin(std::future::ready(
-            self.write(key, None).map(|v| v.is_some()),
+            self.write(key, None, None).map(|v| v.is_some()),
         ))
     }
 

@@ -89,6 +89,10 @@ pub trait Store: Send + Sync {
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Value>>;
     /// Replaces the value of `key`; returns the new value's version.
     fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64>;
+    /// As [`Store::put`], and the value is gone `ttl` from now unless written again (a
+    /// record whose writers may all die, such as a shared session's). Its end is not a
+    /// change: watchers are not woken by it.
+    fn put_for<'a>(&'a self, key: &'a str, bytes: Bytes, ttl: Duration) -> StoreFuture<'a, u64>;
     /// Removes `key`; true if it had a value.
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool>;
     /// Takes the lease `key` for `ttl` if nobody holds it (or its holder's lease ran out);

@@ -78,7 +78,8 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
 const VERSION_DIGITS_MAX: usize = 20;
 
 /// Writes a value: the next version, the value behind it, and the change message.
-/// KEYS: the value's key, the counter. ARGV: the bytes, the channel, the key as named.
+/// KEYS: the value's key, the counter. ARGV: the bytes, the channel, the key as named, the
+/// value's time to live in milliseconds (0: for good).
 const PUT_SCRIPT: &str = r"
 local version = redis.call('INCR', KEYS[2])
 local time = redis.call('TIME')
@@ -90,6 +91,7 @@ end
 local v = string.format('%.0f', version)
 redis.call('SET', KEYS[1], v .. ':')
 redis.call('APPEND', KEYS[1], ARGV[1])
+if tonumber(ARGV[4]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
 redis.call('PUBLISH', ARGV[2], v .. ' ' .. ARGV[3])
 return version
 ";
@@ -128,7 +130,8 @@ return 0
 /// A store operation, sent to the store thread.
 enum Op {
     Get,
-    Put(Bytes),
+    /// The bytes, and how long they live (`None`: for good).
+    Put(Bytes, Option<Duration>),
     Delete,
     /// The lease's TTL and the token to take it with (made by the caller, so a lock whose
     /// answer is lost can still be released).
@@ -141,7 +144,7 @@ impl Op {
     fn metric(&self) -> StoreOp {
         match self {
             Op::Get => StoreOp::Get,
-            Op::Put(_) => StoreOp::Put,
+            Op::Put(..) => StoreOp::Put,
             Op::Delete => StoreOp::Delete,
             Op::Lock(..) => StoreOp::Lock,
             Op::Renew(..) => StoreOp::Renew,
@@ -264,6 +267,24 @@ impl RedisStore {
         Ok(RedisStore { shared, queue })
     }
 
+    /// Writes `bytes` under `key`, for good or for `ttl`.
+    fn write<'a>(&'a self, key: &str, bytes: Bytes, ttl: Option<Duration>) -> StoreFuture<'a, u64> {
+        if bytes.len() > REDIS_VALUE_BYTES_MAX {
+            let error = self.shared.error(&format!(
+                "a value of {} bytes, over {REDIS_VALUE_BYTES_MAX}",
+                bytes.len()
+            ));
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let call = self.call(Op::Put(bytes, ttl), key);
+        Box::pin(async move {
+            match call.await? {
+                Reply::Version(v) => Ok(v),
+                _ => Err(self.shared.error("mismatched reply")),
+            }
+        })
+    }
+
     /// Queues `op` on `key` and waits for its answer (bounded: the store thread answers
     /// by the deadline, and the wait here ends a little after it whatever happens).
     fn call<'a>(&'a self, op: Op, key: &str) -> StoreFuture<'a, Reply> {
@@ -331,20 +352,12 @@ impl Store for RedisStore {
     }
 
     fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {
-        if bytes.len() > REDIS_VALUE_BYTES_MAX {
-            let error = self.shared.error(&format!(
-                "a value of {} bytes, over {REDIS_VALUE_BYTES_MAX}",
-                bytes.len()
-            ));
-            return Box::pin(std::future::ready(Err(error)));
-        }
-        let call = self.call(Op::Put(bytes), key);
-        Box::pin(async move {
-            match call.await? {
-                Reply::Version(v) => Ok(v),
-                _ => Err(self.shared.error("mismatched reply")),
-            }
-        })
+        self.write(key, bytes, None)
+    }
+
+    fn put_for<'a>(&'a self, key: &'a str, bytes: Bytes, ttl: Duration) -> StoreFuture<'a, u64> {
+        // At least a millisecond: 0 means "for good" to the script.
+        self.write(key, bytes, Some(ttl.max(Duration::from_millis(1))))
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
@@ -395,6 +408,10 @@ impl Store for RedisStore {
         let mut watches = guard(&self.shared.watches);
         if let Some(tx) = watches.get(key) {
             return Ok(Watch::new(tx.subscribe()));
+        }
+        if watches.len() >= REDIS_WATCHES_MAX {
+            // Keys nobody watches any more (a shared session that ended) make room.
+            watches.retain(|_, tx| tx.receiver_count() > 0);
         }
         if watches.len() >= REDIS_WATCHES_MAX {
             return Err(self
@@ -605,7 +622,7 @@ async fn run(
                 .query_async(connection)
                 .await
         }
-        Op::Put(bytes) => {
+        Op::Put(bytes, ttl) => {
             scripts
                 .put
                 .key(shared.value_key(key))
@@ -613,6 +630,7 @@ async fn run(
                 .arg(&bytes[..])
                 .arg(shared.channel())
                 .arg(key)
+                .arg(ttl.map_or(0, millis))
                 .invoke_async(connection)
                 .await
         }
@@ -671,7 +689,7 @@ async fn run(
                 .map_err(|e| Failure::Error(e.message)),
             other => Err(unexpected(&other)),
         },
-        Op::Put(_) => match reply {
+        Op::Put(..) => match reply {
             redis::Value::Int(v) if v > 0 => Ok(Reply::Version(v.unsigned_abs())),
             other => Err(unexpected(&other)),
         },

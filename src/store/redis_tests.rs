@@ -194,6 +194,42 @@ fn values_round_trip_with_rising_versions_and_prefixes_keep_deployments_apart() 
 }
 
 #[test]
+fn a_value_put_for_a_time_lives_that_long_and_a_plain_put_makes_it_last() {
+    let server = Server::start("ttl");
+    run_local(async {
+        let store = server.store("a", "ttl:");
+        connected(&store).await;
+        let ttl = Duration::from_millis(300);
+        store
+            .put_for("s", Bytes::from_static(b"record"), ttl)
+            .await
+            .unwrap();
+        assert!(store.get("s").await.unwrap().is_some());
+        let redis::Value::Int(left) = server.raw(&["PTTL", "ttl:value:s"]) else {
+            panic!("PTTL did not answer a number")
+        };
+        assert!(left > 0 && left <= 300, "{left}");
+        // Written again with its time to live: it lives on from the new write.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        store
+            .put_for("s", Bytes::from_static(b"record"), ttl)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(store.get("s").await.unwrap().is_some());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(store.get("s").await, Ok(None));
+        // A plain put keeps the value for good.
+        store
+            .put_for("k", Bytes::from_static(b"x"), ttl)
+            .await
+            .unwrap();
+        store.put("k", Bytes::from_static(b"y")).await.unwrap();
+        assert_eq!(server.raw(&["PTTL", "ttl:value:k"]), redis::Value::Int(-1));
+    });
+}
+
+#[test]
 fn hostile_stored_values_are_store_errors() {
     let server = Server::start("hostile");
     server.raw(&["SET", "h:value:nover", "no version here"]);

@@ -52,6 +52,34 @@ fn a_got_value_is_the_stored_bytes_not_a_copy() {
 }
 
 #[test]
+fn a_value_put_for_a_time_is_gone_after_it_and_makes_room_when_full() {
+    run_local(async {
+        let clock = Arc::new(ManualClock(Mutex::new(Instant::now())));
+        let store = MemoryStore::with_clock(clock.clone());
+        let ttl = Duration::from_secs(10);
+        store.put_for("s", Bytes::from_static(b"r"), ttl).await.unwrap();
+        clock.advance(Duration::from_secs(9));
+        assert!(store.get("s").await.unwrap().is_some());
+        store.put_for("s", Bytes::from_static(b"r"), ttl).await.unwrap();
+        clock.advance(Duration::from_secs(9));
+        assert!(store.get_now("s").is_some(), "written again: lives on");
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(store.get("s").await, Ok(None));
+        // Expired values give their room to new keys once the store is full.
+        assert_eq!(store.delete("s").await, Ok(true));
+        let limit = crate::limits::MEMORY_STORE_KEYS_MAX;
+        for i in 0..limit - 1 {
+            store.put(&format!("k{i}"), Bytes::new()).await.unwrap();
+        }
+        assert!(store.put_for("s", Bytes::new(), ttl).await.is_ok());
+        assert!(store.put("one-more", Bytes::new()).await.is_err());
+        clock.advance(ttl);
+        assert!(store.put("one-more", Bytes::new()).await.is_ok());
+        assert_eq!(store.get("s").await, Ok(None));
+    });
+}
+
+#[test]
 fn leases_are_exclusive_renewable_and_expire_by_time() {
     run_local(async {
         let clock = Arc::new(ManualClock(Mutex::new(Instant::now())));
