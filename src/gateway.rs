@@ -385,6 +385,11 @@ async fn worker(plan: WorkerPlan) {
             ));
             return;
         };
+        let sessions = cfg
+            .sessions_store
+            .as_ref()
+            .and_then(|store| plan.stores.get(store))
+            .cloned();
         let server = Server::new(
             &name,
             index,
@@ -392,7 +397,10 @@ async fn worker(plan: WorkerPlan) {
             plan.index as u8,
             exit,
             plan.inboxes.clone(),
-            plan.tls.servers.get(&name).cloned(),
+            crate::binding::server::Common {
+                tls: plan.tls.servers.get(&name).cloned(),
+                sessions,
+            },
         );
         let listener = match std
             .try_clone()

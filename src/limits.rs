@@ -99,6 +99,22 @@ pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 /// Default and largest session inactivity timeout (config may lower it).
 pub const SESSION_IDLE_TIMEOUT_MAX: Duration = Duration::from_secs(30 * 60);
 
+/// Shared sessions (`sessions: { store }`) being taken up from the store at once, per
+/// worker; one more is answered 503 (counted as an overload).
+pub const SHARED_SESSION_ADOPTIONS_MAX: usize = 256;
+
+/// Largest shared-session record read back from the store; a larger one is refused as
+/// not ours (what mcpyard writes is the agent's capabilities and a few ids).
+pub const SHARED_SESSION_RECORD_BYTES_MAX: usize = 256 * 1024;
+
+/// A node in use of a shared session writes its activity to the record at most once per
+/// this fraction of the session timeout (never per request).
+pub const SHARED_SESSION_TOUCHES_PER_TIMEOUT: u32 = 4;
+
+/// A shared session's record outlives the session timeout by this much in the store, so
+/// that it is still there when the last node to use it decides the session's end.
+pub const SHARED_SESSION_RECORD_GRACE: Duration = Duration::from_secs(60);
+
 /// Keepalive comment interval on GET event streams.
 pub const SSE_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 

@@ -162,6 +162,9 @@ pub struct ServerBinding {
     pub request_timeout: Duration,
     /// Serve agents over TLS with this certificate; `None`: plain HTTP.
     pub tls: Option<ServerTls>,
+    /// `sessions.store`: the redis store through which every node of a cluster can serve
+    /// this binding's sessions; `None`: sessions live on the node that opened them.
+    pub sessions_store: Option<String>,
 }
 
 /// `tls:` of a server binding: PEM files, resolved against the config file's directory and

@@ -99,6 +99,8 @@ pub(super) struct RawBinding {
     pub session_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "de_duration")]
     pub request_timeout: Option<Duration>,
+    #[serde(default)]
+    pub sessions: Option<RawSessions>,
     // server and client
     #[serde(default)]
     pub tls: Option<RawTls>,
@@ -133,6 +135,14 @@ pub(super) struct RawTls {
     pub key: Option<String>,
     #[serde(default)]
     pub ca: Option<String>,
+}
+
+/// `bindings.<server>.sessions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawSessions {
+    #[serde(default)]
+    pub store: Option<Value>,
 }
 
 /// `bindings.<proxy>.cache`.
@@ -202,6 +212,7 @@ impl Kind {
                 "hosts",
                 "session_timeout",
                 "request_timeout",
+                "sessions",
                 "tls",
             ],
             Kind::Proxy => &["kind", "cache", "routes"],

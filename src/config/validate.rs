@@ -314,6 +314,24 @@ fn validate_server(cx: &Cx<'_>, raw: RawBinding) -> Result<ServerBinding, Fault>
             Some(REQUEST_TIMEOUT_DEFAULT),
         )?,
         tls: raw.tls.map(|tls| server_tls(cx, tls)).transpose()?,
+        sessions_store: raw
+            .sessions
+            .map(|sessions| {
+                let path = cx.key("sessions.store");
+                let name = store_name(cx.stores, &path, sessions.store.as_ref())?;
+                match cx.stores.get(&name) {
+                    Some(Store::Redis(_)) => Ok(name),
+                    _ => Err(fault(
+                        path,
+                        format!(
+                            "found {}, a memory store, expected a redis store (a memory store \
+                             is one process's, whose workers share sessions already)",
+                            quote(&name)
+                        ),
+                    )),
+                }
+            })
+            .transpose()?,
     })
 }
 
@@ -588,7 +606,7 @@ fn exit_target(
     Ok(name.clone())
 }
 
-/// Resolves a `cache.store` to the name of a configured store.
+/// Resolves a `cache.store` or `sessions.store` to the name of a configured store.
 fn store_name(
     stores: &BTreeMap<String, Store>,
     path: &str,

@@ -90,6 +90,11 @@ pub struct WorkerMetrics {
     /// Sessions created, expired; connections accepted.
     pub sessions_created: u64,
     pub sessions_expired: u64,
+    /// Shared sessions (`sessions: { store }`): taken up from another node's record; let
+    /// go of while they live on elsewhere; record reads and writes that failed.
+    pub sessions_adopted: u64,
+    pub sessions_detached: u64,
+    pub session_store_failures: u64,
     pub connections_accepted: u64,
     /// Requests refused by a full table (sessions, connections, streams).
     pub overload_rejections: u64,
@@ -480,6 +485,8 @@ pub struct UpstreamMetrics {
     pub reinitialized: u64,
     /// `initialize` exchanges that failed.
     pub initialize_failures: u64,
+    /// Upstream sessions another node opened, taken up from a shared session's handoff.
+    pub adopted: u64,
     /// 401/403 answers carrying a Bearer challenge.
     pub bearer_challenges: u64,
     /// Request event streams resumed with Last-Event-ID.
@@ -503,13 +510,14 @@ impl UpstreamMetrics {
         self.timeouts += o.timeouts;
         self.reinitialized += o.reinitialized;
         self.initialize_failures += o.initialize_failures;
+        self.adopted += o.adopted;
         self.bearer_challenges += o.bearer_challenges;
         self.resumed += o.resumed;
         self.malformed += o.malformed;
     }
 
     /// (name, help, value, is_gauge) of every upstream series.
-    fn series(&self) -> [(&'static str, &'static str, u64, bool); 16] {
+    fn series(&self) -> [(&'static str, &'static str, u64, bool); 17] {
         [
             (
                 "mcpyard_upstream_connections",
@@ -590,6 +598,12 @@ impl UpstreamMetrics {
                 false,
             ),
             (
+                "mcpyard_upstream_adopted_total",
+                "Upstream sessions another node opened, taken up without an initialize.",
+                self.adopted,
+                false,
+            ),
+            (
                 "mcpyard_upstream_bearer_challenges_total",
                 "Upstream 401/403 answers with a Bearer challenge.",
                 self.bearer_challenges,
@@ -626,6 +640,9 @@ impl WorkerMetrics {
             connections: 0,
             sessions_created: 0,
             sessions_expired: 0,
+            sessions_adopted: 0,
+            sessions_detached: 0,
+            session_store_failures: 0,
             connections_accepted: 0,
             overload_rejections: 0,
             handoffs: 0,
@@ -664,6 +681,9 @@ impl WorkerMetrics {
         self.connections += other.connections;
         self.sessions_created += other.sessions_created;
         self.sessions_expired += other.sessions_expired;
+        self.sessions_adopted += other.sessions_adopted;
+        self.sessions_detached += other.sessions_detached;
+        self.session_store_failures += other.session_store_failures;
         self.connections_accepted += other.connections_accepted;
         self.overload_rejections += other.overload_rejections;
         self.handoffs += other.handoffs;
@@ -905,7 +925,7 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
     for (name, help, v) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
-    let counters: [(&str, &str, u64); 12] = [
+    let counters: [(&str, &str, u64); 15] = [
         (
             "mcpyard_uring_flushes_total",
             "io_uring_enter calls that submitted a scheduler round's operations at once.",
@@ -930,6 +950,21 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
             "mcpyard_sessions_expired_total",
             "Sessions expired for inactivity.",
             all.sessions_expired,
+        ),
+        (
+            "mcpyard_sessions_adopted_total",
+            "Shared sessions another node opened, taken up from the session store.",
+            all.sessions_adopted,
+        ),
+        (
+            "mcpyard_sessions_detached_total",
+            "Shared sessions let go of while they live on at another node.",
+            all.sessions_detached,
+        ),
+        (
+            "mcpyard_session_store_failures_total",
+            "Shared-session record reads and writes that failed.",
+            all.session_store_failures,
         ),
         (
             "mcpyard_connections_accepted_total",

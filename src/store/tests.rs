@@ -57,10 +57,16 @@ fn a_value_put_for_a_time_is_gone_after_it_and_makes_room_when_full() {
         let clock = Arc::new(ManualClock(Mutex::new(Instant::now())));
         let store = MemoryStore::with_clock(clock.clone());
         let ttl = Duration::from_secs(10);
-        store.put_for("s", Bytes::from_static(b"r"), ttl).await.unwrap();
+        store
+            .put_for("s", Bytes::from_static(b"r"), ttl)
+            .await
+            .unwrap();
         clock.advance(Duration::from_secs(9));
         assert!(store.get("s").await.unwrap().is_some());
-        store.put_for("s", Bytes::from_static(b"r"), ttl).await.unwrap();
+        store
+            .put_for("s", Bytes::from_static(b"r"), ttl)
+            .await
+            .unwrap();
         clock.advance(Duration::from_secs(9));
         assert!(store.get_now("s").is_some(), "written again: lives on");
         clock.advance(Duration::from_secs(2));

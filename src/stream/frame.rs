@@ -227,6 +227,10 @@ pub struct ClientHello {
     pub protocol_version: &'static str,
     /// The agent's `Authorization` header, kept only for `authorization: forward` exits.
     pub authorization: Option<Bytes>,
+    /// A session another node opened: the exit's [`ReplyBegin::handoff`] from then. The
+    /// exit takes the session up from it (no `initialize` upstream) where it can, or opens
+    /// a fresh one. Outside input (read from a shared store): every exit checks it.
+    pub adopt: Option<Bytes>,
 }
 
 /// The typed header that opens the reply direction.
@@ -238,6 +242,10 @@ pub struct ReplyBegin {
     pub caps: Caps,
     /// Lifecycle only: optional `instructions` text (raw JSON string lexeme).
     pub instructions: Option<Bytes>,
+    /// Lifecycle only: what another node needs to take this session up (a JSON value the
+    /// exit alone reads back, with no credential in it), for a server whose sessions are
+    /// shared (`sessions: { store }`); `None` when there is nothing to take up.
+    pub handoff: Option<Bytes>,
 }
 
 /// A typed in-band event carried by FLUSH, with the exit's event id when it has one.
@@ -268,6 +276,12 @@ pub enum Event {
         method: Rc<str>,
         params: Option<Bytes>,
     },
+    /// Reply direction of a lifecycle: the session's handoff changed (a route opened after
+    /// the reply's BEGIN); replaces [`ReplyBegin::handoff`]. Never shown to the agent.
+    Handoff(Bytes),
+    /// Initial direction of a lifecycle, just before its END: the session lives on at
+    /// another node, so the exit lets go of it without ending it upstream (no `DELETE`).
+    Detach,
     /// A server-to-client request (elicitation/create, sampling/createMessage, roots/list);
     /// `id` is the raw id lexeme the agent must answer with.
     Request {

@@ -10,6 +10,12 @@
 //!
 //! When the upstream forgets the session (404), [`reinitialize`] runs `initialize` again,
 //! once for all requests that saw the same session.
+//!
+//! Shared sessions (a server with `sessions: { store }`): the reply's handoff is the
+//! upstream's session id, protocol version and capabilities ([`Handoff`]). Another node
+//! takes the session up from it without an `initialize`; a handoff that does not check
+//! out opens a fresh upstream session instead. A lifecycle ended by [`Event::Detach`] lets
+//! the upstream session be (no `DELETE`): another node goes on with it.
 
 use super::exchange::{self, BodyKind, Messages, Upward};
 use super::{Client, Outgoing, PROTOCOL_VERSION, UpErr};
@@ -23,7 +29,7 @@ use crate::metrics;
 use crate::runtime::notify::Notify;
 use crate::stream::{Callee, Caps, Challenge, Event, Flush, Frame, ReplyBegin, Throttle};
 use bytes::{BufMut, Bytes, BytesMut};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::cell::{Cell, Ref, RefCell};
 use std::collections::VecDeque;
@@ -294,18 +300,49 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         hello.capabilities.clone(),
         authorization,
     ));
+    let adopted = hello
+        .adopt
+        .as_deref()
+        .and_then(|raw| match Handoff::read(raw) {
+            Ok(handoff) => Some(handoff),
+            Err(why) => {
+                log::warn(format_args!(
+                    "client {}: a shared session's handoff was not taken up ({why}); \
+                 opening a fresh upstream session",
+                    client.name
+                ));
+                None
+            }
+        });
     // This task lives as long as the session, in `relay`: the larger futures of its
     // beginning and end (initialize, the reply's BEGIN, DELETE) are boxed so that its
     // task cell is sized for the relay alone.
-    let started = std::time::Instant::now();
-    let init = match Box::pin(initialize(&client, &session)).await {
-        Ok(init) => init,
-        Err(e) => {
-            metrics::with(|m| m.upstream.initialize_failures += 1);
-            return fail(e);
+    let init = match adopted {
+        Some(handoff) => {
+            let mut ids = session.ids.borrow_mut();
+            ids.session = handoff.session;
+            ids.version = Some(handoff.version);
+            ids.generation += 1;
+            metrics::with(|m| m.upstream.adopted += 1);
+            Initialized {
+                caps: handoff.caps,
+                instructions: None,
+            }
+        }
+        None => {
+            let started = std::time::Instant::now();
+            match Box::pin(initialize(&client, &session)).await {
+                Ok(init) => {
+                    metrics::record_request("initialize", metrics::Outcome::Ok, started.elapsed());
+                    init
+                }
+                Err(e) => {
+                    metrics::with(|m| m.upstream.initialize_failures += 1);
+                    return fail(e);
+                }
+            }
         }
     };
-    metrics::record_request("initialize", metrics::Outcome::Ok, started.elapsed());
     client
         .sessions
         .borrow_mut()
@@ -317,48 +354,90 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
     };
     let begin = ReplyBegin {
         session: Some(session.id.clone()),
+        handoff: Handoff::write(&session.ids.borrow(), init.caps),
         // Methods mcpyard does not know are forwarded as they are.
         caps: init.caps.union(Caps::OTHER),
         instructions: init.instructions,
     };
+    let mut detached = false;
     if Box::pin(callee.reply.begin(begin)).await.is_ok() {
-        relay(&client, &session, &callee).await;
+        detached = relay(&client, &session, &callee).await;
     }
     session.close();
     callee.reply.end();
-    Box::pin(terminate(&client, &session)).await;
+    if !detached {
+        Box::pin(terminate(&client, &session)).await;
+    }
 }
 
-/// Relays events and challenges until the caller ends the lifecycle.
-async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) {
+/// What another node needs to go on with an upstream session: its id, the negotiated
+/// version and what the upstream serves (as `initialize` told).
+struct Handoff {
+    session: Option<Bytes>,
+    version: Bytes,
+    caps: Caps,
+}
+
+/// A handoff as written (JSON).
+#[derive(Serialize, Deserialize)]
+struct HandoffJson<'a> {
+    #[serde(borrow)]
+    session: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    version: std::borrow::Cow<'a, str>,
+    caps: u16,
+}
+
+impl Handoff {
+    /// The handoff of a session with `ids`; `None` before it has a version.
+    fn write(ids: &Ids, caps: Caps) -> Option<Bytes> {
+        let text = |b: &Bytes| String::from_utf8_lossy(b).into_owned();
+        let json = HandoffJson {
+            session: ids.session.as_ref().map(|s| text(s).into()),
+            version: text(ids.version.as_ref()?).into(),
+            caps: caps.0,
+        };
+        serde_json::to_vec(&json).ok().map(Bytes::from)
+    }
+
+    /// Reads a handoff back, checked as an upstream's answer is: the id must be a valid
+    /// `MCP-Session-Id` and the version a valid protocol version (both go into heads).
+    fn read(raw: &[u8]) -> Result<Handoff, &'static str> {
+        let json: HandoffJson<'_> =
+            serde_json::from_slice(raw).map_err(|_| "not a client handoff")?;
+        let session = match json.session {
+            Some(id) if valid_session_id(id.as_bytes()) => Some(Bytes::from(id.into_owned())),
+            Some(_) => return Err("an invalid upstream session id"),
+            None => None,
+        };
+        if !valid_version(&json.version) {
+            return Err("an invalid protocol version");
+        }
+        Ok(Handoff {
+            session,
+            version: Bytes::from(json.version.into_owned()),
+            caps: Caps(json.caps),
+        })
+    }
+}
+
+/// Relays events and challenges until the caller ends the lifecycle; true if it detached
+/// (the session lives on elsewhere: no `DELETE`).
+async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) -> bool {
     loop {
         while let Some(flush) = session.take() {
             // Boxed: larger than the wait below, where the relay spends its life.
             if Box::pin(callee.reply.flush(flush)).await.is_err() {
-                return;
+                return false;
             }
         }
+        // Biased, the caller's initial direction first: a caller that detaches sends
+        // DETACH and goes away at once, and its going away must not be seen first.
         tokio::select! {
-            throttle = callee.reply.throttle() => match throttle {
-                Some(Throttle::Challenge(Challenge::Resume { last_event_id })) => {
-                    resume(client, session, last_event_id)
-                }
-                Some(Throttle::Challenge(Challenge::Answer { id, result, error })) => {
-                    tokio::task::spawn_local(answer(
-                        client.clone(),
-                        session.clone(),
-                        id,
-                        result,
-                        error,
-                    ));
-                }
-                // The agent's GET went away: the upstream stream stays open, so events
-                // meanwhile reach the agent's next GET through the server's replay.
-                Some(Throttle::Challenge(Challenge::Suspended)) => {}
-                Some(Throttle::Reset(_)) | None => return,
-            },
+            biased;
             frame = callee.initial.next() => match frame {
                 Some(Frame::Data(piece)) => callee.initial.ack(piece.len() as u32),
+                Some(Frame::Flush(Flush { event: Event::Detach, .. })) => return true,
                 Some(Frame::Flush(Flush { event: Event::Notification { method, params }, .. })) => {
                     // The agent's own notifications (roots/list_changed, ...) go upstream.
                     let mut body = BytesMut::with_capacity(64);
@@ -375,7 +454,25 @@ async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) {
                     });
                 }
                 Some(Frame::Begin(_) | Frame::Flush(_)) => {}
-                Some(Frame::End | Frame::Abort) | None => return,
+                Some(Frame::End | Frame::Abort) | None => return false,
+            },
+            throttle = callee.reply.throttle() => match throttle {
+                Some(Throttle::Challenge(Challenge::Resume { last_event_id })) => {
+                    resume(client, session, last_event_id)
+                }
+                Some(Throttle::Challenge(Challenge::Answer { id, result, error })) => {
+                    tokio::task::spawn_local(answer(
+                        client.clone(),
+                        session.clone(),
+                        id,
+                        result,
+                        error,
+                    ));
+                }
+                // The agent's GET went away: the upstream stream stays open, so events
+                // meanwhile reach the agent's next GET through the server's replay.
+                Some(Throttle::Challenge(Challenge::Suspended)) => {}
+                Some(Throttle::Reset(_)) | None => return false,
             },
             () = session.outbox_ready.notified() => {}
         }

@@ -226,6 +226,8 @@ pub(super) async fn serve(worker: Rc<Worker>, callee: Callee) {
         session: Some(id),
         caps: super::CAPS,
         instructions: Some(Bytes::from_static(INSTRUCTIONS)),
+        // A demo session has nothing to hand over: another node's demo serves it afresh.
+        handoff: Some(Bytes::from_static(b"{}")),
     };
     if callee.reply.begin(begin).await.is_ok() {
         relay(&session, &callee).await;

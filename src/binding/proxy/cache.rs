@@ -927,6 +927,7 @@ async fn open_session(
         capabilities: Bytes::from_static(b"{}"),
         protocol_version: crate::binding::server::PROTOCOL_VERSIONS[0],
         authorization: cache.setup.authorization.clone(),
+        adopt: None,
     };
     let begin = Begin::lifecycle(hello, deadline);
     let (caller, callee) = stream::open(begin);

@@ -16,6 +16,12 @@
 //! ids ([`super::event_id`]); a resume is split back into per-route resumes and answered
 //! once every asked route has answered, so the caller's stream starts after all of the
 //! old flow.
+//!
+//! Shared sessions: the reply's handoff names each open route's own handoff by the
+//! route's label (`{"routes":{"<label>":<handoff>}}`). A session taken up at another node
+//! ([`ClientHello::adopt`]) opens the routes named there from their handoffs (no upstream
+//! round trip) and leaves the others closed until a request needs them. A caller that
+//! detaches ([`Event::Detach`]) has every open route detach in turn.
 
 use super::{Proxy, Route, cache, fail, internal, join_all, rename};
 use crate::limits::{EVENTS_PROBE_TIMEOUT, EXIT_EVENT_ID_BYTES_MAX};
@@ -56,6 +62,9 @@ pub struct RouteLife {
     /// What the route serves.
     pub caps: Caps,
     instructions: Option<Bytes>,
+    /// What another node needs to take this route's session up, if the route gave it
+    /// (renewed by the route's [`Event::Handoff`]).
+    handoff: RefCell<Option<Bytes>>,
     /// The lifecycle stream to the route.
     caller: Caller,
 }
@@ -126,12 +135,19 @@ pub struct ProxySession {
     readmitting: Cell<bool>,
     /// The cache's own session (hydration), not an agent's.
     pub hydration: bool,
+    /// The caller detached: the routes' sessions live on at another node.
+    detached: Cell<bool>,
+    /// A route opened, ended or renewed its handoff since the caller was answered: the
+    /// relay sends the caller the session's new handoff.
+    handoff_changed: Cell<bool>,
 }
 
 impl ProxySession {
     fn new(id: Rc<str>, hello: &ClientHello, routes: usize, hydration: bool) -> ProxySession {
         ProxySession {
             hydration,
+            detached: Cell::new(false),
+            handoff_changed: Cell::new(false),
             id,
             capabilities: hello.capabilities.clone(),
             version: hello.protocol_version,
@@ -265,16 +281,18 @@ impl ProxySession {
                 continue;
             }
             // Boxed: rare, and far larger than the callers' own states.
-            return Box::pin(self.open(proxy, index, deadline)).await;
+            return Box::pin(self.open(proxy, index, deadline, None)).await;
         }
     }
 
-    /// Opens route `index`'s session (its state must not be `Opening`).
+    /// Opens route `index`'s session (its state must not be `Opening`); with `adopt`, takes
+    /// it up from that handoff of another node's.
     async fn open(
         self: &Rc<Self>,
         proxy: &Proxy,
         index: usize,
         deadline: Instant,
+        adopt: Option<Bytes>,
     ) -> Result<Rc<RouteLife>, Reset> {
         let (Some(slot), Some(route)) = (self.routes.get(index), proxy.routes.get(index)) else {
             return Err(internal("Unreachable: no such route"));
@@ -291,6 +309,7 @@ impl ProxySession {
             capabilities: self.capabilities.clone(),
             protocol_version: self.version,
             authorization: self.authorization.borrow().clone(),
+            adopt,
         };
         let begin = Begin::lifecycle(hello, deadline);
         let (caller, callee) = stream::open(begin);
@@ -301,6 +320,7 @@ impl ProxySession {
                 session: reply.session.unwrap_or_else(|| Rc::from("")),
                 caps: reply.caps,
                 instructions: reply.instructions,
+                handoff: RefCell::new(reply.handoff),
                 caller,
             })),
             Ok(_) => {
@@ -402,6 +422,9 @@ impl ProxySession {
         if lists_grow && self.answered.get() {
             self.lists_changed(route, life.caps);
         }
+        if self.answered.get() {
+            self.handoff_changed.set(true);
+        }
     }
 
     /// The capabilities the agent is told: the union over routes (the last known ones for
@@ -496,8 +519,35 @@ impl ProxySession {
             .collect()
     }
 
+    /// What another node needs to take this session up: each open route's handoff by the
+    /// route's label; `None` when no open route gave one.
+    fn handoff(&self, proxy: &Proxy) -> Option<Bytes> {
+        let open = self.open_routes();
+        let mut routes = std::collections::BTreeMap::new();
+        for (index, life) in &open {
+            let (Some(route), Some(raw)) =
+                (proxy.routes.get(*index), life.handoff.borrow().clone())
+            else {
+                continue;
+            };
+            let Some(value) = std::str::from_utf8(&raw)
+                .ok()
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+            else {
+                continue;
+            };
+            routes.insert(route.label.to_string(), value);
+        }
+        if routes.is_empty() {
+            return None;
+        }
+        let json = serde_json::json!({ "routes": routes });
+        serde_json::to_vec(&json).ok().map(Bytes::from)
+    }
+
     /// Ends the session: every open route's lifecycle ends (its upstream session is
-    /// deleted), routes still opening end theirs when they finish.
+    /// deleted, or let be when the caller detached), routes still opening end theirs when
+    /// they finish.
     fn close(&self) {
         self.closed.set(true);
         for slot in &self.routes {
@@ -509,7 +559,18 @@ impl ProxySession {
                 },
             );
             match state {
-                RouteState::Open(life) => life.caller.initial.end(),
+                RouteState::Open(life) => {
+                    if self.detached.get() {
+                        let detach = Flush {
+                            id: None,
+                            event: Event::Detach,
+                        };
+                        if !life.caller.initial.try_flush(detach) {
+                            metrics::with(|m| m.overload_rejections += 1);
+                        }
+                    }
+                    life.caller.initial.end()
+                }
                 RouteState::Opening => *slot.borrow_mut() = RouteState::Opening,
                 RouteState::Closed { .. } => {}
             }
@@ -590,7 +651,7 @@ async fn serve_as(proxy: Rc<Proxy>, callee: Callee, hydration: bool) {
         id: session.id.clone(),
     };
     // Boxed: opening is far larger than the relay the task then lives in.
-    let Some(reply) = Box::pin(opening(&proxy, &session, &callee, hydration)).await else {
+    let Some(reply) = Box::pin(start(&proxy, &session, &callee, hydration)).await else {
         return;
     };
     session.answered.set(true);
@@ -599,6 +660,31 @@ async fn serve_as(proxy: Rc<Proxy>, callee: Callee, hydration: bool) {
     }
     session.close();
     callee.reply.end();
+}
+
+/// The answer to the caller's lifecycle, with the session's handoff: a session another
+/// node opened is taken up where it can be, else the session opens as a new one.
+async fn start(
+    proxy: &Rc<Proxy>,
+    session: &Rc<ProxySession>,
+    callee: &Callee,
+    hydration: bool,
+) -> Option<ReplyBegin> {
+    let adopted = match callee
+        .begin
+        .client
+        .as_ref()
+        .and_then(|h| h.adopt.as_deref())
+    {
+        Some(raw) if !hydration => adopting(proxy, session, callee, raw).await,
+        _ => None,
+    };
+    let mut reply = match adopted {
+        Some(reply) => reply,
+        None => opening(proxy, session, callee, hydration).await?,
+    };
+    reply.handoff = session.handoff(proxy);
+    Some(reply)
 }
 
 /// The answer to the caller's lifecycle: from the cache (no route opened: they open when a
@@ -623,6 +709,7 @@ async fn opening(
                 session: Some(session.id.clone()),
                 caps: session.cached_caps(proxy, &cached.routes),
                 instructions: cached_instructions(proxy, session, &cached.instructions),
+                handoff: None,
             });
         }
         metrics::with(|m| m.cache.misses += 1);
@@ -631,7 +718,7 @@ async fn opening(
             proxy.name
         ));
     }
-    let opens = (0..proxy.routes.len()).map(|i| session.open(proxy, i, deadline));
+    let opens = (0..proxy.routes.len()).map(|i| session.open(proxy, i, deadline, None));
     let opened = join_all(opens.collect()).await;
     for (route, result) in proxy.routes.iter().zip(&opened) {
         if let Err(reset) = result {
@@ -669,6 +756,72 @@ async fn opening(
         session: Some(session.id.clone()),
         caps: session.caps(proxy),
         instructions: instructions(proxy, session),
+        handoff: None,
+    })
+}
+
+/// A session another node opened, taken up from its handoff `raw`: the routes it names
+/// open from their own handoffs (in parallel, bounded by the caller's deadline), the
+/// others stay closed until a request needs them. `None` when nothing could be taken up
+/// (a handoff that is not ours, or no route opened from it): the caller then opens the
+/// session as a new one.
+async fn adopting(
+    proxy: &Rc<Proxy>,
+    session: &Rc<ProxySession>,
+    callee: &Callee,
+    raw: &[u8],
+) -> Option<ReplyBegin> {
+    #[derive(serde::Deserialize)]
+    struct Handoff<'a> {
+        #[serde(borrow)]
+        routes:
+            std::collections::BTreeMap<std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue>,
+    }
+    let deadline = callee.begin.deadline;
+    let Ok(handoff) = serde_json::from_slice::<Handoff<'_>>(raw) else {
+        log::warn(format_args!(
+            "proxy {}: a shared session's handoff is not a proxy's; opening the routes",
+            proxy.name
+        ));
+        return None;
+    };
+    let named: Vec<(usize, Bytes)> = proxy
+        .routes
+        .iter()
+        .filter_map(|route| {
+            let raw = handoff.routes.get(&*route.label)?;
+            Some((route.index, Bytes::copy_from_slice(raw.get().as_bytes())))
+        })
+        .collect();
+    let opens = named
+        .into_iter()
+        .map(|(i, raw)| session.open(proxy, i, deadline, Some(raw)));
+    let opened = join_all(opens.collect()).await;
+    if !opened.iter().any(Result::is_ok) {
+        return None;
+    }
+    let Some(cache) = proxy.cache.as_ref() else {
+        return Some(ReplyBegin {
+            session: Some(session.id.clone()),
+            caps: session.caps(proxy),
+            ..ReplyBegin::default()
+        });
+    };
+    // Routes that forward the agent's credential show their cached items only once
+    // they accepted it: those not taken up are hidden, as at the node that opened it.
+    let hidden = (0..proxy.routes.len())
+        .filter(|i| cache.forwards(*i) && session.open_life(*i).is_none())
+        .fold(0, |set, i| set | 1 << i);
+    session.hidden.set(hidden);
+    let bound = deadline.min(Instant::now() + cache.gate());
+    let caps = match cache.wait_ready(bound).await {
+        Some(cached) => session.cached_caps(proxy, &cached.routes),
+        None => session.caps(proxy),
+    };
+    Some(ReplyBegin {
+        session: Some(session.id.clone()),
+        caps,
+        ..ReplyBegin::default()
     })
 }
 
@@ -693,7 +846,9 @@ async fn admit(
     session
         .hidden
         .set(forwarding.iter().fold(0, |set, i| set | 1 << i));
-    let opens = forwarding.iter().map(|i| session.open(proxy, *i, deadline));
+    let opens = forwarding
+        .iter()
+        .map(|i| session.open(proxy, *i, deadline, None));
     let opened = join_all(opens.collect()).await;
     let mut refusals = Vec::new();
     let mut unreached = false;
@@ -864,7 +1019,7 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
     // The resume round's deadline (boxed: the relay task lives as long as the session).
     let mut round_timer = Box::pin(tokio::time::sleep(EVENTS_PROBE_TIMEOUT));
     loop {
-        for flush in pending_flushes(session) {
+        for flush in pending_flushes(proxy, session) {
             if Box::pin(callee.reply.flush(flush)).await.is_err() {
                 return;
             }
@@ -933,6 +1088,13 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
                 }
             }
             Step::Initial(Some(Frame::Data(piece))) => callee.initial.ack(piece.len() as u32),
+            Step::Initial(Some(Frame::Flush(Flush {
+                event: Event::Detach,
+                ..
+            }))) => {
+                session.detached.set(true);
+                return;
+            }
             Step::Initial(Some(Frame::Begin(_) | Frame::Flush(_))) => {}
             Step::Initial(Some(Frame::End | Frame::Abort) | None) => return,
             Step::Throttle(Some(Throttle::Challenge(challenge))) => {
@@ -959,10 +1121,19 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
 }
 
 /// Flushes other tasks asked for: lists that changed, a resume round that completed.
-fn pending_flushes(session: &ProxySession) -> Vec<Flush> {
+fn pending_flushes(proxy: &Proxy, session: &ProxySession) -> Vec<Flush> {
     let mut out = Vec::new();
     if let Some(answer) = round_answer(session) {
         out.push(answer);
+    }
+    if session.handoff_changed.replace(false)
+        && !session.hydration
+        && let Some(handoff) = session.handoff(proxy)
+    {
+        out.push(Flush {
+            id: None,
+            event: Event::Handoff(handoff),
+        });
     }
     let lists = session.list_changed.replace([false; 3]);
     for (changed, kind) in
@@ -1162,6 +1333,11 @@ fn on_route_frame(
             return None;
         }
     };
+    if let Event::Handoff(handoff) = &flush.event {
+        *life.handoff.borrow_mut() = Some(handoff.clone());
+        session.handoff_changed.set(true);
+        return None;
+    }
     let Flush { id, event } = flush;
     let id = id.filter(|id| id.len() <= EXIT_EVENT_ID_BYTES_MAX);
     let out_id = if proxy.aggregating() {
@@ -1238,6 +1414,7 @@ fn route_ended(proxy: &Proxy, session: &ProxySession, route: &Route, life: &Rout
         }
     }
     set_waiting(session, route.index, false);
+    session.handoff_changed.set(true);
     metrics::with(|m| m.proxy.routes_ended += 1);
     log::warn(format_args!(
         "proxy {}: toolkit {} ended its session",

@@ -109,6 +109,7 @@ async fn fake_lifecycle(fake: Rc<Fake>, callee: Callee) {
         session: Some(Rc::from(format!("{}-s", fake.name))),
         caps: Caps(Caps::TOOLS.0 | Caps::TOOLS_LIST_CHANGED.0 | Caps::RESOURCES.0),
         instructions: Some(Bytes::from(format!("\"I am {}\"", fake.name))),
+        handoff: None,
     };
     if callee.reply.begin(reply).await.is_err() {
         return;
@@ -298,6 +299,7 @@ async fn connect(proxy: &Proxy, auth: Option<&'static str>) -> (Caller, ReplyBeg
         capabilities: Bytes::from_static(b"{}"),
         protocol_version: "2025-11-25",
         authorization: auth.map(|a| Bytes::from_static(a.as_bytes())),
+        adopt: None,
     });
     b.authorization = auth.map(|a| Bytes::from_static(a.as_bytes()));
     let (caller, callee) = open(b);
@@ -700,6 +702,7 @@ fn a_route_refusing_initialize_is_skipped_unless_it_is_the_only_one() {
             capabilities: Bytes::from_static(b"{}"),
             protocol_version: "2025-11-25",
             authorization: None,
+            adopt: None,
         });
         let (caller, callee) = open(b);
         p.open(callee);
@@ -783,6 +786,7 @@ async fn takeover_route(worker: usize, shared: Arc<Takeover>, callee: Callee) {
             session: Some(Rc::from(format!("w{worker}"))),
             caps: Caps::TOOLS,
             instructions: None,
+            handoff: None,
         };
         if callee.reply.begin(reply).await.is_err() {
             return;
@@ -1154,6 +1158,7 @@ impl Exit for SlowOpen {
                     session: Some(Rc::from("slow")),
                     caps: Caps::TOOLS,
                     instructions: None,
+                    handoff: None,
                 };
                 if callee.reply.begin(reply).await.is_ok() {
                     // Held until the proxy ends it.
@@ -1261,6 +1266,7 @@ impl Exit for Scripted {
                 session: Some(Rc::from("scripted")),
                 caps: Caps::TOOLS,
                 instructions: None,
+                handoff: None,
             };
             if callee.reply.begin(reply).await.is_ok() {
                 while !matches!(

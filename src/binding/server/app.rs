@@ -8,10 +8,12 @@
 
 use super::events::{self, Session};
 use super::net::Request;
+use super::shared::{self, Link};
 use super::sink::Sink;
 use super::{PROTOCOL_VERSIONS, Server, session_id};
 use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
 use crate::limits::{REQUESTS_PER_SESSION_MAX, SESSIONS_PER_WORKER_MAX};
+use crate::log;
 use crate::metrics::{self, Outcome};
 
 use crate::jsonrpc::{ParamIndex, Raw};
@@ -125,7 +127,7 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
         // Boxed: once per session, and larger than a request's state.
         return Box::pin(initialize(&server, &req, &env, sink)).await;
     }
-    let session = match events::session_for(&server, &req) {
+    let session = match events::session_for(&server, &req).await {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
@@ -232,10 +234,12 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
             .await;
         }
     };
+    let hello_capabilities = Bytes::copy_from_slice(capabilities.get().as_bytes());
     let hello = ClientHello {
-        capabilities: Bytes::copy_from_slice(capabilities.get().as_bytes()),
+        capabilities: hello_capabilities.clone(),
         protocol_version: version,
         authorization: authorization(req),
+        adopt: None,
     };
     let begin = Begin::lifecycle(hello, Instant::now() + server.cfg.request_timeout);
     let (caller, callee) = stream::open(begin);
@@ -254,13 +258,26 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
             return render_reset(sink, id, caller.initial.try_throttle(), None).await;
         }
     };
+    let link = server
+        .shared
+        .as_ref()
+        .map(|_| Link::new(hello_capabilities, reply.handoff.clone()));
     let session = Session::create(
         server,
         Rc::from(session_id.as_str()),
         version,
         reply.clone(),
         caller,
+        link,
     );
+    // A shared session is in the store before the agent has its id, so its next request
+    // finds it at any node. A store that fails leaves it served by this node only.
+    if !shared::write(server, &session, true).await {
+        log::warn(format_args!(
+            "server {}: a session is served by this node only (its record was not written)",
+            server.name
+        ));
+    }
     let mut body = BytesMut::with_capacity(512);
     jsonrpc::write_result_prefix(id, &mut body);
     body.extend_from_slice(b"{\"protocolVersion\":\"");
@@ -285,7 +302,7 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
 }
 
 /// The agent's `Authorization` header, for exits that forward it.
-fn authorization(req: &Request) -> Option<Bytes> {
+pub(super) fn authorization(req: &Request) -> Option<Bytes> {
     req.head
         .headers
         .get("authorization")

@@ -9,6 +9,7 @@
 use super::Server;
 use super::app::{accepts_sse, http_error};
 use super::net::Request;
+use super::shared::{self, Ending, Link};
 use super::sink::Sink;
 use crate::FastMap;
 use crate::jsonrpc::{self, IdKey};
@@ -17,6 +18,7 @@ use crate::limits::{
     PENDING_ANSWERS_PER_SESSION_MAX, REQUEST_REPLAY_EVENTS_MAX, SESSION_REPLAY_EVENTS_MAX,
     SSE_KEEPALIVE_INTERVAL,
 };
+use crate::log;
 use crate::metrics::{self, Outcome};
 use crate::runtime::notify::Notify;
 use crate::sse;
@@ -110,6 +112,8 @@ pub struct Session {
     /// The fields of this session's `200 application/json` reply head, made once (the id
     /// is ours, so the check cannot fail; should it, replies are encoded field by field).
     json_head: Option<Bytes>,
+    /// A shared session (`sessions: { store }`): what its record is written from.
+    pub(super) shared: Option<Link>,
 }
 
 /// One request in flight on a session.
@@ -132,7 +136,21 @@ impl Session {
         version: &'static str,
         reply: ReplyBegin,
         lifecycle: Caller,
+        shared: Option<Link>,
     ) -> Rc<Session> {
+        if let (Some(store), Some(link)) = (server.shared.as_ref(), shared.as_ref()) {
+            match store.watch(&shared::key(&id)) {
+                Ok(watch) => *link.watch.borrow_mut() = Some(watch),
+                Err(e) => {
+                    // It is then told of a DELETE at another node only at its expiry.
+                    metrics::with(|m| m.session_store_failures += 1);
+                    log::warn(format_args!(
+                        "server {}: a shared session is not watched: {e}",
+                        server.name
+                    ));
+                }
+            }
+        }
         let session = Rc::new(Session {
             exit_session: reply.session.clone().unwrap_or_else(|| Rc::from("")),
             caps: reply.caps,
@@ -169,6 +187,7 @@ impl Session {
                 ],
             )
             .ok(),
+            shared,
         });
         server.sessions.borrow_mut().insert(id, session.clone());
         metrics::with(|m| {
@@ -182,6 +201,15 @@ impl Session {
     /// Marks the session active now.
     pub fn touch(&self) {
         self.st.borrow_mut().last_active = Instant::now();
+    }
+
+    /// When the session was last active here (now, while it streams).
+    pub fn last_active(&self) -> Instant {
+        let st = self.st.borrow();
+        if st.get_live || !st.requests.is_empty() {
+            return Instant::now();
+        }
+        st.last_active
     }
 
     /// True while requests are in flight.
@@ -418,10 +446,22 @@ pub fn lookup(server: &Server, req: &Request) -> Result<Rc<Session>, (u16, &'sta
         .ok_or((404, "Session not found"))
 }
 
+/// The session a request names: held here, or a shared session taken up from the store
+/// (only when this one is not held here, so the request path does not touch the store).
+pub async fn find(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
+    match lookup(server, req) {
+        Err((404, _)) if server.shared.is_some() => Box::pin(shared::adopt(server, req)).await,
+        found => found,
+    }
+}
+
 /// The session a request names, checked and marked active: 400 without the session
 /// header or with an unsupported `MCP-Protocol-Version`, 404 if unknown.
-pub fn session_for(server: &Server, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
-    let session = lookup(server, req)?;
+pub async fn session_for(
+    server: &Rc<Server>,
+    req: &Request,
+) -> Result<Rc<Session>, (u16, &'static str)> {
+    let session = find(server, req).await?;
     if !Server::version_ok(req) {
         return Err((400, "Bad Request: unsupported MCP-Protocol-Version"));
     }
@@ -432,6 +472,12 @@ pub fn session_for(server: &Server, req: &Request) -> Result<Rc<Session>, (u16, 
 /// Ends a session: forgets it, ends its lifecycle stream (the exit closes its side),
 /// wakes its requests and GET stream so they finish.
 pub fn close(server: &Server, session: &Rc<Session>, reason: &str) {
+    end(server, session, reason, Ending::End);
+}
+
+/// As [`close`]; with [`Ending::Detach`] the exit lets go of its sessions without ending
+/// them upstream (a shared session that lives on at another node).
+pub fn end(server: &Server, session: &Rc<Session>, reason: &str, ending: Ending) {
     {
         let mut st = session.st.borrow_mut();
         if st.closed {
@@ -441,6 +487,21 @@ pub fn close(server: &Server, session: &Rc<Session>, reason: &str) {
     }
     server.sessions.borrow_mut().remove(&session.id);
     metrics::with(|m| m.sessions -= 1);
+    if ending == Ending::Detach {
+        metrics::with(|m| m.sessions_detached += 1);
+        let detach = Flush {
+            id: None,
+            event: Event::Detach,
+        };
+        if !session.lifecycle.initial.try_flush(detach) {
+            metrics::with(|m| m.overload_rejections += 1);
+            log::warn(format_args!(
+                "server {}: a shared session could not be let go of (its lifecycle is \
+                 full): its exit ends it",
+                server.name
+            ));
+        }
+    }
     session.lifecycle.initial.end();
     let requests: Vec<Rc<Inflight>> = session.st.borrow().requests.values().cloned().collect();
     for r in requests {
@@ -462,7 +523,9 @@ fn notification(method: &str, params: Option<&[u8]>) -> BytesMut {
 /// Renders an event from the exit as agent-facing JSON; `None` for control events.
 fn render_event(event: &Event) -> Option<BytesMut> {
     Some(match event {
-        Event::Resumable | Event::Suspend { .. } => return None,
+        Event::Resumable | Event::Suspend { .. } | Event::Handoff(_) | Event::Detach => {
+            return None;
+        }
         Event::ListChanged(k) => notification(k.method(), None),
         Event::ResourcesUpdated { params } => {
             notification("notifications/resources/updated", Some(params))
@@ -485,12 +548,33 @@ fn render_event(event: &Event) -> Option<BytesMut> {
 async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
     let timeout = server.cfg.session_timeout;
     let mut reason = "lifecycle ended";
+    let mut ending = Ending::End;
+    // A shared session's record: its changes at any node wake this task.
+    let mut watch = session.shared.as_ref().and_then(|l| l.watch.take());
     loop {
-        let (expired, check_at) = expiry(&session, timeout);
+        let (expired, mut check_at) = expiry(&session, timeout);
         if expired {
+            let decided = shared::at_expiry(&server, &session).await;
+            // Activity that came while the store was asked keeps the session.
+            if !expiry(&session, timeout).0 {
+                continue;
+            }
+            if decided == Ending::End {
+                shared::forget(&server, &session).await;
+            }
             reason = "expired";
+            ending = decided;
             break;
         }
+        if let Some(at) = shared::touch(&server, &session) {
+            check_at = check_at.min(at);
+        }
+        let record_changed = async {
+            match watch.as_mut() {
+                Some(w) => w.changed().await,
+                None => std::future::pending().await,
+            }
+        };
         if session.get_behind() {
             // The agent's GET stream is a ring behind: the exit's next event waits in its
             // stream (whose credit then holds the exit back) until the GET took more.
@@ -508,8 +592,25 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             f = session.lifecycle.reply.next() => f,
             () = session.closed_wait() => None,
             () = tokio::time::sleep_until(check_at.into()) => continue,
+            alive = record_changed => {
+                if !alive {
+                    watch = None;
+                } else if !shared::still_recorded(&server, &session).await {
+                    reason = "deleted at another node";
+                    break;
+                }
+                continue;
+            }
         };
         match frame {
+            Some(Frame::Flush(Flush {
+                event: Event::Handoff(handoff),
+                ..
+            })) => {
+                if let Some(link) = session.shared.as_ref() {
+                    link.set_handoff(handoff);
+                }
+            }
             Some(Frame::Flush(Flush { id, event })) => {
                 if id.is_some() {
                     session.st.borrow_mut().last_exit_event = id.clone();
@@ -536,7 +637,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             Some(Frame::End | Frame::Abort) | None => break,
         }
     }
-    close(&server, &session, reason);
+    end(&server, &session, reason, ending);
 }
 
 /// Answers the exit's server-to-client request `id` for the agent, with a JSON-RPC error,
@@ -626,7 +727,7 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         )
         .await;
     }
-    let session = match session_for(&server, &req) {
+    let session = match session_for(&server, &req).await {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
@@ -961,10 +1062,13 @@ fn sse_head(session: &str) -> [(&'static str, &[u8]); 3] {
 
 /// DELETE: terminates the session.
 pub async fn delete(server: Rc<Server>, req: Request, sink: Sink) {
-    let session = match lookup(&server, &req) {
+    let session = match find(&server, &req).await {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
+    // A shared session ends everywhere: its record goes first, so no node takes it up
+    // again, and the nodes holding it are told through their watch.
+    shared::forget(&server, &session).await;
     close(&server, &session, "deleted");
     let _ = sink.respond(200, &[], b"").await;
 }

@@ -10,6 +10,7 @@ pub(crate) mod app;
 pub(crate) mod events;
 pub mod net;
 pub mod session_id;
+pub(crate) mod shared;
 pub mod sink;
 
 use crate::FastMap;
@@ -18,6 +19,8 @@ use crate::config::ServerBinding;
 use crate::http::Method;
 use crate::metrics;
 use crate::runtime::Inboxes;
+use crate::runtime::notify::Notify;
+use crate::store::Store;
 use events::Session;
 use net::Request;
 use sink::{ConnShared, Part, Sink};
@@ -47,9 +50,23 @@ pub struct Server {
     /// The listener is a loopback address (tightens default Origin/Host rules).
     loopback: bool,
     pub(crate) sessions: RefCell<FastMap<Rc<str>, Rc<Session>>>,
+    /// `sessions: { store }`: the store every node of the cluster finds sessions in.
+    pub(crate) shared: Option<Arc<dyn Store>>,
+    /// Shared sessions being taken up from the store, by id: later requests for the same
+    /// one wait for it. Invariant: `len() <= SHARED_SESSION_ADOPTIONS_MAX`.
+    pub(crate) adopting: RefCell<FastMap<Rc<str>, Rc<Notify>>>,
     draining: Cell<bool>,
     /// Agents connect over TLS with the current config (swapped on SIGHUP); `None`: plain.
     pub(crate) tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,
+}
+
+/// What every worker's instance of a binding shares with the others.
+#[derive(Default)]
+pub struct Common {
+    /// The TLS config agents connect with (swapped on SIGHUP); `None`: plain HTTP.
+    pub tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,
+    /// `sessions: { store }`.
+    pub sessions: Option<Arc<dyn Store>>,
 }
 
 thread_local! {
@@ -66,8 +83,12 @@ impl Server {
         worker: u8,
         exit: Rc<dyn Exit>,
         inboxes: Inboxes,
-        tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,
+        common: Common,
     ) -> Rc<Server> {
+        let Common {
+            tls,
+            sessions: shared,
+        } = common;
         let loopback = cfg.listen.ip().is_loopback();
         let server = Rc::new(Server {
             name: Rc::from(name),
@@ -78,6 +99,8 @@ impl Server {
             inboxes,
             loopback,
             sessions: RefCell::new(FastMap::default()),
+            shared,
+            adopting: RefCell::new(FastMap::default()),
             draining: Cell::new(false),
             tls,
         });
@@ -108,15 +131,17 @@ impl Server {
             tokio::task::spawn_local(app::http_error(sink, status, message, None));
             return None;
         }
+        // The worker named in the id owns the session (another node's id names a worker
+        // there: the same worker here, modulo this node's count, takes it up).
         let owner = req
             .head
             .headers
             .get("mcp-session-id")
             .and_then(session_id::owner)
-            .map(|(_, worker)| worker);
+            .map(|(_, worker)| usize::from(worker) % self.inboxes.len().max(1));
         match owner {
-            Some(w) if w != self.worker && usize::from(w) < self.inboxes.len() => {
-                self.hand_off(usize::from(w), req, sink, shared);
+            Some(w) if w != usize::from(self.worker) => {
+                self.hand_off(w, req, sink, shared);
                 None
             }
             _ => Some(self.serve(req, sink)),
@@ -221,10 +246,16 @@ impl Server {
             }
             tokio::time::sleep(crate::limits::TICK).await;
         }
-        let sessions: Vec<Rc<Session>> = self.sessions.borrow().values().cloned().collect();
-        for s in &sessions {
-            events::close(self, s, "shutdown");
-        }
+        let sessions = if self.shared.is_some() {
+            // The other nodes of the cluster go on with them.
+            shared::detach_all(self)
+        } else {
+            let sessions: Vec<Rc<Session>> = self.sessions.borrow().values().cloned().collect();
+            for s in &sessions {
+                events::close(self, s, "shutdown");
+            }
+            sessions
+        };
         // Let the streams those closes ended write their last bytes (to a local
         // connection or to another worker's relay) before the worker stops.
         while Instant::now() < deadline && sessions.iter().any(|s| s.streaming()) {
