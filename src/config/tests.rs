@@ -453,6 +453,31 @@ fn invalid_files_get_exact_messages() {
             "gw.yaml: bindings.tools.cache.store: found \"cache1\", expected the name of a store (one of: cache0)",
         ),
         (
+            "sessions in a memory store",
+            edit(
+                "    exit: tools\n",
+                "    exit: tools\n    sessions: { store: cache0 }\n",
+            ),
+            "gw.yaml: bindings.north.sessions.store: found \"cache0\", a memory store, expected a redis store \
+             (a memory store is one process's, whose workers share sessions already)",
+        ),
+        (
+            "sessions in no store",
+            edit(
+                "    exit: tools\n",
+                "    exit: tools\n    sessions: { store: elsewhere }\n",
+            ),
+            "gw.yaml: bindings.north.sessions.store: found \"elsewhere\", expected the name of a store (one of: cache0)",
+        ),
+        (
+            "sessions with an unknown key",
+            edit(
+                "    exit: tools\n",
+                "    exit: tools\n    sessions: { store: cache0, ttl: 5m }\n",
+            ),
+            "gw.yaml: bindings.north.sessions.ttl: unknown key, expected store",
+        ),
+        (
             "unknown store type",
             edit("{ type: memory }", "{ type: etcd }"),
             "gw.yaml: stores.cache0.type: found \"etcd\", expected one of: memory, redis",
@@ -825,6 +850,10 @@ fn shipped_example_files_load() {
         proxy(&cluster, "tools").cache.as_ref().map(|c| &*c.store),
         Some("shared")
     );
+    let Some(Binding::Server(north)) = cluster.bindings.get("north") else {
+        panic!("no server north")
+    };
+    assert_eq!(north.sessions_store.as_deref(), Some("shared"));
 
     let example = match load(&root.join("config/proxy-example.yaml")) {
         Ok(config) => config,

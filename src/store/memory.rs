@@ -134,6 +134,43 @@ impl MemoryStore {
         Ok(Some(version))
     }
 
+    /// Writes `bytes` under `key` only if a value is there now (atomically: writers are
+    /// serialized); `None` if there was none.
+    fn write_over(
+        &self,
+        key: &str,
+        bytes: Bytes,
+        until: Instant,
+    ) -> Result<Option<u64>, StoreError> {
+        let version = {
+            let _turn = guard(&self.writing);
+            let current = self.values.load();
+            let now = self.clock.now();
+            let present = current
+                .get(key)
+                .is_some_and(|stored| stored.until.is_none_or(|u| u > now));
+            if !present {
+                return Ok(None);
+            }
+            let mut next = HashMap::clone(&current);
+            let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
+            let value = Value { bytes, version };
+            next.insert(
+                Box::from(key),
+                Stored {
+                    value,
+                    until: Some(until),
+                },
+            );
+            self.values.store(Arc::new(next));
+            version
+        };
+        if let Some(tx) = guard(&self.watches).get(key) {
+            tx.send_replace(version);
+        }
+        Ok(Some(version))
+    }
+
     fn lock_now(&self, key: &str, ttl: Duration) -> Result<Option<Token>, StoreError> {
         let now = self.clock.now();
         let mut leases = guard(&self.leases);
@@ -219,11 +256,20 @@ impl super::Store for MemoryStore {
         Box::pin(std::future::ready(written))
     }
 
-    fn put_for<'a>(&'a self, key: &'a str, bytes: Bytes, ttl: Duration) -> StoreFuture<'a, u64> {
+    fn put_for<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Bytes,
+        ttl: Duration,
+        existing_only: bool,
+    ) -> StoreFuture<'a, Option<u64>> {
         let until = self.clock.now() + ttl;
-        let written = self
-            .write(key, Some(bytes), Some(until))
-            .map(|v| v.unwrap_or_else(|| self.version.load(Ordering::Acquire)));
+        let written = if existing_only {
+            self.write_over(key, bytes, until)
+        } else {
+            self.write(key, Some(bytes), Some(until))
+                .map(|v| Some(v.unwrap_or_else(|| self.version.load(Ordering::Acquire))))
+        };
         Box::pin(std::future::ready(written))
     }
 

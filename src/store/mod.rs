@@ -91,8 +91,15 @@ pub trait Store: Send + Sync {
     fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64>;
     /// As [`Store::put`], and the value is gone `ttl` from now unless written again (a
     /// record whose writers may all die, such as a shared session's). Its end is not a
-    /// change: watchers are not woken by it.
-    fn put_for<'a>(&'a self, key: &'a str, bytes: Bytes, ttl: Duration) -> StoreFuture<'a, u64>;
+    /// change: watchers are not woken by it. With `existing_only`, writes only over a
+    /// value that is there (atomically): `None` when there was none, nothing written.
+    fn put_for<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Bytes,
+        ttl: Duration,
+        existing_only: bool,
+    ) -> StoreFuture<'a, Option<u64>>;
     /// Removes `key`; true if it had a value.
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool>;
     /// Takes the lease `key` for `ttl` if nobody holds it (or its holder's lease ran out);

@@ -79,8 +79,10 @@ const VERSION_DIGITS_MAX: usize = 20;
 
 /// Writes a value: the next version, the value behind it, and the change message.
 /// KEYS: the value's key, the counter. ARGV: the bytes, the channel, the key as named, the
-/// value's time to live in milliseconds (0: for good).
+/// value's time to live in milliseconds (0: for good), `1` to write only over a value that
+/// is there (0 is returned when there is none).
 const PUT_SCRIPT: &str = r"
+if ARGV[5] == '1' and redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local version = redis.call('INCR', KEYS[2])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -130,8 +132,9 @@ return 0
 /// A store operation, sent to the store thread.
 enum Op {
     Get,
-    /// The bytes, and how long they live (`None`: for good).
-    Put(Bytes, Option<Duration>),
+    /// The bytes, how long they live (`None`: for good), and whether only over a value
+    /// that is there.
+    Put(Bytes, Option<Duration>, bool),
     Delete,
     /// The lease's TTL and the token to take it with (made by the caller, so a lock whose
     /// answer is lost can still be released).
@@ -267,8 +270,15 @@ impl RedisStore {
         Ok(RedisStore { shared, queue })
     }
 
-    /// Writes `bytes` under `key`, for good or for `ttl`.
-    fn write<'a>(&'a self, key: &str, bytes: Bytes, ttl: Option<Duration>) -> StoreFuture<'a, u64> {
+    /// Writes `bytes` under `key`, for good or for `ttl`; with `existing_only`, only over
+    /// a value that is there (`None` when there was none).
+    fn write<'a>(
+        &'a self,
+        key: &str,
+        bytes: Bytes,
+        ttl: Option<Duration>,
+        existing_only: bool,
+    ) -> StoreFuture<'a, Option<u64>> {
         if bytes.len() > REDIS_VALUE_BYTES_MAX {
             let error = self.shared.error(&format!(
                 "a value of {} bytes, over {REDIS_VALUE_BYTES_MAX}",
@@ -276,10 +286,11 @@ impl RedisStore {
             ));
             return Box::pin(std::future::ready(Err(error)));
         }
-        let call = self.call(Op::Put(bytes, ttl), key);
+        let call = self.call(Op::Put(bytes, ttl, existing_only), key);
         Box::pin(async move {
             match call.await? {
-                Reply::Version(v) => Ok(v),
+                Reply::Version(v) => Ok(Some(v)),
+                Reply::Done(false) => Ok(None),
                 _ => Err(self.shared.error("mismatched reply")),
             }
         })
@@ -352,12 +363,25 @@ impl Store for RedisStore {
     }
 
     fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {
-        self.write(key, bytes, None)
+        let write = self.write(key, bytes, None, false);
+        Box::pin(async move {
+            match write.await? {
+                Some(version) => Ok(version),
+                None => Err(self.shared.error("mismatched reply")),
+            }
+        })
     }
 
-    fn put_for<'a>(&'a self, key: &'a str, bytes: Bytes, ttl: Duration) -> StoreFuture<'a, u64> {
+    fn put_for<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Bytes,
+        ttl: Duration,
+        existing_only: bool,
+    ) -> StoreFuture<'a, Option<u64>> {
         // At least a millisecond: 0 means "for good" to the script.
-        self.write(key, bytes, Some(ttl.max(Duration::from_millis(1))))
+        let ttl = ttl.max(Duration::from_millis(1));
+        self.write(key, bytes, Some(ttl), existing_only)
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
@@ -622,7 +646,7 @@ async fn run(
                 .query_async(connection)
                 .await
         }
-        Op::Put(bytes, ttl) => {
+        Op::Put(bytes, ttl, existing_only) => {
             scripts
                 .put
                 .key(shared.value_key(key))
@@ -631,6 +655,7 @@ async fn run(
                 .arg(shared.channel())
                 .arg(key)
                 .arg(ttl.map_or(0, millis))
+                .arg(if *existing_only { "1" } else { "0" })
                 .invoke_async(connection)
                 .await
         }
@@ -691,6 +716,7 @@ async fn run(
         },
         Op::Put(..) => match reply {
             redis::Value::Int(v) if v > 0 => Ok(Reply::Version(v.unsigned_abs())),
+            redis::Value::Int(0) => Ok(Reply::Done(false)),
             other => Err(unexpected(&other)),
         },
         Op::Delete | Op::Renew(..) | Op::Unlock(_) => match reply {

@@ -201,7 +201,7 @@ fn a_value_put_for_a_time_lives_that_long_and_a_plain_put_makes_it_last() {
         connected(&store).await;
         let ttl = Duration::from_millis(300);
         store
-            .put_for("s", Bytes::from_static(b"record"), ttl)
+            .put_for("s", Bytes::from_static(b"record"), ttl, false)
             .await
             .unwrap();
         assert!(store.get("s").await.unwrap().is_some());
@@ -212,16 +212,24 @@ fn a_value_put_for_a_time_lives_that_long_and_a_plain_put_makes_it_last() {
         // Written again with its time to live: it lives on from the new write.
         tokio::time::sleep(Duration::from_millis(200)).await;
         store
-            .put_for("s", Bytes::from_static(b"record"), ttl)
+            .put_for("s", Bytes::from_static(b"record"), ttl, false)
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(store.get("s").await.unwrap().is_some());
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert_eq!(store.get("s").await, Ok(None));
+        // Written over what is there only: nothing once it is gone.
+        assert_eq!(
+            store
+                .put_for("s", Bytes::from_static(b"r"), ttl, true)
+                .await,
+            Ok(None)
+        );
+        assert_eq!(store.get("s").await, Ok(None));
         // A plain put keeps the value for good.
         store
-            .put_for("k", Bytes::from_static(b"x"), ttl)
+            .put_for("k", Bytes::from_static(b"x"), ttl, false)
             .await
             .unwrap();
         store.put("k", Bytes::from_static(b"y")).await.unwrap();

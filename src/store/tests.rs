@@ -58,13 +58,13 @@ fn a_value_put_for_a_time_is_gone_after_it_and_makes_room_when_full() {
         let store = MemoryStore::with_clock(clock.clone());
         let ttl = Duration::from_secs(10);
         store
-            .put_for("s", Bytes::from_static(b"r"), ttl)
+            .put_for("s", Bytes::from_static(b"r"), ttl, false)
             .await
             .unwrap();
         clock.advance(Duration::from_secs(9));
         assert!(store.get("s").await.unwrap().is_some());
         store
-            .put_for("s", Bytes::from_static(b"r"), ttl)
+            .put_for("s", Bytes::from_static(b"r"), ttl, false)
             .await
             .unwrap();
         clock.advance(Duration::from_secs(9));
@@ -72,12 +72,24 @@ fn a_value_put_for_a_time_is_gone_after_it_and_makes_room_when_full() {
         clock.advance(Duration::from_secs(2));
         assert_eq!(store.get("s").await, Ok(None));
         // Expired values give their room to new keys once the store is full.
+        // Written over what is there only: nothing when it is gone.
+        assert_eq!(store.put_for("s", Bytes::new(), ttl, true).await, Ok(None));
+        assert_eq!(store.get("s").await, Ok(None));
+        store.put_for("s", Bytes::new(), ttl, false).await.unwrap();
+        assert!(
+            store
+                .put_for("s", Bytes::from_static(b"2"), ttl, true)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(&store.get("s").await.unwrap().unwrap().bytes[..], b"2");
         assert_eq!(store.delete("s").await, Ok(true));
         let limit = crate::limits::MEMORY_STORE_KEYS_MAX;
         for i in 0..limit - 1 {
             store.put(&format!("k{i}"), Bytes::new()).await.unwrap();
         }
-        assert!(store.put_for("s", Bytes::new(), ttl).await.is_ok());
+        assert!(store.put_for("s", Bytes::new(), ttl, false).await.is_ok());
         assert!(store.put("one-more", Bytes::new()).await.is_err());
         clock.advance(ttl);
         assert!(store.put("one-more", Bytes::new()).await.is_ok());

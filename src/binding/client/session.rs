@@ -317,6 +317,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
     // This task lives as long as the session, in `relay`: the larger futures of its
     // beginning and end (initialize, the reply's BEGIN, DELETE) are boxed so that its
     // task cell is sized for the relay alone.
+    let adopted_here = adopted.is_some();
     let init = match adopted {
         Some(handoff) => {
             let mut ids = session.ids.borrow_mut();
@@ -359,13 +360,15 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         caps: init.caps.union(Caps::OTHER),
         instructions: init.instructions,
     };
-    let mut detached = false;
+    let mut ended = Ended::Gone;
     if Box::pin(callee.reply.begin(begin)).await.is_ok() {
-        detached = relay(&client, &session, &callee).await;
+        ended = relay(&client, &session, &callee).await;
     }
     session.close();
     callee.reply.end();
-    if !detached {
+    // A session taken up from another node's handoff may be in use there: it is deleted
+    // upstream only when its caller says so, never because the caller went away.
+    if ended == Ended::End || (ended == Ended::Gone && !adopted_here) {
         Box::pin(terminate(&client, &session)).await;
     }
 }
@@ -421,14 +424,24 @@ impl Handoff {
     }
 }
 
-/// Relays events and challenges until the caller ends the lifecycle; true if it detached
-/// (the session lives on elsewhere: no `DELETE`).
-async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) -> bool {
+/// How a lifecycle ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The caller ended it (END or ABORT): the session ends upstream.
+    End,
+    /// The caller detached: the session lives on at another node.
+    Detach,
+    /// The caller went away without a word.
+    Gone,
+}
+
+/// Relays events and challenges until the caller ends the lifecycle.
+async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) -> Ended {
     loop {
         while let Some(flush) = session.take() {
             // Boxed: larger than the wait below, where the relay spends its life.
             if Box::pin(callee.reply.flush(flush)).await.is_err() {
-                return false;
+                return Ended::Gone;
             }
         }
         // Biased, the caller's initial direction first: a caller that detaches sends
@@ -437,7 +450,7 @@ async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) ->
             biased;
             frame = callee.initial.next() => match frame {
                 Some(Frame::Data(piece)) => callee.initial.ack(piece.len() as u32),
-                Some(Frame::Flush(Flush { event: Event::Detach, .. })) => return true,
+                Some(Frame::Flush(Flush { event: Event::Detach, .. })) => return Ended::Detach,
                 Some(Frame::Flush(Flush { event: Event::Notification { method, params }, .. })) => {
                     // The agent's own notifications (roots/list_changed, ...) go upstream.
                     let mut body = BytesMut::with_capacity(64);
@@ -454,7 +467,8 @@ async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) ->
                     });
                 }
                 Some(Frame::Begin(_) | Frame::Flush(_)) => {}
-                Some(Frame::End | Frame::Abort) | None => return false,
+                Some(Frame::End | Frame::Abort) => return Ended::End,
+                None => return Ended::Gone,
             },
             throttle = callee.reply.throttle() => match throttle {
                 Some(Throttle::Challenge(Challenge::Resume { last_event_id })) => {
@@ -472,7 +486,7 @@ async fn relay(client: &Rc<Client>, session: &Rc<UpSession>, callee: &Callee) ->
                 // The agent's GET went away: the upstream stream stays open, so events
                 // meanwhile reach the agent's next GET through the server's replay.
                 Some(Throttle::Challenge(Challenge::Suspended)) => {}
-                Some(Throttle::Reset(_)) | None => return false,
+                Some(Throttle::Reset(_)) | None => return Ended::Gone,
             },
             () = session.outbox_ready.notified() => {}
         }

@@ -870,8 +870,14 @@ impl Store for Recording {
         }
         self.inner.put(key, bytes)
     }
-    fn put_for<'a>(&'a self, key: &'a str, bytes: Bytes, ttl: Duration) -> StoreFuture<'a, u64> {
-        self.inner.put_for(key, bytes, ttl)
+    fn put_for<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Bytes,
+        ttl: Duration,
+        existing_only: bool,
+    ) -> StoreFuture<'a, Option<u64>> {
+        self.inner.put_for(key, bytes, ttl, existing_only)
     }
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
         self.inner.delete(key)

@@ -272,7 +272,7 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
     );
     // A shared session is in the store before the agent has its id, so its next request
     // finds it at any node. A store that fails leaves it served by this node only.
-    if !shared::write(server, &session, true).await {
+    if shared::write(server, &session, shared::Write::Create, true).await != shared::Written::Done {
         log::warn(format_args!(
             "server {}: a session is served by this node only (its record was not written)",
             server.name

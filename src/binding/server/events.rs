@@ -597,6 +597,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
                     watch = None;
                 } else if !shared::still_recorded(&server, &session).await {
                     reason = "deleted at another node";
+                    ending = Ending::Detach;
                     break;
                 }
                 continue;

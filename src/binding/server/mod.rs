@@ -19,7 +19,6 @@ use crate::config::ServerBinding;
 use crate::http::Method;
 use crate::metrics;
 use crate::runtime::Inboxes;
-use crate::runtime::notify::Notify;
 use crate::store::Store;
 use events::Session;
 use net::Request;
@@ -54,7 +53,7 @@ pub struct Server {
     pub(crate) shared: Option<Arc<dyn Store>>,
     /// Shared sessions being taken up from the store, by id: later requests for the same
     /// one wait for it. Invariant: `len() <= SHARED_SESSION_ADOPTIONS_MAX`.
-    pub(crate) adopting: RefCell<FastMap<Rc<str>, Rc<Notify>>>,
+    pub(crate) adopting: RefCell<FastMap<Rc<str>, Rc<shared::Adoption>>>,
     draining: Cell<bool>,
     /// Agents connect over TLS with the current config (swapped on SIGHUP); `None`: plain.
     pub(crate) tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,

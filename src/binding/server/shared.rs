@@ -74,6 +74,8 @@ pub struct Link {
     stale: Cell<bool>,
     /// A write is in flight (at most one per session at a time from [`touch`]).
     writing: Cell<bool>,
+    /// When the last write failed: the next is tried a touch interval later.
+    failed_at: Cell<Option<Instant>>,
     /// Wakes the session's task when the record changes at any node; taken by that task.
     pub(super) watch: RefCell<Option<Watch>>,
 }
@@ -86,6 +88,7 @@ impl Link {
             written: Cell::new(None),
             stale: Cell::new(true),
             writing: Cell::new(false),
+            failed_at: Cell::new(None),
             watch: RefCell::new(None),
         }
     }
@@ -192,12 +195,32 @@ fn touch_interval(server: &Server) -> Duration {
     server.cfg.session_timeout / SHARED_SESSION_TOUCHES_PER_TIMEOUT
 }
 
-/// Writes `session`'s record now (its latest activity and handoff); false if the store
-/// failed (counted; logged when `loud`: the periodic writes of many sessions to a store
-/// that is down would otherwise log one line each per interval).
-pub async fn write(server: &Server, session: &Session, loud: bool) -> bool {
+/// How a record is written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// The session was just opened here: the record is made.
+    Create,
+    /// Over the record that is there only: a record that is gone was deleted (a `DELETE`
+    /// at another node) and must not come back.
+    Update,
+}
+
+/// What came of a write.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Written {
+    Done,
+    /// [`Write::Update`] found no record: the session was ended elsewhere.
+    Gone,
+    /// The store failed (counted; logged if asked).
+    Failed,
+}
+
+/// Writes `session`'s record now (its latest activity and handoff). A failure is counted,
+/// and logged when `loud` (the periodic writes of many sessions to a store that is down
+/// would otherwise log one line each per interval).
+pub async fn write(server: &Server, session: &Session, how: Write, loud: bool) -> Written {
     let (Some(store), Some(link)) = (server.shared.as_ref(), session.shared.as_ref()) else {
-        return true;
+        return Written::Done;
     };
     let active = session.last_active();
     let record = encode(
@@ -207,20 +230,26 @@ pub async fn write(server: &Server, session: &Session, loud: bool) -> bool {
         unix_ms(active),
     );
     let Some(record) = record else {
-        return false;
+        return Written::Failed;
     };
-    link.stale.set(false);
+    let stale = link.stale.replace(false);
     link.writing.set(true);
     let key = key(&session.id);
-    let written = store.put_for(&key, record, record_ttl(server)).await;
+    let existing_only = how == Write::Update;
+    let written = store
+        .put_for(&key, record, record_ttl(server), existing_only)
+        .await;
     link.writing.set(false);
     match written {
-        Ok(_) => {
+        Ok(Some(_)) => {
             link.written.set(Some((active, Instant::now())));
-            true
+            link.failed_at.set(None);
+            Written::Done
         }
+        Ok(None) => Written::Gone,
         Err(e) => {
-            link.stale.set(true);
+            link.stale.set(stale || link.stale.get());
+            link.failed_at.set(Some(Instant::now()));
             metrics::with(|m| m.session_store_failures += 1);
             if loud {
                 log::warn(format_args!(
@@ -228,7 +257,7 @@ pub async fn write(server: &Server, session: &Session, loud: bool) -> bool {
                     server.name
                 ));
             }
-            false
+            Written::Failed
         }
     }
 }
@@ -244,6 +273,11 @@ pub fn touch(server: &Rc<Server>, session: &Rc<Session>) -> Option<Instant> {
     if link.writing.get() {
         return Some(now + interval);
     }
+    if let Some(failed) = link.failed_at.get()
+        && now < failed + interval
+    {
+        return Some(failed + interval);
+    }
     let due = match link.written.get() {
         Some((active, at)) if !link.stale.get() => {
             if now < at + interval {
@@ -257,7 +291,11 @@ pub fn touch(server: &Rc<Server>, session: &Rc<Session>) -> Option<Instant> {
         link.writing.set(true);
         let (server, session) = (server.clone(), session.clone());
         tokio::task::spawn_local(async move {
-            write(&server, &session, false).await;
+            if write(&server, &session, Write::Update, false).await == Written::Gone {
+                // Deleted at another node meanwhile: this copy goes too (that node ended
+                // the upstream sessions).
+                events::end(&server, &session, "deleted at another node", Ending::Detach);
+            }
         });
     }
     Some(now + interval)
@@ -320,7 +358,10 @@ pub async fn at_expiry(server: &Server, session: &Session) -> Ending {
 }
 
 /// True while the record of `session` is still in the store (its watch fired: a `DELETE`
-/// at another node removes it). A store that cannot be read keeps the session.
+/// at another node removes it). A store that cannot be read keeps the session. A record
+/// that is gone is let go of here without ending anything upstream (the caller detaches):
+/// the node that deleted it ended the upstream sessions, and a store that lost its data
+/// (a Redis restarted empty) must not make every node end every session upstream.
 pub async fn still_recorded(server: &Server, session: &Session) -> bool {
     let Some(store) = server.shared.as_ref() else {
         return true;
@@ -328,18 +369,26 @@ pub async fn still_recorded(server: &Server, session: &Session) -> bool {
     !matches!(store.get(&key(&session.id)).await, Ok(None))
 }
 
+/// One session being taken up: requests for the same one wait for it, and get its
+/// answer.
+#[derive(Default)]
+pub struct Adoption {
+    done: Notify,
+    failed: Cell<Option<(u16, &'static str)>>,
+}
+
 /// Ends an adoption's entry in the table of adoptions in flight, and wakes whoever waits
 /// for the same session.
 struct Adopting<'a> {
     server: &'a Server,
     id: Rc<str>,
-    done: Rc<Notify>,
+    adoption: Rc<Adoption>,
 }
 
 impl Drop for Adopting<'_> {
     fn drop(&mut self) {
         self.server.adopting.borrow_mut().remove(&self.id);
-        self.done.notify_waiters();
+        self.adoption.done.notify_waiters();
     }
 }
 
@@ -360,12 +409,13 @@ pub async fn adopt(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u
     let id: Rc<str> = Rc::from(id);
     // Another request of this worker is taking the same session up: wait for it.
     let waiting = server.adopting.borrow().get(&id).cloned();
-    if let Some(done) = waiting {
-        let notified = done.notified();
+    if let Some(adoption) = waiting {
+        let notified = adoption.done.notified();
         if server.adopting.borrow().contains_key(&id) {
             notified.await;
         }
-        return server.sessions.borrow().get(&id).cloned().ok_or(NOT_FOUND);
+        let found = server.sessions.borrow().get(&id).cloned();
+        return found.ok_or_else(|| adoption.failed.get().unwrap_or(NOT_FOUND));
     }
     if server.adopting.borrow().len() >= SHARED_SESSION_ADOPTIONS_MAX
         || server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX
@@ -373,16 +423,31 @@ pub async fn adopt(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u
         metrics::with(|m| m.overload_rejections += 1);
         return Err((503, "Service Unavailable: session table full"));
     }
-    let done = Rc::new(Notify::new());
+    let adoption = Rc::new(Adoption::default());
     server
         .adopting
         .borrow_mut()
-        .insert(id.clone(), done.clone());
+        .insert(id.clone(), adoption.clone());
     let _adopting = Adopting {
         server,
         id: id.clone(),
-        done,
+        adoption: adoption.clone(),
     };
+    let result = take_up(server, store.as_ref(), id, req).await;
+    if let Err(failure) = result {
+        adoption.failed.set(Some(failure));
+    }
+    result
+}
+
+/// [`adopt`]'s work once it is the one adoption of `id` on this worker.
+async fn take_up(
+    server: &Rc<Server>,
+    store: &dyn crate::store::Store,
+    id: Rc<str>,
+    req: &Request,
+) -> Result<Rc<Session>, (u16, &'static str)> {
+    const NOT_FOUND: (u16, &str) = (404, "Session not found");
     let record = match store.get(&key(&id)).await {
         Ok(Some(value)) => value,
         Ok(None) => return Err(NOT_FOUND),
@@ -413,12 +478,7 @@ pub async fn adopt(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u
         capabilities: record.capabilities.clone(),
         protocol_version: record.version,
         authorization: super::app::authorization(req),
-        adopt: Some(
-            record
-                .handoff
-                .clone()
-                .unwrap_or_else(|| Bytes::from_static(b"null")),
-        ),
+        adopt: record.handoff.clone(),
     };
     let begin = Begin::lifecycle(hello, Instant::now() + server.cfg.request_timeout);
     let (caller, callee) = stream::open(begin);
@@ -441,17 +501,28 @@ pub async fn adopt(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u
     );
     let session = Session::create(server, id, record.version, reply, caller, Some(link));
     metrics::with(|m| m.sessions_adopted += 1);
-    // The record now names this node's handoff and activity too.
-    write(server, &session, true).await;
+    // The record now names this node's handoff and activity too, unless the session was
+    // deleted at another node since it was read: then it is gone here too.
+    if write(server, &session, Write::Update, true).await == Written::Gone {
+        events::end(server, &session, "deleted at another node", Ending::Detach);
+        return Err(NOT_FOUND);
+    }
     Ok(session)
 }
 
-/// Ends or detaches every shared session held here (a drain): they live on at the other
-/// nodes, so they are let go of here only.
+/// Lets go of every shared session held here (a drain): they live on at the other nodes.
+/// One whose record was never written (the store was down when it opened) is known to no
+/// other node: it ends.
 pub fn detach_all(server: &Server) -> Vec<Rc<Session>> {
     let sessions: Vec<Rc<Session>> = server.sessions.borrow().values().cloned().collect();
     for s in &sessions {
-        events::end(server, s, "shutdown", Ending::Detach);
+        let recorded = s.shared.as_ref().is_some_and(|l| l.written.get().is_some());
+        let ending = if recorded {
+            Ending::Detach
+        } else {
+            Ending::End
+        };
+        events::end(server, s, "shutdown", ending);
     }
     sessions
 }
