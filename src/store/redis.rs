@@ -977,7 +977,12 @@ async fn resync(
     connection: &mut redis::aio::MultiplexedConnection,
     shared: &Shared,
 ) -> Result<(), String> {
-    let keys: Vec<Box<str>> = guard(&shared.watches).keys().cloned().collect();
+    let keys: Vec<Box<str>> = {
+        let mut watches = guard(&shared.watches);
+        // Keys nobody watches any more (shared sessions that ended) are not read again.
+        watches.retain(|_, tx| tx.receiver_count() > 0);
+        watches.keys().cloned().collect()
+    };
     if keys.is_empty() {
         return Ok(());
     }

@@ -11,7 +11,7 @@ checked on raw HTTP; one scenario drives the official SDK client.
   `mcpyard check`, naming `bindings.north.sessions.store`;
 - `initialize` on A writes `<prefix>value:session:<id>` = `<version>:<record>` before
   answering: `{"v":1,"version":"2025-11-25","capabilities":<the agent's>,"handoff":…,
-  "touched":<unix ms>}` with a TTL of about the session timeout; no credential in it (the
+  "touched":<unix ms>,"by":<the writing node's tag>}` with a TTL of about the session timeout; no credential in it (the
   agent's forwarded `Authorization` reaches the upstream from each request instead);
 - B, which never saw the session, serves tools/list and tools/call for it; requests
   alternating A, B, A, B all reach the same upstream session on every route, and each
@@ -77,7 +77,7 @@ TIMEOUT_S = 10
 UPSTREAM_SCRIPT = Path(__file__).resolve().parent / "upstreams" / "session_upstream.py"
 # mcpyard's session ids: 2 hex digits of node, 2 of worker, 22 of URL-safe base64.
 SESSION_ID = re.compile(r"[0-9a-f]{4}[A-Za-z0-9_-]{22}")
-RECORD_MEMBERS = {"v", "version", "capabilities", "handoff", "touched"}
+RECORD_MEMBERS = {"v", "version", "capabilities", "handoff", "touched", "by"}
 # What rawmcp.RawSession.initialize declares.
 AGENT_CAPABILITIES = {"elicitation": {}}
 # A forged record may be taken up (200, a working session) or refused as unknown (404); a
@@ -596,6 +596,37 @@ def test_kill_9_of_the_first_node_leaves_the_session_to_the_other(upstreams, red
             assert await upstream_session(raw, b) == u
             assert await status_of(raw, b, "ping") == 200
             assert opened_since(before, await upstream_stats(client, alpha)) == [u]
+
+    cluster.run(scenario)
+
+
+@pytest.mark.parametrize("shape", ["client", "proxy"])
+def test_a_session_the_upstream_forgot_is_renewed_in_the_record(upstreams, redis, tmp_path, shape):
+    """The upstream forgets the session (as after its restart: a DELETE straight to it);
+    A's next request gets the upstream's 404, opens a new upstream session and the
+    record names it, so B takes up the new one: no upstream initialize of its own."""
+    cluster = Cluster(upstreams, redis, tmp_path, shape=shape)
+    a, b = cluster.nodes
+    alpha = upstreams["alpha"].address
+    tool = cluster.tool("upstream_session")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            with RedisConn(redis.port) as conn:
+                raw = await open_session(client, a)
+                u = await upstream_session(raw, a, tool)
+                gone = await client.delete(alpha, headers={"mcp-session-id": u, "mcp-protocol-version": PROTOCOL})
+                assert gone.status_code in (200, 204), gone.status_code
+                renewed = await upstream_session(raw, a, tool)
+                assert renewed != u
+
+                async def record_names_it():
+                    return renewed in json.dumps(read_record(conn, cluster, raw.session_id)[1]["handoff"])
+
+                await poll(record_names_it, "the record did not come to name the new upstream session")
+                before = await upstream_stats(client, alpha)
+                assert await upstream_session(raw, b, tool) == renewed
+                assert opened_since(before, await upstream_stats(client, alpha)) == []
 
     cluster.run(scenario)
 

@@ -96,6 +96,8 @@ pub struct UpSession {
     /// The fixed part of this session's POST heads, as last written (see
     /// [`UpSession::post_head`]).
     head: RefCell<Option<HeadTemplate>>,
+    /// What the upstream serves, as its latest `initialize` said (for the handoff).
+    caps: Cell<Caps>,
 }
 
 /// A session's POST head up to its framing: everything but `content-length` and the empty
@@ -128,6 +130,7 @@ impl UpSession {
             restart: Cell::new(false),
             restarting: Notify::new(),
             head: RefCell::new(None),
+            caps: Cell::new(Caps::empty()),
         }
     }
 
@@ -325,6 +328,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
             ids.version = Some(handoff.version);
             ids.generation += 1;
             metrics::with(|m| m.upstream.adopted += 1);
+            session.caps.set(handoff.caps);
             Initialized {
                 caps: handoff.caps,
                 instructions: None,
@@ -672,6 +676,7 @@ async fn initialize(client: &Client, session: &UpSession) -> Result<Initialized,
     }
     let version = Bytes::copy_from_slice(parsed.protocol_version.as_bytes());
     let caps = parsed.capabilities.bits();
+    session.caps.set(caps);
     let instructions = parsed
         .instructions
         .filter(|raw| raw.get().starts_with('"'))
@@ -724,7 +729,17 @@ pub async fn reinitialize(client: &Client, session: &UpSession, generation: u64)
     }
     metrics::with(|m| m.upstream.reinitialized += 1);
     match initialize(client, session).await {
-        Ok(_) => true,
+        Ok(_) => {
+            // A shared session's record must name the new upstream session, or another
+            // node taking it up would find the old one gone and open one more.
+            if let Some(handoff) = Handoff::write(&session.ids.borrow(), session.caps.get()) {
+                session.post_now(Flush {
+                    id: None,
+                    event: Event::Handoff(handoff),
+                });
+            }
+            true
+        }
         Err(e) => {
             log::warn(format_args!(
                 "client {}: re-initializing the upstream session failed: {}",

@@ -559,9 +559,6 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             if !expiry(&session, timeout).0 {
                 continue;
             }
-            if decided == Ending::End {
-                shared::forget(&server, &session).await;
-            }
             reason = "expired";
             ending = decided;
             break;
@@ -593,12 +590,10 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             () = session.closed_wait() => None,
             () = tokio::time::sleep_until(check_at.into()) => continue,
             alive = record_changed => {
-                if !alive {
+                if alive {
+                    shared::recheck(&server, &session);
+                } else {
                     watch = None;
-                } else if !shared::still_recorded(&server, &session).await {
-                    reason = "deleted at another node";
-                    ending = Ending::Detach;
-                    break;
                 }
                 continue;
             }
@@ -639,6 +634,11 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
         }
     }
     end(&server, &session, reason, ending);
+    if reason == "expired" && ending == Ending::End {
+        // Out of the table first, so no request is served and then cut off meanwhile;
+        // then the record goes, so no node takes the session up again.
+        shared::forget(&server, &session).await;
+    }
 }
 
 /// Answers the exit's server-to-client request `id` for the agent, with a JSON-RPC error,

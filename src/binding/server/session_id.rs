@@ -29,7 +29,12 @@ pub fn owner(id: &[u8]) -> Option<(u8, u8)> {
     if id.len() != SESSION_ID_LEN {
         return None;
     }
-    let hex = std::str::from_utf8(id.get(..4)?).ok()?;
+    let head = id.get(..4)?;
+    // Hex digits only (`from_str_radix` would take a sign too).
+    if !head.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    let hex = std::str::from_utf8(head).ok()?;
     let node = u8::from_str_radix(hex.get(..2)?, 16).ok()?;
     let worker = u8::from_str_radix(hex.get(2..)?, 16).ok()?;
     let tail = id.get(4..)?;
@@ -61,6 +66,7 @@ mod tests {
             &b""[..],
             b"0007",
             b"zz07AAAAAAAAAAAAAAAAAAAAAA",
+            b"+f+fAAAAAAAAAAAAAAAAAAAAAA",
             b"0007AAAAAAAAAAAAAAAAAAAA A",
         ] {
             assert_eq!(owner(bad), None, "{bad:?}");

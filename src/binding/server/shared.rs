@@ -56,6 +56,45 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// The record format this build writes and reads.
 const RECORD_FORMAT: u64 = 1;
 
+/// Log lines about the session store, per worker, at most once per this long (a store
+/// that is down would otherwise log once per request or session).
+const STORE_LOG_SPACING: Duration = Duration::from_secs(10);
+
+thread_local! {
+    /// When this worker last logged a session store failure.
+    static STORE_LOGGED: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// True if a session store failure may be logged now (see [`STORE_LOG_SPACING`]); the
+/// failures are all counted either way.
+fn store_log_due() -> bool {
+    STORE_LOGGED.with(|last| {
+        let now = Instant::now();
+        if last.get().is_some_and(|at| now < at + STORE_LOG_SPACING) {
+            return false;
+        }
+        last.set(Some(now));
+        true
+    })
+}
+
+/// This process's tag in the records it writes (random, once): a node whose copy of a
+/// session expires ends it for the cluster when the record's last writer is itself.
+fn node_tag() -> u64 {
+    static TAG: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TAG.get_or_init(|| {
+        let mut bytes = [0u8; 8];
+        if getrandom::fill(&mut bytes).is_err() {
+            // No entropy: the process id and the time tell nodes apart well enough.
+            let time = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            return time ^ u64::from(std::process::id()).rotate_left(32);
+        }
+        u64::from_le_bytes(bytes)
+    })
+}
+
 /// The store key of session `id`'s record (`id` is of our format: checked by the caller).
 pub fn key(id: &str) -> String {
     format!("session:{id}")
@@ -76,6 +115,8 @@ pub struct Link {
     writing: Cell<bool>,
     /// When the last write failed: the next is tried a touch interval later.
     failed_at: Cell<Option<Instant>>,
+    /// A read of the record after its watch fired is in flight ([`recheck`]).
+    checking: Cell<bool>,
     /// Wakes the session's task when the record changes at any node; taken by that task.
     pub(super) watch: RefCell<Option<Watch>>,
 }
@@ -89,6 +130,7 @@ impl Link {
             stale: Cell::new(true),
             writing: Cell::new(false),
             failed_at: Cell::new(None),
+            checking: Cell::new(false),
             watch: RefCell::new(None),
         }
     }
@@ -112,6 +154,8 @@ struct RecordJson<'a> {
     handoff: Option<&'a RawValue>,
     /// The last activity written, in milliseconds since the Unix epoch.
     touched: u64,
+    /// The writing node's tag ([`node_tag`]).
+    by: u64,
 }
 
 /// A record read back and checked.
@@ -121,6 +165,7 @@ pub struct Record {
     pub capabilities: Bytes,
     pub handoff: Option<Bytes>,
     pub touched: u64,
+    pub by: u64,
 }
 
 /// Writes a record; `None` if a part is not JSON (our own values: not expected).
@@ -144,6 +189,7 @@ fn encode(
         capabilities: &capabilities,
         handoff: handoff.as_deref(),
         touched,
+        by: node_tag(),
     };
     serde_json::to_vec(&json).ok().map(Bytes::from)
 }
@@ -172,6 +218,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, &'static str> {
         capabilities: bytes_of(json.capabilities),
         handoff: json.handoff.filter(|h| h.get() != "null").map(bytes_of),
         touched: json.touched,
+        by: json.by,
     })
 }
 
@@ -251,7 +298,7 @@ pub async fn write(server: &Server, session: &Session, how: Write, loud: bool) -
             link.stale.set(stale || link.stale.get());
             link.failed_at.set(Some(Instant::now()));
             metrics::with(|m| m.session_store_failures += 1);
-            if loud {
+            if loud && store_log_due() {
                 log::warn(format_args!(
                     "server {}: a shared session's record was not written: {e}",
                     server.name
@@ -341,32 +388,56 @@ pub async fn at_expiry(server: &Server, session: &Session) -> Ending {
         Ok(Some(value)) => decode(&value.bytes),
         Err(e) => {
             metrics::with(|m| m.session_store_failures += 1);
-            log::warn(format_args!(
-                "server {}: a shared session expired here while its record could not be \
-                 read ({e}); letting it go here only",
-                server.name
-            ));
+            if store_log_due() {
+                log::warn(format_args!(
+                    "server {}: a shared session expired here while its record could not \
+                     be read ({e}); letting it go here only",
+                    server.name
+                ));
+            }
             return Ending::Detach;
         }
     };
     let timeout = u64::try_from(server.cfg.session_timeout.as_millis()).unwrap_or(u64::MAX);
     let now = unix_ms(Instant::now());
     match record {
-        Ok(record) if record.touched.saturating_add(timeout) > now => Ending::Detach,
+        // Another node wrote it last, with activity within the timeout (and not from the
+        // future: a forged or skewed time cannot keep a session from ending).
+        Ok(record)
+            if record.by != node_tag()
+                && record.touched.saturating_add(timeout) > now
+                && record.touched <= now.saturating_add(timeout) =>
+        {
+            Ending::Detach
+        }
         _ => Ending::End,
     }
 }
 
-/// True while the record of `session` is still in the store (its watch fired: a `DELETE`
-/// at another node removes it). A store that cannot be read keeps the session. A record
-/// that is gone is let go of here without ending anything upstream (the caller detaches):
-/// the node that deleted it ended the upstream sessions, and a store that lost its data
-/// (a Redis restarted empty) must not make every node end every session upstream.
-pub async fn still_recorded(server: &Server, session: &Session) -> bool {
-    let Some(store) = server.shared.as_ref() else {
-        return true;
+/// The record of `session` changed at some node (its watch fired): reads it in a task of
+/// its own (one at a time per session, so the session's task never waits on the store),
+/// and lets go of the session here when the record is gone (a `DELETE` at another node).
+/// A record that is gone is let go of without ending anything upstream: the node that
+/// deleted it ended the upstream sessions, and a store that lost its data (a Redis
+/// restarted empty) must not make every node end every session upstream. A store that
+/// cannot be read keeps the session.
+pub fn recheck(server: &Rc<Server>, session: &Rc<Session>) {
+    let (Some(store), Some(link)) = (server.shared.clone(), session.shared.as_ref()) else {
+        return;
     };
-    !matches!(store.get(&key(&session.id)).await, Ok(None))
+    if link.checking.replace(true) {
+        return;
+    }
+    let (server, session) = (server.clone(), session.clone());
+    tokio::task::spawn_local(async move {
+        let gone = matches!(store.get(&key(&session.id)).await, Ok(None));
+        if let Some(link) = session.shared.as_ref() {
+            link.checking.set(false);
+        }
+        if gone {
+            events::end(&server, &session, "deleted at another node", Ending::Detach);
+        }
+    });
 }
 
 /// One session being taken up: requests for the same one wait for it, and get its
@@ -453,10 +524,12 @@ async fn take_up(
         Ok(None) => return Err(NOT_FOUND),
         Err(e) => {
             metrics::with(|m| m.session_store_failures += 1);
-            log::warn(format_args!(
-                "server {}: a shared session could not be looked up: {e}",
-                server.name
-            ));
+            if store_log_due() {
+                log::warn(format_args!(
+                    "server {}: a shared session could not be looked up: {e}",
+                    server.name
+                ));
+            }
             return Err((503, "Service Unavailable: the session store cannot be read"));
         }
     };
@@ -546,6 +619,7 @@ mod tests {
         assert_eq!(back.version, "2025-11-25");
         assert_eq!(&back.capabilities[..], br#"{"roots":{"listChanged":true}}"#);
         assert_eq!(back.touched, 1_700_000_000_000);
+        assert_eq!(back.by, node_tag());
         assert!(back.handoff.is_some());
         let none = encode("2025-06-18", b"{}", None, 1).expect("JSON");
         assert_eq!(decode(&none).expect("ours").handoff, None);
@@ -554,7 +628,7 @@ mod tests {
     #[test]
     fn hostile_records_are_refused_not_used() {
         let big = format!(
-            r#"{{"v":1,"version":"2025-11-25","capabilities":{{"x":"{}"}},"handoff":null,"touched":1}}"#,
+            r#"{{"v":1,"version":"2025-11-25","capabilities":{{"x":"{}"}},"handoff":null,"touched":1,"by":1}}"#,
             "a".repeat(SHARED_SESSION_RECORD_BYTES_MAX)
         );
         for bad in [
@@ -563,15 +637,16 @@ mod tests {
             b"null",
             b"[]",
             b"{}",
-            br#"{"v":2,"version":"2025-11-25","capabilities":{},"handoff":null,"touched":1}"#,
-            br#"{"v":1,"version":"1999-01-01","capabilities":{},"handoff":null,"touched":1}"#,
-            br#"{"v":1,"version":"2025-11-25\r\n","capabilities":{},"handoff":null,"touched":1}"#,
-            br#"{"v":1,"version":"2025-11-25","capabilities":[],"handoff":null,"touched":1}"#,
-            br#"{"v":1,"version":"2025-11-25","capabilities":"{}","handoff":null,"touched":1}"#,
-            br#"{"v":1,"version":"2025-11-25","capabilities":{},"handoff":null,"touched":-1}"#,
-            br#"{"v":1,"version":"2025-11-25","capabilities":{},"handoff":null}"#,
-            br#"{"v":1,"version":"2025-11-25","capabilities":{,"handoff":null,"touched":1}"#,
+            br#"{"v":2,"version":"2025-11-25","capabilities":{},"handoff":null,"touched":1,"by":1}"#,
+            br#"{"v":1,"version":"1999-01-01","capabilities":{},"handoff":null,"touched":1,"by":1}"#,
+            br#"{"v":1,"version":"2025-11-25\r\n","capabilities":{},"handoff":null,"touched":1,"by":1}"#,
+            br#"{"v":1,"version":"2025-11-25","capabilities":[],"handoff":null,"touched":1,"by":1}"#,
+            br#"{"v":1,"version":"2025-11-25","capabilities":"{}","handoff":null,"touched":1,"by":1}"#,
+            br#"{"v":1,"version":"2025-11-25","capabilities":{},"handoff":null,"touched":-1,"by":1}"#,
+            br#"{"v":1,"version":"2025-11-25","capabilities":{},"handoff":null,"by":1}"#,
+            br#"{"v":1,"version":"2025-11-25","capabilities":{,"handoff":null,"touched":1,"by":1}"#,
             big.as_bytes(),
+            br#"{"v":1,"version":"2025-11-25","capabilities":{},"handoff":null,"touched":1}"#,
         ] {
             assert!(
                 decode(bad).is_err(),
