@@ -296,9 +296,10 @@ pub const REDIS_PING_INTERVAL: Duration = Duration::from_secs(1);
 pub const REDIS_WATCHES_MAX: usize = 64 * 1024;
 const _: () = assert!(MEMORY_STORE_KEYS_MAX <= REDIS_WATCHES_MAX);
 
-/// Largest value a redis store writes: Redis's own limit on one string (512 MiB), less
-/// room for the version in front of it.
-pub const REDIS_VALUE_BYTES_MAX: usize = 512 * 1024 * 1024 - 64;
+/// Largest value a redis store writes or reads back: the largest any of its users writes
+/// (a cached list). A larger value found in Redis (written by someone else) is an error,
+/// refused by Redis itself before a byte of it is sent, so it costs the node no memory.
+pub const REDIS_VALUE_BYTES_MAX: usize = CACHE_LIST_BYTES_MAX;
 
 const _: () = assert!(REDIS_INFLIGHT_MAX <= REDIS_QUEUE_LEN);
 const _: () = assert!(REDIS_RECONNECT_MIN.as_millis() < REDIS_RECONNECT_MAX.as_millis());

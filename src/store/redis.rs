@@ -74,6 +74,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
 
+/// What a store publishes on its change channel once per ping interval (see `follow`):
+/// not `<version> <key>`, so every node's watches ignore it.
+const HEARTBEAT: &str = "heartbeat";
+
 /// Longest version prefix: `u64::MAX` has 20 digits.
 const VERSION_DIGITS_MAX: usize = 20;
 
@@ -96,6 +100,15 @@ redis.call('APPEND', KEYS[1], ARGV[1])
 if tonumber(ARGV[4]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
 redis.call('PUBLISH', ARGV[2], v .. ' ' .. ARGV[3])
 return version
+";
+
+/// Reads a value, unless it is longer than the store reads (checked before it is sent).
+/// KEYS: the value's key. ARGV: the longest value read, version prefix included.
+const GET_SCRIPT: &str = r"
+if redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[1]) then
+  return redis.error_reply('value larger than mcpyard reads')
+end
+return redis.call('GET', KEYS[1])
 ";
 
 /// Removes a value and, if there was one, tells of it with a new version.
@@ -452,6 +465,7 @@ impl Store for RedisStore {
 
 /// The store thread's scripts (their SHA1 is computed once).
 struct Scripts {
+    get: redis::Script,
     put: redis::Script,
     delete: redis::Script,
     renew: redis::Script,
@@ -496,6 +510,7 @@ async fn serve(
 ) {
     let link = Rc::new(Link::default());
     let scripts = Rc::new(Scripts {
+        get: redis::Script::new(GET_SCRIPT),
         put: redis::Script::new(PUT_SCRIPT),
         delete: redis::Script::new(DELETE_SCRIPT),
         renew: redis::Script::new(RENEW_SCRIPT),
@@ -641,9 +656,11 @@ async fn run(
 ) -> Result<Reply, Failure> {
     let reply: redis::Value = match &op {
         Op::Get => {
-            redis::cmd("GET")
-                .arg(shared.value_key(key))
-                .query_async(connection)
+            scripts
+                .get
+                .key(shared.value_key(key))
+                .arg(REDIS_VALUE_BYTES_MAX + VERSION_DIGITS_MAX + 1)
+                .invoke_async(connection)
                 .await
         }
         Op::Put(bytes, ttl, existing_only) => {
@@ -913,7 +930,14 @@ async fn follow(
     }
     let mut ping = tokio::time::interval(REDIS_PING_INTERVAL);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The ping is a heartbeat published on the change channel: its answer proves the
+    // command connection, and hearing it (or any message) proves the subscriber, which
+    // could otherwise die without a word (a partition) and leave every watch deaf.
+    let mut heard = Instant::now();
     loop {
+        if heard.elapsed() > REDIS_PING_INTERVAL + REDIS_OPERATION_TIMEOUT {
+            return "the subscriber heard nothing, not even its own heartbeat".to_owned();
+        }
         // This thread runs tokio's epoll loop, not a worker's io_uring: what `select!`
         // drops here (a channel receive, a timer, a ping's reply wait on the multiplexed
         // connection, whose driver task goes on) is safe to drop.
@@ -922,6 +946,7 @@ async fn follow(
                 let Some(message) = message else {
                     return "the subscriber connection closed".to_owned();
                 };
+                heard = Instant::now();
                 apply_change(shared, message.get_payload_bytes());
             }
             () = link.failure.notified() => {
@@ -932,7 +957,10 @@ async fn follow(
             _ = ping.tick() => {
                 let pong = tokio::time::timeout(
                     REDIS_OPERATION_TIMEOUT,
-                    redis::cmd("PING").query_async::<redis::Value>(&mut connection),
+                    redis::cmd("PUBLISH")
+                        .arg(shared.channel())
+                        .arg(HEARTBEAT)
+                        .query_async::<redis::Value>(&mut connection),
                 )
                 .await;
                 match pong {
@@ -1067,6 +1095,7 @@ mod unit {
 
     #[test]
     fn change_messages_parse_or_are_ignored() {
+        assert_eq!(parse_change(HEARTBEAT.as_bytes()), None);
         assert_eq!(parse_change(b"5 tools/tools"), Some((5, "tools/tools")));
         assert_eq!(parse_change(b"5 a b"), Some((5, "a b")));
         for bad in [

@@ -243,10 +243,13 @@ fn hostile_stored_values_are_store_errors() {
     server.raw(&["SET", "h:value:nover", "no version here"]);
     server.raw(&["SET", "h:value:zero", "0:x"]);
     server.raw(&["HSET", "h:value:hash", "f", "v"]);
+    // Larger than the store reads: made in Redis (zeros up to the offset), never sent.
+    let past = (crate::limits::REDIS_VALUE_BYTES_MAX + 64).to_string();
+    server.raw(&["SETRANGE", "h:value:huge", &past, "x"]);
     run_local(async {
         let store = server.store("h", "h:");
         connected(&store).await;
-        for key in ["nover", "zero", "hash"] {
+        for key in ["nover", "zero", "hash", "huge"] {
             let e = store.get(key).await.expect_err(key);
             assert!(e.message.starts_with("redis store h: "), "{e}");
         }

@@ -23,8 +23,9 @@
 //!   first hydration) joins as soon as it answers, and a failing route costs the others
 //!   no extra listing. Every lease is renewed at a third of its TTL for as long as the
 //!   work it guards runs (opening the session, a slow list), so a slow upstream makes the
-//!   cache slow, never absent. A renewal that fails stops the work; another worker takes
-//!   over once the lease has expired.
+//!   cache slow, never absent. A renewal the store refuses (another holds the lease) stops
+//!   the work; one that errs is tried again while the lease could still be held; another
+//!   worker takes over once the lease has expired.
 //!
 //! **Identity.** A route whose client forwards the agent's `Authorization` may answer each
 //! agent differently, and the cache holds what it gave the cache's own credential. So a
@@ -669,17 +670,41 @@ struct Lease<'a> {
 }
 
 impl Lease<'_> {
+    /// Renews the lease, renewed last at `renewed`; false once it is lost. The store saying
+    /// the token no longer holds it is final; a store error (a timeout, a reconnection) is
+    /// tried again every tenth of the TTL for as long as the lease, counted from its last
+    /// renewal, could still be held, so one slow answer does not give the lease up early.
+    async fn keep(&self, renewed: &mut Instant) -> bool {
+        loop {
+            match self.store.renew(self.key, self.token, self.ttl).await {
+                Ok(true) => {
+                    *renewed = Instant::now();
+                    return true;
+                }
+                Ok(false) => return false,
+                Err(_) => {
+                    let retry = Instant::now() + self.ttl / 10;
+                    if retry >= *renewed + self.ttl {
+                        return false;
+                    }
+                    tokio::time::sleep_until(retry.into()).await;
+                }
+            }
+        }
+    }
+
     /// Runs `work` while renewing the lease every third of its TTL; `None` (the work
-    /// dropped) once a renewal fails: the work is someone else's by then.
+    /// dropped) once the lease is lost: the work is someone else's by then.
     async fn renewing<T>(&self, work: impl Future<Output = T>) -> Option<T> {
         let mut work = std::pin::pin!(work);
+        let mut renewed = Instant::now();
         loop {
-            let renew_at = tokio::time::sleep(self.ttl / 3);
+            let renew_at = tokio::time::sleep_until((renewed + self.ttl / 3).into());
             tokio::select! {
                 biased;
                 out = &mut work => return Some(out),
                 () = renew_at => {
-                    if !matches!(self.store.renew(self.key, self.token, self.ttl).await, Ok(true)) {
+                    if !self.keep(&mut renewed).await {
                         return None;
                     }
                 }
@@ -737,7 +762,8 @@ async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
         failing: [0; 4],
     };
     let mut next_ttl = Instant::now() + cache.setup.ttl;
-    let mut renew_at = Instant::now() + lease.ttl / 3;
+    let mut renewed = Instant::now();
+    let mut renew_at = renewed + lease.ttl / 3;
     let mut running: Option<Refresh> = None;
     loop {
         let stopped = cache.stop.notified();
@@ -784,9 +810,9 @@ async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
             } => Wake::Refresh(retry.due(Instant::now())),
         };
         match wake {
-            Wake::Renew => match lease.store.renew(key, token, lease.ttl).await {
-                Ok(true) => renew_at = Instant::now() + lease.ttl / 3,
-                _ => {
+            Wake::Renew => match lease.keep(&mut renewed).await {
+                true => renew_at = renewed + lease.ttl / 3,
+                false => {
                     log::warn(format_args!(
                         "cache: worker {} lost the hydration lease of proxy {}",
                         proxy.worker, proxy.name
@@ -1194,6 +1220,98 @@ pub fn encode_list(array: &str, labels: &[&str], fragments: &[Option<Bytes>]) ->
 #[cfg(test)]
 mod unit {
     use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{StoreError, StoreFuture, Watch};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// The memory store, whose next `renew`s fail with a store error.
+    #[derive(Default)]
+    struct Flaky {
+        inner: MemoryStore,
+        renew_errors: AtomicU32,
+    }
+
+    impl Store for Flaky {
+        fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Value>> {
+            self.inner.get(key)
+        }
+        fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {
+            self.inner.put(key, bytes)
+        }
+        fn put_for<'a>(
+            &'a self,
+            key: &'a str,
+            bytes: Bytes,
+            ttl: Duration,
+            existing_only: bool,
+        ) -> StoreFuture<'a, Option<u64>> {
+            self.inner.put_for(key, bytes, ttl, existing_only)
+        }
+        fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
+            self.inner.delete(key)
+        }
+        fn lock<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Option<Token>> {
+            self.inner.lock(key, ttl)
+        }
+        fn renew<'a>(
+            &'a self,
+            key: &'a str,
+            token: &'a Token,
+            ttl: Duration,
+        ) -> StoreFuture<'a, bool> {
+            let failing = self
+                .renew_errors
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok();
+            if failing {
+                let error = StoreError {
+                    message: "no answer in time".to_owned(),
+                };
+                return Box::pin(std::future::ready(Err(error)));
+            }
+            self.inner.renew(key, token, ttl)
+        }
+        fn unlock<'a>(&'a self, key: &'a str, token: &'a Token) -> StoreFuture<'a, bool> {
+            self.inner.unlock(key, token)
+        }
+        fn watch(&self, key: &str) -> Result<Watch, StoreError> {
+            self.inner.watch(key)
+        }
+    }
+
+    #[test]
+    fn a_renewal_that_errs_is_tried_again_while_the_lease_could_be_held() {
+        crate::testing::run_local(async {
+            let store = Flaky::default();
+            let ttl = Duration::from_millis(400);
+            let Ok(Some(token)) = store.lock("l", ttl).await else {
+                panic!("the lease is free")
+            };
+            let lease = Lease {
+                store: &store,
+                key: "l",
+                token: &token,
+                ttl,
+            };
+            // Two errors, then an answer: still held.
+            store.renew_errors.store(2, Ordering::Release);
+            let mut renewed = Instant::now();
+            assert!(lease.keep(&mut renewed).await);
+            assert_eq!(store.renew_errors.load(Ordering::Acquire), 0);
+            // Errors for longer than the lease could be held: given up, in bounded time.
+            store.renew_errors.store(1000, Ordering::Release);
+            let started = Instant::now();
+            assert!(!lease.keep(&mut renewed).await);
+            assert!(started.elapsed() < ttl + ttl / 5, "{:?}", started.elapsed());
+            // Another holds it: final at once.
+            store.renew_errors.store(0, Ordering::Release);
+            assert_eq!(store.unlock("l", &token).await, Ok(true));
+            assert!(store.lock("l", ttl).await.is_ok_and(|t| t.is_some()));
+            let started = Instant::now();
+            assert!(!lease.keep(&mut renewed).await);
+            assert!(started.elapsed() < ttl / 10);
+        });
+    }
 
     fn f(s: &'static str) -> Option<Bytes> {
         Some(Bytes::from_static(s.as_bytes()))
