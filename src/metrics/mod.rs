@@ -962,7 +962,7 @@ pub fn render(workers: &[WorkerMetrics]) -> String {
             all.sessions_detached,
         ),
         (
-            "mcpyard_session_store_failures_total",
+            "mcpyard_sessions_store_failures_total",
             "Shared-session record reads and writes that failed.",
             all.session_store_failures,
         ),

@@ -137,6 +137,8 @@ pub struct ProxySession {
     pub hydration: bool,
     /// The caller detached: the routes' sessions live on at another node.
     detached: Cell<bool>,
+    /// The session was taken up from another node's handoff.
+    adopted: Cell<bool>,
     /// A route opened, ended or renewed its handoff since the caller was answered: the
     /// relay sends the caller the session's new handoff.
     handoff_changed: Cell<bool>,
@@ -147,6 +149,7 @@ impl ProxySession {
         ProxySession {
             hydration,
             detached: Cell::new(false),
+            adopted: Cell::new(false),
             handoff_changed: Cell::new(false),
             id,
             capabilities: hello.capabilities.clone(),
@@ -680,7 +683,10 @@ async fn start(
         _ => None,
     };
     let mut reply = match adopted {
-        Some(reply) => reply,
+        Some(reply) => {
+            session.adopted.set(true);
+            reply
+        }
         None => opening(proxy, session, callee, hydration).await?,
     };
     reply.handoff = session.handoff(proxy);
@@ -1096,11 +1102,20 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
                 return;
             }
             Step::Initial(Some(Frame::Begin(_) | Frame::Flush(_))) => {}
-            Step::Initial(Some(Frame::End | Frame::Abort) | None) => return,
+            Step::Initial(Some(Frame::End | Frame::Abort)) => return,
+            Step::Initial(None) => {
+                // The caller went away without a word: a session taken up from another
+                // node's handoff may be in use there, so it is let go of, not ended.
+                session.detached.set(session.adopted.get());
+                return;
+            }
             Step::Throttle(Some(Throttle::Challenge(challenge))) => {
                 on_challenge(proxy, session, challenge);
             }
-            Step::Throttle(Some(Throttle::Reset(_)) | None) => return,
+            Step::Throttle(Some(Throttle::Reset(_)) | None) => {
+                session.detached.set(session.adopted.get());
+                return;
+            }
             Step::Route(i, life, frame) => {
                 let out = on_route_frame(proxy, session, i, &life, frame);
                 if let Some(flush) = out

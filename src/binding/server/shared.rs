@@ -43,7 +43,7 @@ use crate::limits::{
 };
 use crate::runtime::notify::Notify;
 use crate::store::Watch;
-use crate::stream::{self, Begin, ClientHello, Frame};
+use crate::stream::{self, Begin, ClientHello, Event, Flush, Frame};
 use crate::{log, metrics};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -558,7 +558,7 @@ async fn take_up(
     server.exit.open(callee);
     let first = tokio::time::timeout(server.cfg.request_timeout, caller.reply.next()).await;
     let Ok(Some(Frame::Begin(reply))) = first else {
-        caller.initial.abort();
+        let_go(&caller);
         log::warn(format_args!(
             "server {}: a shared session could not be taken up: its exit did not open it",
             server.name
@@ -568,6 +568,12 @@ async fn take_up(
             "Service Unavailable: the session could not be taken up",
         ));
     };
+    if server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
+        // Filled up while the exit was asked.
+        let_go(&caller);
+        metrics::with(|m| m.overload_rejections += 1);
+        return Err((503, "Service Unavailable: session table full"));
+    }
     let link = Link::new(
         record.capabilities,
         reply.handoff.clone().or(record.handoff),
@@ -581,6 +587,17 @@ async fn take_up(
         return Err(NOT_FOUND);
     }
     Ok(session)
+}
+
+/// Ends a lifecycle opened to take a session up without ending the session upstream: the
+/// exit's sessions may be in use at other nodes.
+fn let_go(caller: &stream::Caller) {
+    let detach = Flush {
+        id: None,
+        event: Event::Detach,
+    };
+    let _ = caller.initial.try_flush(detach);
+    caller.initial.end();
 }
 
 /// Lets go of every shared session held here (a drain): they live on at the other nodes.
