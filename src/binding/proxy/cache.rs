@@ -571,10 +571,15 @@ async fn lease_loop(proxy: Weak<Proxy>) {
         let Some(cache) = p.cache.as_ref() else {
             return;
         };
+        let key = format!("{}lifecycle.lock", cache.prefix);
         if cache.stopping.get() {
+            // One last try to release a lease the store could not be told about, so a
+            // node that stops does not hold the others up until it expires.
+            if let Some(token) = unreleased.take() {
+                let _ = cache.setup.store.unlock(&key, &token).await;
+            }
             return;
         }
-        let key = format!("{}lifecycle.lock", cache.prefix);
         if let Some(token) = unreleased.take()
             && cache.setup.store.unlock(&key, &token).await.is_err()
         {
