@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 
 use crate::binding::proxy::event_id::Prefixes;
 use crate::binding::proxy::{cache, rename};
-use crate::binding::server::{app, events};
+use crate::binding::server::{app, get, reply, session};
 use crate::stream::{BearerChallenge, Kind};
 
 /// A `Last-Event-ID` as the server reads it (mirrors the server's private type).
@@ -35,19 +35,19 @@ pub enum LastEventId {
 
 /// Reads a `Last-Event-ID` header value the way the server's GET handler does.
 pub fn parse_last_event_id(raw: &[u8]) -> Option<LastEventId> {
-    events::parse_event_id(raw).map(|parsed| match parsed {
-        events::LastEvent::Ours { stream, seq, exit } => LastEventId::Ours {
+    get::parse_event_id(raw).map(|parsed| match parsed {
+        get::LastEvent::Ours { stream, seq, exit } => LastEventId::Ours {
             stream,
             seq,
             exit: exit.map(str::to_owned),
         },
-        events::LastEvent::Foreign(text) => LastEventId::Foreign(text.to_owned()),
+        get::LastEvent::Foreign(text) => LastEventId::Foreign(text.to_owned()),
     })
 }
 
 /// True if the server puts exit id `exit` into its own event ids (`0.<seq>:<exit>`).
 pub fn exit_id_carried(exit: &str) -> bool {
-    events::exit_id_carried(exit)
+    session::exit_id_carried(exit)
 }
 
 /// The proxy's aggregate event-id codec over a fixed set of route prefixes.
@@ -85,7 +85,7 @@ impl EventPrefixes {
 
 /// The `WWW-Authenticate` value the server sends the agent for an upstream's challenge.
 pub fn render_bearer(challenge: &BearerChallenge) -> String {
-    events::render_bearer(challenge)
+    reply::render_bearer(challenge)
 }
 
 /// The proxy's in-flight params rename: bytes `start..end` of a stream replaced by `with`.

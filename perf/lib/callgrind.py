@@ -156,11 +156,12 @@ STAGES = [
                                   r"^mcpyard::runtime::slots::Slots::(lend|give_back)$"),
     ("admission, JSON-RPC parse, session", r"^mcpyard::binding::server::Server::handle$|"
                                            r"^mcpyard::jsonrpc::envelope::parse_envelope$|"
-                                           r"^mcpyard::binding::server::app::(target_of|accepts|authorization)$|"
+                                           r"^mcpyard::binding::server::app::target_of$|"
+                                           r"^mcpyard::binding::server::edge::(accepts|authorization)$|"
                                            r"^mcpyard::jsonrpc::params::progress_token$|"
                                            r"^mcpyard::jsonrpc::id::RequestId::key$|"
-                                           r"^mcpyard::binding::server::events::(session_for|lookup)$|"
-                                           r"^mcpyard::binding::server::events::Session::(register|unregister)$"),
+                                           r"^mcpyard::binding::server::session::(session_for|find|lookup)$|"
+                                           r"^mcpyard::binding::server::session::Session::(register|unregister)$"),
     ("exit hand-off (internal stream)", r"^mcpyard::stream::pipe::|"
                                         r"^<mcpyard::binding::client::Client as mcpyard::binding::Exit>::serve$|"
                                         r"^mcpyard::binding::client::request::Exchange::relay_held"),

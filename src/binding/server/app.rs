@@ -6,8 +6,10 @@
 //! whose events are kept (bounded) for `Last-Event-ID` resume. Result bytes are the
 //! exit's, verbatim, wrapped in an envelope echoing the agent's request id lexeme.
 
-use super::events::{self, Session};
+use super::edge::{accepts, authorization, http_error, http_error_code, media_type, rpc_error};
 use super::net::Request;
+use super::reply;
+use super::session::{self, Session};
 use super::shared::{self, Link};
 use super::sink::Sink;
 use super::{PROTOCOL_VERSIONS, Server, session_id};
@@ -21,78 +23,6 @@ use crate::stream::{self, Begin, Caps, ClientHello, Frame, Kind, Reset, TargetAt
 use bytes::{Bytes, BytesMut};
 use std::rc::Rc;
 use std::time::Instant;
-
-/// Writes an HTTP error whose body is a JSON-RPC error without id (MCP allows this for
-/// transport-level refusals), or the given id.
-pub async fn http_error(sink: Sink, status: u16, message: &str, id: Option<&str>) {
-    let code = match status {
-        400 | 406 | 415 => jsonrpc::INVALID_REQUEST,
-        404 => jsonrpc::INVALID_REQUEST,
-        _ => jsonrpc::INTERNAL_ERROR,
-    };
-    http_error_code(sink, status, code, message, id).await;
-}
-
-/// Like [`http_error`], with the JSON-RPC error code given: a body that is not JSON must
-/// be answered -32700 (JSON-RPC 2.0 §5.1), not the -32600 `http_error` picks for a 400.
-async fn http_error_code(sink: Sink, status: u16, code: i32, message: &str, id: Option<&str>) {
-    let mut body = BytesMut::with_capacity(128);
-    jsonrpc::write_error(id, code, message, None, &mut body);
-    let allow: &[(&str, &[u8])] = if status == 405 {
-        &[
-            ("content-type", b"application/json"),
-            ("allow", b"GET, POST, DELETE"),
-        ]
-    } else {
-        &[("content-type", b"application/json")]
-    };
-    metrics::with(|m| m.http_errors += 1);
-    let _ = sink.respond(status, allow, &body).await;
-}
-
-/// Writes a JSON-RPC error response (HTTP 200) for a request that was understood.
-async fn rpc_error(sink: Sink, id: &str, code: i32, message: &str, session: Option<&str>) {
-    let mut body = BytesMut::with_capacity(128);
-    jsonrpc::write_error(Some(id), code, message, None, &mut body);
-    let mut headers: Vec<(&str, &[u8])> = vec![("content-type", b"application/json")];
-    if let Some(s) = session {
-        headers.push(("mcp-session-id", s.as_bytes()));
-    }
-    let _ = sink.respond(200, &headers, &body).await;
-}
-
-fn media_type(value: &[u8]) -> &[u8] {
-    let end = value.iter().position(|b| *b == b';').unwrap_or(value.len());
-    value.get(..end).unwrap_or_default().trim_ascii()
-}
-
-/// True if `Accept` admits both JSON and SSE (wildcards count).
-fn accepts(req: &Request, json: bool, sse: bool) -> bool {
-    let Some(accept) = req.head.headers.get("accept") else {
-        return false;
-    };
-    // What the MCP SDKs send, answered without splitting the list (a byte compare).
-    if accept == b"application/json, text/event-stream" {
-        return true;
-    }
-    let (mut j, mut s) = (!json, !sse);
-    for item in accept.split(|b| *b == b',') {
-        let mt = media_type(item);
-        let any = mt.eq_ignore_ascii_case(b"*/*");
-        j |= any
-            || mt.eq_ignore_ascii_case(b"application/json")
-            || mt.eq_ignore_ascii_case(b"application/*");
-        s |= any
-            || mt.eq_ignore_ascii_case(b"text/event-stream")
-            || mt.eq_ignore_ascii_case(b"text/*");
-    }
-    j && s
-}
-
-/// Checks the `Accept` header of a GET event stream.
-pub(super) fn accepts_sse(req: &Request) -> bool {
-    accepts(req, false, true)
-}
 
 /// Handles one POST.
 pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
@@ -127,7 +57,7 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
         // Boxed: once per session, and larger than a request's state.
         return Box::pin(initialize(&server, &req, &env, sink)).await;
     }
-    let session = match events::session_for(&server, &req).await {
+    let session = match session::session_for(&server, &req).await {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
@@ -301,14 +231,6 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
     let _ = sink.respond(200, &headers, &body).await;
 }
 
-/// The agent's `Authorization` header, for exits that forward it.
-pub(super) fn authorization(req: &Request) -> Option<Bytes> {
-    req.head
-        .headers
-        .get("authorization")
-        .map(Bytes::copy_from_slice)
-}
-
 /// Renders the exit's capability bits as the MCP `capabilities` object.
 fn write_caps(caps: Caps, out: &mut BytesMut) {
     let mut members: Vec<String> = Vec::with_capacity(5);
@@ -360,7 +282,7 @@ async fn render_reset(sink: Sink, id: &str, throttle: Option<Throttle>, session:
             let _ = sink.respond(200, &headers, &body).await;
         }
         Some(Throttle::Reset(Reset::Bearer(challenge))) => {
-            let header = events::render_bearer(&challenge);
+            let header = reply::render_bearer(&challenge);
             let status = if challenge.status == 403 { 403 } else { 401 };
             let mut body = BytesMut::with_capacity(128);
             let message = if status == 403 {
@@ -474,7 +396,7 @@ async fn request(
     let calling = async {
         // If the exit refuses the params (Gone) its RESET is rendered from the reply below.
         let _ = inflight.caller.initial.data(params).await;
-        let outcome = events::pump(
+        let outcome = reply::pump(
             &session,
             &inflight,
             sink,

@@ -2,13 +2,17 @@
 //!
 //! Flow: [`net`] decodes HTTP/1.1 requests off the socket; [`Server::handle`] admits them
 //! (path, method, Host, Origin) and either serves them here or, when the session lives on
-//! another worker, hands them to that worker's inbox; [`app`] speaks MCP (POST), [`events`]
-//! owns sessions, their lifecycle stream and the GET event stream. Responses go through a
-//! [`sink::Sink`], local or remote.
+//! another worker, hands them to that worker's inbox; [`app`] speaks MCP (POST),
+//! [`session`] owns sessions and their lifecycle stream, [`get`] the GET event stream,
+//! [`reply`] renders each request's reply, and [`shared`] keeps sessions in a store that
+//! every node of a cluster reads. Responses go through a [`sink::Sink`], local or remote.
 
 pub(crate) mod app;
-pub(crate) mod events;
+pub(crate) mod edge;
+pub(crate) mod get;
 pub mod net;
+pub(crate) mod reply;
+pub(crate) mod session;
 pub mod session_id;
 pub(crate) mod shared;
 pub mod sink;
@@ -20,8 +24,8 @@ use crate::http::Method;
 use crate::metrics;
 use crate::runtime::Inboxes;
 use crate::store::Store;
-use events::Session;
 use net::Request;
+use session::Session;
 use sink::{ConnShared, Part, Sink};
 use std::cell::{Cell, RefCell};
 use std::net::IpAddr;
@@ -127,7 +131,7 @@ impl Server {
         shared: Rc<ConnShared>,
     ) -> Option<impl Future<Output = ()> + 'static> {
         if let Err((status, message)) = self.admit(&req) {
-            tokio::task::spawn_local(app::http_error(sink, status, message, None));
+            tokio::task::spawn_local(edge::http_error(sink, status, message, None));
             return None;
         }
         // The worker named in the id owns the session (another node's id names a worker
@@ -151,9 +155,9 @@ impl Server {
     async fn serve(self: Rc<Self>, req: Request, sink: Sink) {
         match req.head.method {
             Method::Post => app::post(self, req, sink).await,
-            Method::Get => events::get(self, req, sink).await,
-            Method::Delete => events::delete(self, req, sink).await,
-            _ => app::http_error(sink, 405, "method not allowed", None).await,
+            Method::Get => get::get(self, req, sink).await,
+            Method::Delete => session::delete(self, req, sink).await,
+            _ => edge::http_error(sink, 405, "method not allowed", None).await,
         }
     }
 
@@ -171,7 +175,7 @@ impl Server {
         });
         if self.inboxes.send(owner, task).is_err() {
             metrics::with(|m| m.overload_rejections += 1);
-            tokio::task::spawn_local(app::http_error(sink, 503, "worker busy", None));
+            tokio::task::spawn_local(edge::http_error(sink, 503, "worker busy", None));
             return;
         }
         metrics::with(|m| m.handoffs += 1);
@@ -251,7 +255,7 @@ impl Server {
         } else {
             let sessions: Vec<Rc<Session>> = self.sessions.borrow().values().cloned().collect();
             for s in &sessions {
-                events::close(self, s, "shutdown");
+                session::close(self, s, "shutdown");
             }
             sessions
         };

@@ -34,8 +34,8 @@
 //! Everything read from the store is outside input: a record is checked (format, version,
 //! size) before it is used, and the exit checks the handoff it is given in turn.
 
-use super::events::{self, Session};
 use super::net::Request;
+use super::session::{self, Session};
 use super::{PROTOCOL_VERSIONS, Server, session_id};
 use crate::limits::{
     SESSIONS_PER_WORKER_MAX, SHARED_SESSION_ADOPTIONS_MAX, SHARED_SESSION_RECORD_BYTES_MAX,
@@ -341,7 +341,7 @@ pub fn touch(server: &Rc<Server>, session: &Rc<Session>) -> Option<Instant> {
             if write(&server, &session, Write::Update, false).await == Written::Gone {
                 // Deleted at another node meanwhile: this copy goes too (that node ended
                 // the upstream sessions).
-                events::end(&server, &session, "deleted at another node", Ending::Detach);
+                session::end(&server, &session, "deleted at another node", Ending::Detach);
             }
         });
     }
@@ -435,7 +435,7 @@ pub fn recheck(server: &Rc<Server>, session: &Rc<Session>) {
             link.checking.set(false);
         }
         if gone {
-            events::end(&server, &session, "deleted at another node", Ending::Detach);
+            session::end(&server, &session, "deleted at another node", Ending::Detach);
         }
     });
 }
@@ -550,7 +550,7 @@ async fn take_up(
     let hello = ClientHello {
         capabilities: record.capabilities.clone(),
         protocol_version: record.version,
-        authorization: super::app::authorization(req),
+        authorization: super::edge::authorization(req),
         adopt: record.handoff.clone(),
     };
     let begin = Begin::lifecycle(hello, Instant::now() + server.cfg.request_timeout);
@@ -583,7 +583,7 @@ async fn take_up(
     // The record now names this node's handoff and activity too, unless the session was
     // deleted at another node since it was read: then it is gone here too.
     if write(server, &session, Write::Update, true).await == Written::Gone {
-        events::end(server, &session, "deleted at another node", Ending::Detach);
+        session::end(server, &session, "deleted at another node", Ending::Detach);
         return Err(NOT_FOUND);
     }
     Ok(session)
@@ -612,7 +612,7 @@ pub fn detach_all(server: &Server) -> Vec<Rc<Session>> {
         } else {
             Ending::End
         };
-        events::end(server, s, "shutdown", ending);
+        session::end(server, s, "shutdown", ending);
     }
     sessions
 }

@@ -1,0 +1,559 @@
+//! Rendering a request's reply to the agent: a plain JSON answer (streamed with chunked
+//! coding), or an SSE stream when an event comes before the result (progress,
+//! notifications, server-to-client requests), with its own replay ring so a dropped
+//! connection can resume it ([`pump`]); and Bearer challenges as `WWW-Authenticate`.
+//!
+//! Invariants: the reply's mode is chosen once, by what comes first; a request's ring
+//! holds at most [`REQUEST_REPLAY_EVENTS_MAX`] events; DATA gathered for one write is
+//! bounded by the stream's credit window.
+
+use super::session::{
+    AnswerTo, Inflight, Session, data_event, refuse_request, render_event, sse_head,
+};
+use super::sink::Sink;
+use crate::jsonrpc::{self};
+use crate::limits::REQUEST_REPLAY_EVENTS_MAX;
+use crate::metrics::Outcome;
+use crate::sse;
+use crate::stream::{BearerChallenge, Challenge, Event, Flush, Frame, Reset, Throttle};
+use bytes::{Bytes, BytesMut};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::Instant;
+
+/// JSON-RPC code of the answer to a request the agent cancelled (the code MCP SDKs use).
+const REQUEST_CANCELLED: i32 = -32800;
+
+/// `WWW-Authenticate: Bearer ...` for a challenge (RFC 6750 §3).
+pub fn render_bearer(c: &BearerChallenge) -> String {
+    let mut params: Vec<String> = Vec::with_capacity(5);
+    let mut add = |name: &str, value: &Option<Box<str>>| {
+        if let Some(v) = value {
+            let escaped: String = v
+                .chars()
+                .filter(|c| !c.is_control())
+                .flat_map(|c| match c {
+                    '"' | '\\' => vec!['\\', c],
+                    c => vec![c],
+                })
+                .collect();
+            params.push(format!("{name}=\"{escaped}\""));
+        }
+    };
+    add("realm", &c.realm);
+    add("scope", &c.scope);
+    add("error", &c.error);
+    add("error_description", &c.error_description);
+    add("resource_metadata", &c.resource_metadata);
+    if params.is_empty() {
+        "Bearer".to_owned()
+    } else {
+        format!("Bearer {}", params.join(", "))
+    }
+}
+
+/// How a request's reply is being rendered.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Nothing written yet: JSON if the result comes first, SSE if an event does.
+    Undecided,
+    /// `application/json`, streamed with chunked coding.
+    Json,
+    /// `text/event-stream`.
+    Sse,
+}
+
+enum Step {
+    Frame(Option<Frame>),
+    Wake,
+    Timeout,
+    SessionClosed,
+    Detached,
+}
+
+/// Renders one request's reply to the agent; returns the outcome for metrics.
+struct Render<'a> {
+    session: &'a Session,
+    inflight: &'a Inflight,
+    sink: Option<Sink>,
+    mode: Mode,
+    ring: VecDeque<(u64, Bytes)>,
+    next_seq: u64,
+    /// The result event has started (SSE) or the JSON body has (JSON).
+    result_started: bool,
+    /// The SSE result event being written (its `data:` lines span DATA frames).
+    writer: Option<sse::DataWriter>,
+    /// DATA frames gathered for one write (kept to reuse its allocation). Bounded by the
+    /// stream's credit window: only frames the exit was given credit for can be queued.
+    parts: Vec<Bytes>,
+}
+
+impl Render<'_> {
+    fn event_id(&self, seq: u64) -> String {
+        format!("{}.{seq}", self.inflight.stream_no)
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> bool {
+        match self.sink.as_mut() {
+            Some(sink) => {
+                if sink.body(bytes).await.is_err() {
+                    self.sink = None;
+                    return false;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn start_sse(&mut self) {
+        assert!(self.mode == Mode::Undecided);
+        self.mode = Mode::Sse;
+        let Some(sink) = self.sink.as_mut() else {
+            return;
+        };
+        let headers = sse_head(&self.session.id);
+        if sink.head(200, &headers).await.is_err() {
+            self.sink = None;
+            return;
+        }
+        if self.session.version >= "2025-11-25" {
+            let id = self.event_id(0);
+            let mut out = BytesMut::with_capacity(32);
+            let priming = sse::Event {
+                id: Some(&id),
+                event: None,
+                data: Some(b""),
+                retry_ms: None,
+            };
+            if sse::encode_event(&priming, &mut out).is_ok() {
+                self.write(&out).await;
+            }
+        }
+    }
+
+    /// Emits one event on the SSE stream and keeps it for replay.
+    async fn emit(&mut self, json: &[u8]) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let Some(out) = data_event(&self.event_id(seq), json) else {
+            return;
+        };
+        self.ring.push_back((seq, out.clone()));
+        while self.ring.len() > REQUEST_REPLAY_EVENTS_MAX {
+            self.ring.pop_front();
+        }
+        self.write(&out).await;
+    }
+
+    /// Takes a resuming connection: writes its SSE head and replays what it missed.
+    async fn attach(&mut self, mut sink: Sink, last_seq: u64) {
+        let headers = sse_head(&self.session.id);
+        if sink.head(200, &headers).await.is_err() {
+            return;
+        }
+        if let Some(old) = self.sink.replace(sink) {
+            let _ = old.finish().await;
+        }
+        let missed: Vec<Bytes> = self
+            .ring
+            .iter()
+            .filter(|(s, _)| *s > last_seq)
+            .map(|(_, b)| b.clone())
+            .collect();
+        for event in missed {
+            if !self.write(&event).await {
+                break;
+            }
+        }
+    }
+
+    /// Writes a JSON-RPC error as the reply (JSON response or final SSE event).
+    async fn error(&mut self, code: i32, message: &str, data: Option<&[u8]>) {
+        let mut body = BytesMut::with_capacity(128);
+        jsonrpc::write_error(Some(self.id()), code, message, data, &mut body);
+        match self.mode {
+            Mode::Undecided => {
+                if let Some(sink) = self.sink.take() {
+                    let headers: [(&str, &[u8]); 2] = [
+                        ("content-type", b"application/json"),
+                        ("mcp-session-id", self.session.id.as_bytes()),
+                    ];
+                    let _ = sink.respond(200, &headers, &body).await;
+                }
+            }
+            Mode::Sse if !self.result_started => {
+                self.emit(&body).await;
+                self.finish().await;
+            }
+            // A body is half written: the only honest end is an abort (drop).
+            _ => self.sink = None,
+        }
+    }
+
+    fn id(&self) -> &str {
+        std::str::from_utf8(&self.inflight.id_raw).unwrap_or("null")
+    }
+
+    async fn finish(&mut self) {
+        if let Some(sink) = self.sink.take() {
+            let _ = sink.finish().await;
+        }
+    }
+
+    /// The exit aborted: render its RESET if it sent one.
+    async fn on_abort(&mut self) {
+        match self.inflight.caller.initial.try_throttle() {
+            Some(Throttle::Reset(Reset::Error {
+                code,
+                message,
+                data,
+            })) => {
+                self.error(code, &message, data.as_deref()).await;
+            }
+            Some(Throttle::Reset(Reset::Bearer(challenge))) if self.mode == Mode::Undecided => {
+                if let Some(sink) = self.sink.take() {
+                    let header = render_bearer(&challenge);
+                    let status = if challenge.status == 403 { 403 } else { 401 };
+                    let mut body = BytesMut::with_capacity(96);
+                    jsonrpc::write_error(
+                        Some(self.id()),
+                        jsonrpc::INVALID_REQUEST,
+                        "Unauthorized upstream",
+                        None,
+                        &mut body,
+                    );
+                    let headers: [(&str, &[u8]); 2] = [
+                        ("content-type", b"application/json"),
+                        ("www-authenticate", header.as_bytes()),
+                    ];
+                    let _ = sink.respond(status, &headers, &body).await;
+                }
+            }
+            _ => {
+                self.error(jsonrpc::INTERNAL_ERROR, "Internal error", None)
+                    .await
+            }
+        }
+    }
+
+    /// Renders result bytes; returns true if that completed the reply (the exit's END was
+    /// already queued and has been consumed).
+    async fn on_data(&mut self, data: Bytes) -> bool {
+        let reply = &self.inflight.caller.reply;
+        // Credit goes back before the agent-side write, not after it: `data` is ours now
+        // and is copied into the encoded chunk, so the exit can read the next window from
+        // upstream while this one is written (double buffering). Memory stays bounded: one
+        // window queued plus the one being written.
+        reply.ack(data.len() as u32);
+        if self.mode == Mode::Undecided {
+            // Common case: the whole result is already here; answer in one write, copying
+            // the result once, straight after the head.
+            let mut prefix = BytesMut::with_capacity(64);
+            jsonrpc::write_result_prefix(self.id(), &mut prefix);
+            if let Some(Frame::End) = peek_end(reply) {
+                if let Some(sink) = self.sink.take() {
+                    let body: [&[u8]; 3] = [&prefix, &data, jsonrpc::RESULT_SUFFIX];
+                    let _ = match &self.session.json_head {
+                        Some(fields) => sink.respond_with_fields(fields, &body).await,
+                        None => {
+                            let headers: [(&str, &[u8]); 2] = [
+                                ("content-type", b"application/json"),
+                                ("mcp-session-id", self.session.id.as_bytes()),
+                            ];
+                            sink.respond_of(200, &headers, &body).await
+                        }
+                    };
+                }
+                self.result_started = true;
+                return true;
+            }
+            self.mode = Mode::Json;
+            self.result_started = true;
+            if let Some(sink) = self.sink.as_mut() {
+                let headers: [(&str, &[u8]); 2] = [
+                    ("content-type", b"application/json"),
+                    ("mcp-session-id", self.session.id.as_bytes()),
+                ];
+                if sink.head(200, &headers).await.is_err() {
+                    self.sink = None;
+                }
+            }
+            if let Some(sink) = self.sink.as_mut()
+                && sink.body_of([&prefix[..], &data[..]]).await.is_err()
+            {
+                self.sink = None;
+            }
+            return false;
+        }
+        // Whatever else the exit has queued goes out in the same write, and if its END is
+        // among it, the body's end too: one write per turn instead of one per frame.
+        let mut parts = std::mem::take(&mut self.parts);
+        parts.push(data);
+        let ended = loop {
+            match reply.try_next() {
+                Some(Frame::Data(more)) => {
+                    reply.ack(more.len() as u32);
+                    parts.push(more);
+                }
+                Some(Frame::End) => break true,
+                Some(other) => {
+                    reply.unread(other);
+                    break false;
+                }
+                None => break false,
+            }
+        };
+        if ended {
+            self.end_with(&parts).await;
+        } else if self.mode == Mode::Json {
+            if let Some(sink) = self.sink.as_mut()
+                && sink.body_of(parts.iter().map(|b| &b[..])).await.is_err()
+            {
+                self.sink = None;
+            }
+        } else {
+            let mut out = BytesMut::new();
+            self.sse_result(&parts, &mut out);
+            self.write(&out).await;
+        }
+        parts.clear();
+        self.parts = parts;
+        ended
+    }
+
+    /// Appends `parts` of the result to the SSE result event in `out`, starting the event
+    /// (its id and the JSON-RPC prefix) the first time.
+    fn sse_result(&mut self, parts: &[Bytes], out: &mut BytesMut) {
+        out.reserve(parts.iter().map(Bytes::len).sum::<usize>() + 64);
+        if !self.result_started {
+            self.result_started = true;
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let id = self.event_id(seq);
+            let mut prefix = BytesMut::with_capacity(64);
+            jsonrpc::write_result_prefix(self.id(), &mut prefix);
+            if let Ok(mut w) = sse::DataWriter::begin(Some(&id), out) {
+                w.write(&prefix, out);
+                self.writer = Some(w);
+            }
+        }
+        // Result JSON from the exit may hold raw newlines (pretty-printed); each becomes a
+        // new `data:` line, which SSE joins back with '\n'.
+        if let Some(w) = self.writer.as_mut() {
+            for part in parts {
+                w.write(part, out);
+            }
+        }
+    }
+
+    async fn on_end(&mut self) {
+        self.end_with(&[]).await;
+    }
+
+    /// The exit's END, after the last `parts` of the result: writes them, the result's
+    /// end and the body's end in one write.
+    async fn end_with(&mut self, parts: &[Bytes]) {
+        match self.mode {
+            Mode::Undecided if self.result_started => {}
+            Mode::Undecided => {
+                self.error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None)
+                    .await
+            }
+            Mode::Json => {
+                if let Some(sink) = self.sink.take() {
+                    let all = parts.iter().map(|b| &b[..]).chain([jsonrpc::RESULT_SUFFIX]);
+                    let _ = sink.finish_of(all).await;
+                }
+            }
+            Mode::Sse => {
+                let mut out = BytesMut::new();
+                if !parts.is_empty() {
+                    self.sse_result(parts, &mut out);
+                }
+                let Some(mut w) = self.writer.take() else {
+                    self.write(&out).await;
+                    self.error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None)
+                        .await;
+                    return;
+                };
+                w.write(jsonrpc::RESULT_SUFFIX, &mut out);
+                w.finish(&mut out);
+                if let Some(sink) = self.sink.take() {
+                    let _ = sink.finish_of([&out[..]]).await;
+                }
+            }
+        }
+    }
+}
+
+fn peek_end(reply: &crate::stream::Receiver) -> Option<Frame> {
+    match reply.try_next() {
+        Some(Frame::End) => Some(Frame::End),
+        Some(other) => {
+            reply.unread(other);
+            None
+        }
+        None => None,
+    }
+}
+
+/// Renders a request's reply from the exit to the agent, surviving dropped SSE
+/// connections (the request waits, bounded by its deadline, for a resuming GET).
+pub async fn pump(
+    session: &Rc<Session>,
+    inflight: &Rc<Inflight>,
+    sink: Sink,
+    progress: bool,
+    deadline: Instant,
+) -> Outcome {
+    let mut r = Render {
+        session,
+        inflight,
+        sink: Some(sink),
+        mode: Mode::Undecided,
+        ring: VecDeque::new(),
+        next_seq: 1,
+        result_started: false,
+        writer: None,
+        parts: Vec::new(),
+    };
+    if progress {
+        r.start_sse().await;
+    }
+    let caller = &inflight.caller;
+    // One deadline for the whole reply, not one per frame, in the worker's queue (no
+    // runtime timer per request). The selects below are `biased`, deadline first, so a
+    // reply that keeps frames coming cannot starve it.
+    let timeout = crate::runtime::deadline::until(deadline);
+    tokio::pin!(timeout);
+    loop {
+        let detached = r.mode == Mode::Sse && r.sink.is_none();
+        if detached && r.result_started {
+            // Part of the result was lost with the connection: it cannot be replayed.
+            caller.reply.reset(Reset::Plain);
+            caller.initial.abort();
+            return Outcome::Cancelled;
+        }
+        let step = if detached {
+            tokio::select! {
+                biased;
+                () = &mut timeout => Step::Timeout,
+                () = inflight.woken() => Step::Wake,
+                () = session.closed_wait() => Step::SessionClosed,
+            }
+        } else {
+            let sink_closed = async {
+                match (r.mode, r.sink.as_ref()) {
+                    (Mode::Sse, Some(s)) => s.closed().await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                () = &mut timeout => Step::Timeout,
+                () = inflight.woken() => Step::Wake,
+                f = caller.reply.next() => Step::Frame(f),
+                () = session.closed_wait() => Step::SessionClosed,
+                () = sink_closed => Step::Detached,
+            }
+        };
+        match step {
+            Step::Wake => {
+                if inflight.cancelled.get() {
+                    caller.reply.reset(Reset::Plain);
+                    caller.initial.abort();
+                    // The HTTP request still gets an answer, as MCP SDK servers give it:
+                    // an error naming the cancellation (the agent's SDK discards it).
+                    r.error(REQUEST_CANCELLED, "Request cancelled", None).await;
+                    return Outcome::Cancelled;
+                }
+                let attach = inflight.attach.borrow_mut().take();
+                if let Some((sink, last)) = attach {
+                    r.attach(sink, last).await;
+                }
+            }
+            Step::Timeout => {
+                caller.reply.reset(Reset::Plain);
+                caller.initial.abort();
+                r.error(jsonrpc::INTERNAL_ERROR, "Request timed out", None)
+                    .await;
+                return Outcome::Error;
+            }
+            Step::SessionClosed => {
+                caller.reply.reset(Reset::Plain);
+                caller.initial.abort();
+                r.finish().await;
+                return Outcome::Cancelled;
+            }
+            Step::Detached => {
+                r.sink = None;
+                let _ = caller.reply.challenge(Challenge::Suspended);
+            }
+            Step::Frame(Some(Frame::Begin(_))) => {}
+            Step::Frame(Some(Frame::Flush(Flush { event, .. }))) => {
+                if let Event::Suspend { retry_ms } = event {
+                    if r.mode == Mode::Sse && retry_ms >= 0 {
+                        let mut out = BytesMut::with_capacity(24);
+                        sse::encode_retry(retry_ms as u64, &mut out);
+                        r.write(&out).await;
+                    }
+                    continue;
+                }
+                if let Event::Request { id, .. } = &event
+                    && !session.expect_answer(id, AnswerTo::Request(Rc::downgrade(inflight)))
+                {
+                    refuse_request(caller, id.clone());
+                    continue;
+                }
+                let Some(json) = render_event(&event) else {
+                    continue;
+                };
+                if r.mode == Mode::Undecided {
+                    r.start_sse().await;
+                }
+                if r.mode == Mode::Sse && !r.result_started {
+                    r.emit(&json).await;
+                }
+            }
+            Step::Frame(Some(Frame::Data(d))) => {
+                if r.on_data(d).await {
+                    caller.initial.end();
+                    return Outcome::Ok;
+                }
+            }
+            Step::Frame(Some(Frame::End)) => {
+                caller.initial.end();
+                r.on_end().await;
+                return Outcome::Ok;
+            }
+            Step::Frame(Some(Frame::Abort) | None) => {
+                r.on_abort().await;
+                caller.initial.abort();
+                return Outcome::Error;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_challenges_render_quoted_and_escaped() {
+        let c = BearerChallenge {
+            status: 403,
+            realm: Some("git\"hub".into()),
+            scope: Some("repo read".into()),
+            error: Some("insufficient_scope".into()),
+            error_description: None,
+            resource_metadata: Some("https://x/.well-known/oauth-protected-resource".into()),
+        };
+        assert_eq!(
+            render_bearer(&c),
+            "Bearer realm=\"git\\\"hub\", scope=\"repo read\", error=\"insufficient_scope\", resource_metadata=\"https://x/.well-known/oauth-protected-resource\""
+        );
+        assert_eq!(render_bearer(&BearerChallenge::default()), "Bearer");
+    }
+}

@@ -1,0 +1,736 @@
+//! Sessions: one agent session per [`Session`], owned by the worker whose id it carries;
+//! its lifecycle stream to the exit (read by one task, [`lifecycle_task`], which also
+//! expires the session), the requests in flight on it, the agent's answers to
+//! server-to-client requests, and its end ([`close`], [`end`], `DELETE`).
+//!
+//! Event ids are `<stream>.<seq>`: stream 0 is the session's GET stream, streams 1.. are
+//! request SSE streams, so every id is unique within the session and names the stream it
+//! belongs to (MCP: ids encode the originating stream; replay never crosses streams). The
+//! GET stream's ring of events lives here, with the session ([`get`](super::get) serves it);
+//! a request's own events live with its reply ([`reply`](super::reply)).
+//!
+//! Invariants: a session is in its server's table from [`Session::create`] until [`end`],
+//! which runs once; at most [`PENDING_ANSWERS_PER_SESSION_MAX`] server-to-client requests
+//! wait for the agent's answer; the ring holds at most [`SESSION_REPLAY_EVENTS_MAX`] events
+//! (plus [`GET_SETUP_EVENTS_MAX`] while a GET is being set up), and never drops one the
+//! live GET has not taken.
+
+use super::Server;
+use super::edge::http_error;
+use super::net::Request;
+use super::shared::{self, Ending, Link};
+use super::sink::Sink;
+use crate::FastMap;
+use crate::jsonrpc::{self, IdKey};
+use crate::limits::{
+    GET_SETUP_EVENTS_MAX, PENDING_ANSWER_ID_BYTES_MAX, PENDING_ANSWERS_PER_SESSION_MAX,
+    SESSION_REPLAY_EVENTS_MAX,
+};
+use crate::log;
+use crate::metrics::{self};
+use crate::runtime::notify::Notify;
+use crate::sse;
+use crate::stream::{Caller, Caps, Challenge, Event, Flush, Frame, ReplyBegin};
+use bytes::{Bytes, BytesMut};
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::{Rc, Weak};
+use std::time::{Duration, Instant};
+
+/// Whether the exit has a server-to-agent event stream.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Support {
+    Unknown,
+    Yes,
+    No,
+}
+
+/// Where an agent's answer to a server-to-client request goes.
+pub(super) enum AnswerTo {
+    Lifecycle,
+    Request(Weak<Inflight>),
+}
+
+/// A server-to-client request relayed to the agent and not answered yet.
+pub(super) struct Pending {
+    to: AnswerTo,
+    /// The request's id as the exit wrote it (an answer refusing it for the agent echoes it).
+    id: Bytes,
+    /// Order of arrival: when the table is full, the oldest is answered for the agent.
+    order: u64,
+}
+
+pub(super) struct State {
+    pub(super) closed: bool,
+    pub(super) last_active: Instant,
+    pub(super) requests: FastMap<IdKey, Rc<Inflight>>,
+    pub(super) streams: FastMap<u32, Weak<Inflight>>,
+    pub(super) next_stream: u32,
+    /// Encoded GET-stream events kept for replay, oldest first.
+    pub(super) ring: VecDeque<(u64, Bytes)>,
+    pub(super) next_seq: u64,
+    pub(super) get_generation: u64,
+    pub(super) get_live: bool,
+    /// The last seq the live GET stream has taken from the ring to write. While a GET is
+    /// live, the ring never drops an event it has not taken: the lifecycle task stops
+    /// reading the exit's events once `next_seq - 1 - get_taken` reaches the ring's size
+    /// (see [`Session::get_behind`]), so a burst is back-pressured, not lost.
+    pub(super) get_taken: u64,
+    /// A GET stream being set up (from its arrival until it is live): the seq it starts
+    /// after, and how many exit answers (`acks`) there were when it asked the exit. Until
+    /// it is live the ring keeps up to [`GET_SETUP_EVENTS_MAX`] more events than usual,
+    /// and once the exit has answered it, the lifecycle task holds back as for a live GET.
+    pub(super) get_hold: Option<GetHold>,
+    pub(super) support: Support,
+    /// Control events (resumable, suspend) seen from the exit: how a GET knows the exit
+    /// has answered the resume it just asked for.
+    pub(super) acks: u64,
+    /// The ring's last seq when the latest of them came: a stream resumed by the exit
+    /// starts after it (what the exit sent before its answer belongs to the old flow).
+    pub(super) acked_at: u64,
+    pub(super) last_exit_event: Option<Rc<str>>,
+    /// Server-to-client requests relayed to the agent and not answered yet, by id.
+    /// Invariant: `len() <= PENDING_ANSWERS_PER_SESSION_MAX`.
+    pub(super) answers: FastMap<IdKey, Pending>,
+    /// The next `Pending::order`.
+    pub(super) answers_order: u64,
+    /// The number the next GET setup's hold gets (holds are told apart by it).
+    pub(super) holds: u64,
+}
+
+/// One agent session, owned by the worker that created it.
+pub struct Session {
+    pub id: Rc<str>,
+    /// The exit's id for this session, sent in every request `Begin`.
+    pub exit_session: Rc<str>,
+    pub caps: Caps,
+    pub version: &'static str,
+    pub(super) lifecycle: Caller,
+    pub(super) st: RefCell<State>,
+    /// Woken on new GET events, a replaced GET, support news and close.
+    pub(super) changed: Notify,
+    /// Woken when the live GET took events from the ring, or ended (the lifecycle task
+    /// waits on it while the GET is behind).
+    pub(super) taken: Notify,
+    /// The fields of this session's `200 application/json` reply head, made once (the id
+    /// is ours, so the check cannot fail; should it, replies are encoded field by field).
+    pub(super) json_head: Option<Bytes>,
+    /// A shared session (`sessions: { store }`): what its record is written from.
+    pub(super) shared: Option<Link>,
+}
+
+/// One request in flight on a session.
+pub struct Inflight {
+    pub caller: Caller,
+    pub(super) id_raw: Bytes,
+    pub(super) key: IdKey,
+    pub(super) stream_no: u32,
+    pub(super) cancelled: Cell<bool>,
+    pub(super) wake: Notify,
+    /// A connection resuming this request's SSE stream, with the last seq it saw.
+    pub(super) attach: RefCell<Option<(Sink, u64)>>,
+}
+
+impl Session {
+    /// Creates and registers a session whose lifecycle the exit just accepted.
+    pub fn create(
+        server: &Rc<Server>,
+        id: Rc<str>,
+        version: &'static str,
+        reply: ReplyBegin,
+        lifecycle: Caller,
+        shared: Option<Link>,
+    ) -> Rc<Session> {
+        if let (Some(store), Some(link)) = (server.shared.as_ref(), shared.as_ref()) {
+            match store.watch(&shared::key(&id)) {
+                Ok(watch) => *link.watch.borrow_mut() = Some(watch),
+                Err(e) => {
+                    // It is then told of a DELETE at another node only at its expiry.
+                    metrics::with(|m| m.session_store_failures += 1);
+                    log::warn(format_args!(
+                        "server {}: a shared session is not watched: {e}",
+                        server.name
+                    ));
+                }
+            }
+        }
+        let session = Rc::new(Session {
+            exit_session: reply.session.clone().unwrap_or_else(|| Rc::from("")),
+            caps: reply.caps,
+            id: id.clone(),
+            version,
+            lifecycle,
+            st: RefCell::new(State {
+                closed: false,
+                last_active: Instant::now(),
+                requests: FastMap::default(),
+                streams: FastMap::default(),
+                next_stream: 1,
+                ring: VecDeque::new(),
+                next_seq: 1,
+                get_generation: 0,
+                get_live: false,
+                get_taken: 0,
+                get_hold: None,
+                support: Support::Unknown,
+                acks: 0,
+                acked_at: 0,
+                last_exit_event: None,
+                answers: FastMap::default(),
+                answers_order: 0,
+                holds: 0,
+            }),
+            changed: Notify::new(),
+            taken: Notify::new(),
+            json_head: crate::http::response_head_fields(
+                200,
+                &[
+                    ("content-type", b"application/json"),
+                    ("mcp-session-id", id.as_bytes()),
+                ],
+            )
+            .ok(),
+            shared,
+        });
+        server.sessions.borrow_mut().insert(id, session.clone());
+        metrics::with(|m| {
+            m.sessions += 1;
+            m.sessions_created += 1;
+        });
+        tokio::task::spawn_local(lifecycle_task(server.clone(), session.clone()));
+        session
+    }
+
+    /// Marks the session active now.
+    pub fn touch(&self) {
+        self.st.borrow_mut().last_active = Instant::now();
+    }
+
+    /// When the session was last active here (now, while it streams).
+    pub fn last_active(&self) -> Instant {
+        let st = self.st.borrow();
+        if st.get_live || !st.requests.is_empty() {
+            return Instant::now();
+        }
+        st.last_active
+    }
+
+    /// True while requests are in flight.
+    pub fn has_requests(&self) -> bool {
+        !self.st.borrow().requests.is_empty()
+    }
+
+    /// True while a request or the GET stream is still being answered.
+    pub fn streaming(&self) -> bool {
+        let st = self.st.borrow();
+        st.get_live || !st.requests.is_empty()
+    }
+
+    /// Requests in flight.
+    pub fn request_count(&self) -> usize {
+        self.st.borrow().requests.len()
+    }
+
+    /// True while a live GET stream (or one being set up, once the exit answered it) has
+    /// a ring's worth of events it has not taken yet: one more would push an event it
+    /// never wrote out of the ring. Before the exit's answer the lifecycle task must not
+    /// wait (the answer comes through it), so a GET being set up only makes the ring keep
+    /// more ([`GET_SETUP_EVENTS_MAX`]).
+    pub(super) fn get_behind(&self) -> bool {
+        let st = self.st.borrow();
+        let last = st.next_seq - 1;
+        let ring = SESSION_REPLAY_EVENTS_MAX as u64;
+        match st.get_hold {
+            // A new GET waits for the exit's answer, which comes through the lifecycle
+            // task: it must go on reading, even for a live GET that stopped taking events
+            // (the one the new GET replaces; the ring keeps more meanwhile).
+            Some(hold) if st.acks <= hold.asked => false,
+            Some(hold) => last.saturating_sub(hold.from) >= ring,
+            None => st.get_live && last.saturating_sub(st.get_taken) >= ring,
+        }
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.st.borrow().closed
+    }
+
+    pub(super) async fn closed_wait(&self) {
+        loop {
+            let n = self.changed.notified();
+            if self.is_closed() {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Records a request's stream; a duplicate id replaces the older entry for
+    /// cancellation purposes (the older request still completes).
+    pub fn register(&self, key: IdKey, id_raw: Bytes, caller: Caller) -> Rc<Inflight> {
+        let mut st = self.st.borrow_mut();
+        let stream_no = st.next_stream;
+        st.next_stream = st.next_stream.wrapping_add(1).max(1);
+        let inflight = Rc::new(Inflight {
+            caller,
+            id_raw,
+            key: key.clone(),
+            stream_no,
+            cancelled: Cell::new(false),
+            wake: Notify::new(),
+            attach: RefCell::new(None),
+        });
+        st.requests.insert(key, inflight.clone());
+        st.streams.insert(stream_no, Rc::downgrade(&inflight));
+        inflight
+    }
+
+    /// Forgets a finished request.
+    pub fn unregister(&self, inflight: &Rc<Inflight>) {
+        let mut st = self.st.borrow_mut();
+        if st
+            .requests
+            .get(&inflight.key)
+            .is_some_and(|i| Rc::ptr_eq(i, inflight))
+        {
+            st.requests.remove(&inflight.key);
+        }
+        st.streams.remove(&inflight.stream_no);
+        st.answers.retain(|_, pending| match &pending.to {
+            AnswerTo::Request(w) => w.upgrade().is_some_and(|i| !Rc::ptr_eq(&i, inflight)),
+            AnswerTo::Lifecycle => true,
+        });
+        st.last_active = Instant::now();
+    }
+
+    /// `notifications/cancelled`: cancels the request with that id, if in flight.
+    pub fn cancel(&self, key: &IdKey) {
+        if let Some(inflight) = self.st.borrow().requests.get(key) {
+            inflight.cancelled.set(true);
+            inflight.wake.notify_one();
+        }
+    }
+
+    /// Passes an agent notification to the exit (FLUSH on the lifecycle's initial
+    /// direction). Never waits: a lifecycle whose queue is full drops it, counted.
+    pub fn notify_exit(&self, method: &str, params: Option<Bytes>) {
+        let flush = Flush {
+            id: None,
+            event: Event::Notification {
+                method: Rc::from(method),
+                params,
+            },
+        };
+        if !self.lifecycle.initial.try_flush(flush) {
+            metrics::with(|m| m.overload_rejections += 1);
+        }
+    }
+
+    /// Records where the agent's answer to the exit's request `id` goes, before the request
+    /// is relayed. False when it must not be relayed: its id is longer than
+    /// [`PENDING_ANSWER_ID_BYTES_MAX`] (see [`refuse_request`]). When the table is full the
+    /// oldest request waiting (one the agent may never have seen, or will not answer) is
+    /// answered for the agent with an error and forgotten, so a session whose agent
+    /// ignores some requests still relays new ones. An id that is not a JSON string or
+    /// number is relayed unrecorded (no answer can find it).
+    pub(super) fn expect_answer(&self, id: &Bytes, to: AnswerTo) -> bool {
+        if id.len() > PENDING_ANSWER_ID_BYTES_MAX {
+            return false;
+        }
+        let Some(key) = std::str::from_utf8(id)
+            .ok()
+            .and_then(jsonrpc::id_key_of_raw)
+        else {
+            return true;
+        };
+        let evicted = {
+            let mut st = self.st.borrow_mut();
+            let full = st.answers.len() >= PENDING_ANSWERS_PER_SESSION_MAX;
+            let evicted = if full && !st.answers.contains_key(&key) {
+                let oldest = st
+                    .answers
+                    .iter()
+                    .min_by_key(|(_, p)| p.order)
+                    .map(|(k, _)| k.clone());
+                oldest.and_then(|k| st.answers.remove(&k))
+            } else {
+                None
+            };
+            let order = st.answers_order;
+            st.answers_order += 1;
+            st.answers.insert(
+                key,
+                Pending {
+                    to,
+                    id: id.clone(),
+                    order,
+                },
+            );
+            assert!(st.answers.len() <= PENDING_ANSWERS_PER_SESSION_MAX);
+            evicted
+        };
+        if let Some(old) = evicted {
+            match old.to {
+                AnswerTo::Lifecycle => refuse_request(&self.lifecycle, old.id),
+                AnswerTo::Request(w) => {
+                    if let Some(inflight) = w.upgrade() {
+                        refuse_request(&inflight.caller, old.id);
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Routes the agent's answer to a server-to-client request back to its stream.
+    pub fn answer(&self, id: Bytes, result: Option<Bytes>, error: Option<Bytes>) {
+        let Some(key) = std::str::from_utf8(&id)
+            .ok()
+            .and_then(jsonrpc::id_key_of_raw)
+        else {
+            return;
+        };
+        let to = self.st.borrow_mut().answers.remove(&key).map(|p| p.to);
+        let challenge = Challenge::Answer { id, result, error };
+        let _ = match to {
+            Some(AnswerTo::Lifecycle) => self.lifecycle.reply.challenge(challenge),
+            Some(AnswerTo::Request(w)) => match w.upgrade() {
+                Some(i) => i.caller.reply.challenge(challenge),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        };
+    }
+
+    /// Appends a notification to the GET stream's ring and wakes the live GET. Its id is
+    /// `0.<seq>`, followed by `:<exit id>` when the exit named its position (an upstream's
+    /// event id, or a proxy's aggregate of its routes' ids): the agent's Last-Event-ID then
+    /// says where every exit was even after the ring has moved on.
+    pub(super) fn push_event(&self, json: &[u8], exit_id: Option<&str>) {
+        let mut st = self.st.borrow_mut();
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let out = exit_id
+            .filter(|exit| exit_id_carried(exit))
+            .and_then(|exit| data_event(&format!("0.{seq}:{exit}"), json))
+            .or_else(|| data_event(&format!("0.{seq}"), json));
+        let Some(out) = out else {
+            return;
+        };
+        st.ring.push_back((seq, out));
+        let keep = match st.get_hold {
+            Some(_) => SESSION_REPLAY_EVENTS_MAX + GET_SETUP_EVENTS_MAX,
+            None => SESSION_REPLAY_EVENTS_MAX,
+        };
+        while st.ring.len() > keep {
+            st.ring.pop_front();
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+}
+
+impl Inflight {
+    pub(super) async fn woken(&self) {
+        self.wake.notified().await;
+    }
+}
+
+/// Finds the session a request names: 400 without the header, 404 if unknown.
+pub fn lookup(server: &Server, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
+    let Some(id) = req.head.headers.get("mcp-session-id") else {
+        return Err((400, "Bad Request: Mcp-Session-Id header is required"));
+    };
+    let id = std::str::from_utf8(id).map_err(|_| (404, "Session not found"))?;
+    server
+        .sessions
+        .borrow()
+        .get(id)
+        .cloned()
+        .ok_or((404, "Session not found"))
+}
+
+/// The session a request names: held here, or a shared session taken up from the store
+/// (only when this one is not held here, so the request path does not touch the store).
+pub async fn find(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
+    match lookup(server, req) {
+        Err((404, _)) if server.shared.is_some() => Box::pin(shared::adopt(server, req)).await,
+        found => found,
+    }
+}
+
+/// The session a request names, checked and marked active: 400 without the session
+/// header or with an unsupported `MCP-Protocol-Version`, 404 if unknown.
+pub async fn session_for(
+    server: &Rc<Server>,
+    req: &Request,
+) -> Result<Rc<Session>, (u16, &'static str)> {
+    let session = find(server, req).await?;
+    if !Server::version_ok(req) {
+        return Err((400, "Bad Request: unsupported MCP-Protocol-Version"));
+    }
+    session.touch();
+    Ok(session)
+}
+
+/// Ends a session: forgets it, ends its lifecycle stream (the exit closes its side),
+/// wakes its requests and GET stream so they finish.
+pub fn close(server: &Server, session: &Rc<Session>, reason: &str) {
+    end(server, session, reason, Ending::End);
+}
+
+/// As [`close`]; with [`Ending::Detach`] the exit lets go of its sessions without ending
+/// them upstream (a shared session that lives on at another node).
+pub fn end(server: &Server, session: &Rc<Session>, reason: &str, ending: Ending) {
+    {
+        let mut st = session.st.borrow_mut();
+        if st.closed {
+            return;
+        }
+        st.closed = true;
+    }
+    server.sessions.borrow_mut().remove(&session.id);
+    metrics::with(|m| m.sessions -= 1);
+    if ending == Ending::Detach {
+        metrics::with(|m| m.sessions_detached += 1);
+        let detach = Flush {
+            id: None,
+            event: Event::Detach,
+        };
+        if !session.lifecycle.initial.try_flush(detach) {
+            metrics::with(|m| m.overload_rejections += 1);
+            log::warn(format_args!(
+                "server {}: a shared session could not be let go of (its lifecycle is \
+                 full): its exit ends it",
+                server.name
+            ));
+        }
+    }
+    session.lifecycle.initial.end();
+    let requests: Vec<Rc<Inflight>> = session.st.borrow().requests.values().cloned().collect();
+    for r in requests {
+        r.wake.notify_one();
+    }
+    session.changed.notify_waiters();
+    if reason == "expired" {
+        metrics::with(|m| m.sessions_expired += 1);
+    }
+}
+
+/// Renders an MCP notification (`{"jsonrpc":"2.0","method":..,"params":..}`).
+pub(super) fn notification(method: &str, params: Option<&[u8]>) -> BytesMut {
+    let mut out = BytesMut::with_capacity(64 + params.map_or(0, <[u8]>::len));
+    jsonrpc::write_notification(method, params, &mut out);
+    out
+}
+
+/// Renders an event from the exit as agent-facing JSON; `None` for control events.
+pub(super) fn render_event(event: &Event) -> Option<BytesMut> {
+    Some(match event {
+        Event::Resumable | Event::Suspend { .. } | Event::Handoff(_) | Event::Detach => {
+            return None;
+        }
+        Event::ListChanged(k) => notification(k.method(), None),
+        Event::ResourcesUpdated { params } => {
+            notification("notifications/resources/updated", Some(params))
+        }
+        Event::Progress { params } => notification("notifications/progress", Some(params)),
+        Event::Notification { method, params } => notification(method, params.as_deref()),
+        Event::Request { id, method, params } => {
+            let mut out = BytesMut::with_capacity(64);
+            let id = std::str::from_utf8(id).unwrap_or("null");
+            jsonrpc::write_request(id, method, params.as_deref(), &mut out);
+            out
+        }
+    })
+}
+
+/// The session's task: reads the exit's lifecycle reply (notifications for the GET stream,
+/// support news, the end of the session when the exit ends it) and expires the session
+/// once it has been idle (no request, no GET stream) for the binding's session timeout.
+/// One task for both: it lives as long as the session, and every task costs a task cell.
+async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
+    let timeout = server.cfg.session_timeout;
+    let mut reason = "lifecycle ended";
+    let mut ending = Ending::End;
+    // A shared session's record: its changes at any node wake this task.
+    let mut watch = session.shared.as_ref().and_then(|l| l.watch.take());
+    loop {
+        let (expired, mut check_at) = expiry(&session, timeout);
+        if expired {
+            let decided = shared::at_expiry(&server, &session).await;
+            // Activity that came while the store was asked keeps the session.
+            if !expiry(&session, timeout).0 {
+                continue;
+            }
+            reason = "expired";
+            ending = decided;
+            break;
+        }
+        if let Some(at) = shared::touch(&server, &session) {
+            check_at = check_at.min(at);
+        }
+        let record_changed = async {
+            match watch.as_mut() {
+                Some(w) => w.changed().await,
+                None => std::future::pending().await,
+            }
+        };
+        if session.get_behind() {
+            // The agent's GET stream is a ring behind: the exit's next event waits in its
+            // stream (whose credit then holds the exit back) until the GET took more.
+            let taken = session.taken.notified();
+            if session.get_behind() {
+                tokio::select! {
+                    () = taken => {}
+                    () = session.closed_wait() => break,
+                    () = tokio::time::sleep_until(check_at.into()) => {}
+                }
+                continue;
+            }
+        }
+        let frame = tokio::select! {
+            f = session.lifecycle.reply.next() => f,
+            () = session.closed_wait() => None,
+            () = tokio::time::sleep_until(check_at.into()) => continue,
+            alive = record_changed => {
+                if alive {
+                    shared::recheck(&server, &session);
+                } else {
+                    watch = None;
+                }
+                continue;
+            }
+        };
+        match frame {
+            Some(Frame::Flush(Flush {
+                event: Event::Handoff(handoff),
+                ..
+            })) => {
+                if let Some(link) = session.shared.as_ref() {
+                    link.set_handoff(handoff);
+                }
+            }
+            Some(Frame::Flush(Flush { id, event })) => {
+                if id.is_some() {
+                    session.st.borrow_mut().last_exit_event = id.clone();
+                }
+                match &event {
+                    Event::Resumable | Event::Suspend { retry_ms: 0.. } => {
+                        set_support(&session, Support::Yes)
+                    }
+                    Event::Suspend { .. } => set_support(&session, Support::No),
+                    Event::Request { id, .. }
+                        if !session.expect_answer(id, AnswerTo::Lifecycle) =>
+                    {
+                        refuse_request(&session.lifecycle, id.clone());
+                        continue;
+                    }
+                    _ => {}
+                }
+                if let Some(json) = render_event(&event) {
+                    session.push_event(&json, id.as_deref());
+                }
+            }
+            Some(Frame::Data(d)) => session.lifecycle.reply.ack(d.len() as u32),
+            Some(Frame::Begin(_)) => {}
+            Some(Frame::End | Frame::Abort) | None => break,
+        }
+    }
+    end(&server, &session, reason, ending);
+    if reason == "expired" && ending == Ending::End {
+        // Out of the table first, so no request is served and then cut off meanwhile;
+        // then the record goes, so no node takes the session up again.
+        shared::forget(&server, &session).await;
+    }
+}
+
+/// Answers the exit's server-to-client request `id` for the agent, with a JSON-RPC error,
+/// because it could not be relayed or waited too long among too many
+/// ([`Session::expect_answer`]); counted as an overload.
+pub(super) fn refuse_request(caller: &Caller, id: Bytes) {
+    metrics::with(|m| m.overload_rejections += 1);
+    let error = Bytes::from_static(
+        b"{\"code\":-32603,\"message\":\"Not answered: too many requests awaiting the agent's answer\"}",
+    );
+    let _ = caller.reply.challenge(Challenge::Answer {
+        id,
+        result: None,
+        error: Some(error),
+    });
+}
+
+pub(super) fn set_support(session: &Session, support: Support) {
+    let mut st = session.st.borrow_mut();
+    st.support = support;
+    st.acks += 1;
+    st.acked_at = st.next_seq - 1;
+    drop(st);
+    session.changed.notify_waiters();
+}
+
+/// Whether the session has been idle (no request, no GET stream) for `timeout`, and when
+/// to look again if not.
+pub(super) fn expiry(session: &Session, timeout: Duration) -> (bool, Instant) {
+    let st = session.st.borrow();
+    let now = Instant::now();
+    if !st.requests.is_empty() || st.get_live {
+        return (false, now + timeout);
+    }
+    let due = st.last_active + timeout;
+    (now >= due, due)
+}
+
+/// DELETE: terminates the session.
+pub async fn delete(server: Rc<Server>, req: Request, sink: Sink) {
+    let session = match find(&server, &req).await {
+        Ok(s) => s,
+        Err((status, message)) => return http_error(sink, status, message, None).await,
+    };
+    // A shared session ends everywhere: its record goes first, so no node takes it up
+    // again, and the nodes holding it are told through their watch.
+    shared::forget(&server, &session).await;
+    close(&server, &session, "deleted");
+    let _ = sink.respond(200, &[], b"").await;
+}
+
+/// What the session knows of a GET being set up (see [`State::get_hold`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct GetHold {
+    /// The seq the stream starts after.
+    pub(super) from: u64,
+    /// The exit's answers (`acks`) when the GET asked it.
+    pub(super) asked: u64,
+    /// Which setup this is (`State::holds`): each releases only its own hold.
+    pub(super) number: u64,
+}
+
+/// True if an exit's event id may ride in ours (`0.<seq>:<exit id>`): it must come back
+/// whole in the agent's `Last-Event-ID`, so it is a valid header value (no control byte but
+/// HTAB) that HTTP does not trim (no SP or HTAB at either end). An id that is not rides
+/// nowhere: the event carries `0.<seq>` alone, and a resume past the ring resumes the exit
+/// from where it is.
+pub(crate) fn exit_id_carried(exit: &str) -> bool {
+    crate::http::field_value_round_trips(exit.as_bytes())
+}
+
+/// An SSE event carrying `json` under event id `id`; `None` if the id cannot be encoded.
+pub(super) fn data_event(id: &str, json: &[u8]) -> Option<Bytes> {
+    let mut out = BytesMut::with_capacity(json.len() + 32);
+    let event = sse::Event {
+        id: Some(id),
+        event: None,
+        data: Some(json),
+        retry_ms: None,
+    };
+    sse::encode_event(&event, &mut out).ok()?;
+    Some(out.freeze())
+}
+
+/// Response headers opening an SSE stream for `session`.
+pub(super) fn sse_head(session: &str) -> [(&'static str, &[u8]); 3] {
+    [
+        ("content-type", b"text/event-stream"),
+        ("cache-control", b"no-cache"),
+        ("mcp-session-id", session.as_bytes()),
+    ]
+}
