@@ -7,10 +7,11 @@
 //! exit's, verbatim, wrapped in an envelope echoing the agent's request id lexeme.
 
 use super::edge::{accepts, authorization, http_error, http_error_code, media_type, rpc_error};
+use super::lookup;
 use super::net::Request;
 use super::reply;
-use super::session::{self, Session};
-use super::shared::{self, Link};
+use super::session::Session;
+use super::shared::{Link, Write, Written};
 use super::sink::Sink;
 use super::{PROTOCOL_VERSIONS, Server, session_id};
 use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
@@ -57,7 +58,7 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
         // Boxed: once per session, and larger than a request's state.
         return Box::pin(initialize(&server, &req, &env, sink)).await;
     }
-    let session = match session::session_for(&server, &req).await {
+    let session = match lookup::session_for(&server, &req).await {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
@@ -202,7 +203,7 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
     );
     // A shared session is in the store before the agent has its id, so its next request
     // finds it at any node. A store that fails leaves it served by this node only.
-    if shared::write(server, &session, shared::Write::Create, true).await != shared::Written::Done {
+    if session.write_record(server, Write::Create, true).await != Written::Done {
         log::warn(format_args!(
             "server {}: a session is served by this node only (its record was not written)",
             server.name

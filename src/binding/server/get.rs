@@ -7,8 +7,9 @@
 
 use super::Server;
 use super::edge::{accepts_sse, http_error};
+use super::lookup::session_for;
 use super::net::Request;
-use super::session::{GetHold, Session, Support, exit_id_carried, session_for, sse_head};
+use super::session::{GetHold, Session, Support, exit_id_carried, sse_head};
 use super::sink::Sink;
 use crate::limits::{EVENTS_PROBE_TIMEOUT, SSE_KEEPALIVE_INTERVAL};
 use crate::metrics::{self};

@@ -10,6 +10,7 @@
 pub(crate) mod app;
 pub(crate) mod edge;
 pub(crate) mod get;
+pub(crate) mod lookup;
 pub mod net;
 pub(crate) mod reply;
 pub(crate) mod session;
@@ -57,7 +58,7 @@ pub struct Server {
     pub(crate) shared: Option<Arc<dyn Store>>,
     /// Shared sessions being taken up from the store, by id: later requests for the same
     /// one wait for it. Invariant: `len() <= SHARED_SESSION_ADOPTIONS_MAX`.
-    pub(crate) adopting: RefCell<FastMap<Rc<str>, Rc<shared::Adoption>>>,
+    pub(crate) adopting: RefCell<FastMap<Rc<str>, Rc<lookup::Adoption>>>,
     draining: Cell<bool>,
     /// Agents connect over TLS with the current config (swapped on SIGHUP); `None`: plain.
     pub(crate) tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,
@@ -156,7 +157,7 @@ impl Server {
         match req.head.method {
             Method::Post => app::post(self, req, sink).await,
             Method::Get => get::get(self, req, sink).await,
-            Method::Delete => session::delete(self, req, sink).await,
+            Method::Delete => lookup::delete(self, req, sink).await,
             _ => edge::http_error(sink, 405, "method not allowed", None).await,
         }
     }
@@ -251,7 +252,7 @@ impl Server {
         }
         let sessions = if self.shared.is_some() {
             // The other nodes of the cluster go on with them.
-            shared::detach_all(self)
+            lookup::detach_all(self)
         } else {
             let sessions: Vec<Rc<Session>> = self.sessions.borrow().values().cloned().collect();
             for s in &sessions {

@@ -16,9 +16,7 @@
 //! live GET has not taken.
 
 use super::Server;
-use super::edge::http_error;
-use super::net::Request;
-use super::shared::{self, Ending, Link};
+use super::shared::{self, Ending, Link, Write, Written};
 use super::sink::Sink;
 use crate::FastMap;
 use crate::jsonrpc::{self, IdKey};
@@ -204,6 +202,24 @@ impl Session {
     /// Marks the session active now.
     pub fn touch(&self) {
         self.st.borrow_mut().last_active = Instant::now();
+    }
+
+    /// Writes this shared session's record (see [`shared::write`]); `Done` for a session
+    /// that is not shared.
+    pub async fn write_record(&self, server: &Server, how: Write, loud: bool) -> Written {
+        let Some(link) = self.shared.as_ref() else {
+            return Written::Done;
+        };
+        shared::write(
+            server,
+            &self.id,
+            self.version,
+            link,
+            self.last_active(),
+            how,
+            loud,
+        )
+        .await
     }
 
     /// When the session was last active here (now, while it streams).
@@ -435,43 +451,6 @@ impl Inflight {
     }
 }
 
-/// Finds the session a request names: 400 without the header, 404 if unknown.
-pub fn lookup(server: &Server, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
-    let Some(id) = req.head.headers.get("mcp-session-id") else {
-        return Err((400, "Bad Request: Mcp-Session-Id header is required"));
-    };
-    let id = std::str::from_utf8(id).map_err(|_| (404, "Session not found"))?;
-    server
-        .sessions
-        .borrow()
-        .get(id)
-        .cloned()
-        .ok_or((404, "Session not found"))
-}
-
-/// The session a request names: held here, or a shared session taken up from the store
-/// (only when this one is not held here, so the request path does not touch the store).
-pub async fn find(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
-    match lookup(server, req) {
-        Err((404, _)) if server.shared.is_some() => Box::pin(shared::adopt(server, req)).await,
-        found => found,
-    }
-}
-
-/// The session a request names, checked and marked active: 400 without the session
-/// header or with an unsupported `MCP-Protocol-Version`, 404 if unknown.
-pub async fn session_for(
-    server: &Rc<Server>,
-    req: &Request,
-) -> Result<Rc<Session>, (u16, &'static str)> {
-    let session = find(server, req).await?;
-    if !Server::version_ok(req) {
-        return Err((400, "Bad Request: unsupported MCP-Protocol-Version"));
-    }
-    session.touch();
-    Ok(session)
-}
-
 /// Ends a session: forgets it, ends its lifecycle stream (the exit closes its side),
 /// wakes its requests and GET stream so they finish.
 pub fn close(server: &Server, session: &Rc<Session>, reason: &str) {
@@ -557,7 +536,10 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
     loop {
         let (expired, mut check_at) = expiry(&session, timeout);
         if expired {
-            let decided = shared::at_expiry(&server, &session).await;
+            let decided = match session.shared {
+                Some(_) => shared::at_expiry(&server, &session.id).await,
+                None => Ending::End,
+            };
             // Activity that came while the store was asked keeps the session.
             if !expiry(&session, timeout).0 {
                 continue;
@@ -566,8 +548,12 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             ending = decided;
             break;
         }
-        if let Some(at) = shared::touch(&server, &session) {
-            check_at = check_at.min(at);
+        if let Some(link) = session.shared.as_ref() {
+            let (due, next) = shared::touch(&server, link, session.last_active());
+            if due {
+                tokio::task::spawn_local(write_record(server.clone(), session.clone()));
+            }
+            check_at = check_at.min(next);
         }
         let record_changed = async {
             match watch.as_mut() {
@@ -594,7 +580,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             () = tokio::time::sleep_until(check_at.into()) => continue,
             alive = record_changed => {
                 if alive {
-                    shared::recheck(&server, &session);
+                    recheck(&server, &session);
                 } else {
                     watch = None;
                 }
@@ -640,8 +626,39 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
     if reason == "expired" && ending == Ending::End {
         // Out of the table first, so no request is served and then cut off meanwhile;
         // then the record goes, so no node takes the session up again.
-        shared::forget(&server, &session).await;
+        shared::forget(&server, &session.id).await;
     }
+}
+
+/// Writes a shared session's record over the one in the store (a task of its own, so the
+/// session's task never waits on the store); a record that is gone was deleted at another
+/// node meanwhile, and this copy goes too (that node ended the upstream sessions).
+async fn write_record(server: Rc<Server>, session: Rc<Session>) {
+    if session.write_record(&server, Write::Update, false).await == Written::Gone {
+        end(&server, &session, "deleted at another node", Ending::Detach);
+    }
+}
+
+/// A shared session's record changed at some node (its watch fired): reads it in a task of
+/// its own (one at a time per session), and lets go of the session here when it is gone
+/// (see [`shared::recorded`]).
+fn recheck(server: &Rc<Server>, session: &Rc<Session>) {
+    let Some(link) = session.shared.as_ref() else {
+        return;
+    };
+    if link.checking.replace(true) {
+        return;
+    }
+    let (server, session) = (server.clone(), session.clone());
+    tokio::task::spawn_local(async move {
+        let recorded = shared::recorded(&server, &session.id).await;
+        if let Some(link) = session.shared.as_ref() {
+            link.checking.set(false);
+        }
+        if !recorded {
+            end(&server, &session, "deleted at another node", Ending::Detach);
+        }
+    });
 }
 
 /// Answers the exit's server-to-client request `id` for the agent, with a JSON-RPC error,
@@ -678,19 +695,6 @@ pub(super) fn expiry(session: &Session, timeout: Duration) -> (bool, Instant) {
     }
     let due = st.last_active + timeout;
     (now >= due, due)
-}
-
-/// DELETE: terminates the session.
-pub async fn delete(server: Rc<Server>, req: Request, sink: Sink) {
-    let session = match find(&server, &req).await {
-        Ok(s) => s,
-        Err((status, message)) => return http_error(sink, status, message, None).await,
-    };
-    // A shared session ends everywhere: its record goes first, so no node takes it up
-    // again, and the nodes holding it are told through their watch.
-    shared::forget(&server, &session).await;
-    close(&server, &session, "deleted");
-    let _ = sink.respond(200, &[], b"").await;
 }
 
 /// What the session knows of a GET being set up (see [`State::get_hold`]).

@@ -7,7 +7,7 @@
 //! takes a session up uses the `Authorization` of the request in hand.
 //!
 //! A node that gets a request for a session it does not hold, with an id of our format,
-//! reads the record once and takes the session up ([`adopt`]): it opens the session's
+//! reads the record once and takes the session up ([`lookup::adopt`](super::lookup::adopt)): it opens the session's
 //! lifecycle with the handoff, so the exit goes on with the same upstream sessions without
 //! an `initialize`. From then on the session is served from this node's memory as any
 //! other; the per-request path does not touch the store.
@@ -34,23 +34,18 @@
 //! Everything read from the store is outside input: a record is checked (format, version,
 //! size) before it is used, and the exit checks the handoff it is given in turn.
 
-use super::net::Request;
-use super::session::{self, Session};
-use super::{PROTOCOL_VERSIONS, Server, session_id};
+use super::{PROTOCOL_VERSIONS, Server};
 use crate::limits::{
-    SESSIONS_PER_WORKER_MAX, SHARED_SESSION_ADOPTIONS_MAX, SHARED_SESSION_RECORD_BYTES_MAX,
-    SHARED_SESSION_RECORD_GRACE, SHARED_SESSION_TOUCHES_PER_TIMEOUT,
+    SHARED_SESSION_RECORD_BYTES_MAX, SHARED_SESSION_RECORD_GRACE,
+    SHARED_SESSION_TOUCHES_PER_TIMEOUT,
 };
-use crate::runtime::notify::Notify;
 use crate::store::Watch;
-use crate::stream::{self, Begin, ClientHello, Event, Flush, Frame};
 use crate::{log, metrics};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
-use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The record format this build writes and reads.
@@ -67,7 +62,7 @@ thread_local! {
 
 /// True if a session store failure may be logged now (see [`STORE_LOG_SPACING`]); the
 /// failures are all counted either way.
-fn store_log_due() -> bool {
+pub(super) fn store_log_due() -> bool {
     STORE_LOGGED.with(|last| {
         let now = Instant::now();
         if last.get().is_some_and(|at| now < at + STORE_LOG_SPACING) {
@@ -115,13 +110,18 @@ pub struct Link {
     writing: Cell<bool>,
     /// When the last write failed: the next is tried a touch interval later.
     failed_at: Cell<Option<Instant>>,
-    /// A read of the record after its watch fired is in flight ([`recheck`]).
-    checking: Cell<bool>,
+    /// A read of the record after its watch fired is in flight (one at a time).
+    pub(super) checking: Cell<bool>,
     /// Wakes the session's task when the record changes at any node; taken by that task.
     pub(super) watch: RefCell<Option<Watch>>,
 }
 
 impl Link {
+    /// True once the record has been written (another node can take the session up).
+    pub fn recorded(&self) -> bool {
+        self.written.get().is_some()
+    }
+
     pub fn new(capabilities: Bytes, handoff: Option<Bytes>) -> Link {
         Link {
             capabilities,
@@ -262,16 +262,24 @@ pub enum Written {
     Failed,
 }
 
-/// Writes `session`'s record now (its latest activity and handoff). A failure is counted,
-/// and logged when `loud` (the periodic writes of many sessions to a store that is down
-/// would otherwise log one line each per interval).
-pub async fn write(server: &Server, session: &Session, how: Write, loud: bool) -> Written {
-    let (Some(store), Some(link)) = (server.shared.as_ref(), session.shared.as_ref()) else {
+/// Writes the record of session `id` (negotiated `version`, last active at `active`) now,
+/// from what `link` holds. A failure is counted, and logged when `loud` (the periodic
+/// writes of many sessions to a store that is down would otherwise log one line each per
+/// interval).
+pub async fn write(
+    server: &Server,
+    id: &str,
+    version: &str,
+    link: &Link,
+    active: Instant,
+    how: Write,
+    loud: bool,
+) -> Written {
+    let Some(store) = server.shared.as_ref() else {
         return Written::Done;
     };
-    let active = session.last_active();
     let record = encode(
-        session.version,
+        version,
         &link.capabilities,
         link.handoff.borrow().as_deref(),
         unix_ms(active),
@@ -281,10 +289,9 @@ pub async fn write(server: &Server, session: &Session, how: Write, loud: bool) -
     };
     let stale = link.stale.replace(false);
     link.writing.set(true);
-    let key = key(&session.id);
     let existing_only = how == Write::Update;
     let written = store
-        .put_for(&key, record, record_ttl(server), existing_only)
+        .put_for(&key(id), record, record_ttl(server), existing_only)
         .await;
     link.writing.set(false);
     match written {
@@ -309,51 +316,44 @@ pub async fn write(server: &Server, session: &Session, how: Write, loud: bool) -
     }
 }
 
-/// Writes the record in a task of its own if it is due (the handoff changed, or there was
-/// activity since the last write and a touch interval has passed); returns when to look
-/// again. The session's task looks at least once per touch interval, so activity reaches
-/// the record within about one interval of happening, whatever this node's own timers.
-pub fn touch(server: &Rc<Server>, session: &Rc<Session>) -> Option<Instant> {
-    let link = session.shared.as_ref()?;
+/// Whether the record of a session last active at `active` is due to be written now (the
+/// handoff changed, or there was activity since the last write and a touch interval has
+/// passed; a write in flight or one that failed lately waits), and when to look again.
+/// The session's task looks at least once per touch interval, so activity reaches the
+/// record within about one interval of happening, whatever this node's own timers.
+pub fn touch(server: &Server, link: &Link, active: Instant) -> (bool, Instant) {
     let now = Instant::now();
     let interval = touch_interval(server);
     if link.writing.get() {
-        return Some(now + interval);
+        return (false, now + interval);
     }
     if let Some(failed) = link.failed_at.get()
         && now < failed + interval
     {
-        return Some(failed + interval);
+        return (false, failed + interval);
     }
     let due = match link.written.get() {
-        Some((active, at)) if !link.stale.get() => {
+        Some((written, at)) if !link.stale.get() => {
             if now < at + interval {
-                return Some(at + interval);
+                return (false, at + interval);
             }
-            session.last_active() > active
+            active > written
         }
         _ => true,
     };
     if due {
+        // Taken for the write the caller starts now.
         link.writing.set(true);
-        let (server, session) = (server.clone(), session.clone());
-        tokio::task::spawn_local(async move {
-            if write(&server, &session, Write::Update, false).await == Written::Gone {
-                // Deleted at another node meanwhile: this copy goes too (that node ended
-                // the upstream sessions).
-                session::end(&server, &session, "deleted at another node", Ending::Detach);
-            }
-        });
     }
-    Some(now + interval)
+    (due, now + interval)
 }
 
-/// Deletes `session`'s record (a `DELETE`, or the cluster-wide end at expiry).
-pub async fn forget(server: &Server, session: &Session) {
-    let (Some(store), Some(_)) = (server.shared.as_ref(), session.shared.as_ref()) else {
+/// Deletes session `id`'s record (a `DELETE`, or the cluster-wide end at expiry).
+pub async fn forget(server: &Server, id: &str) {
+    let Some(store) = server.shared.as_ref() else {
         return;
     };
-    if let Err(e) = store.delete(&key(&session.id)).await {
+    if let Err(e) = store.delete(&key(id)).await {
         metrics::with(|m| m.session_store_failures += 1);
         log::warn(format_args!(
             "server {}: a shared session's record was not deleted: {e}",
@@ -371,19 +371,16 @@ pub enum Ending {
     Detach,
 }
 
-/// `session` has been idle here for the session timeout: ends it for the cluster if no
+/// Session `id` has been idle here for the session timeout: ends it for the cluster if no
 /// node used it within the timeout either (the caller then deletes its record), else lets
 /// go of it here.
 /// A store that cannot be read detaches (another node may be using it; the record's own
 /// time to live ends it in the store).
-pub async fn at_expiry(server: &Server, session: &Session) -> Ending {
+pub async fn at_expiry(server: &Server, id: &str) -> Ending {
     let Some(store) = server.shared.as_ref() else {
         return Ending::End;
     };
-    if session.shared.is_none() {
-        return Ending::End;
-    }
-    let record = match store.get(&key(&session.id)).await {
+    let record = match store.get(&key(id)).await {
         Ok(None) => return Ending::End,
         Ok(Some(value)) => decode(&value.bytes),
         Err(e) => {
@@ -414,207 +411,16 @@ pub async fn at_expiry(server: &Server, session: &Session) -> Ending {
     }
 }
 
-/// The record of `session` changed at some node (its watch fired): reads it in a task of
-/// its own (one at a time per session, so the session's task never waits on the store),
-/// and lets go of the session here when the record is gone (a `DELETE` at another node).
-/// A record that is gone is let go of without ending anything upstream: the node that
-/// deleted it ended the upstream sessions, and a store that lost its data (a Redis
-/// restarted empty) must not make every node end every session upstream. A store that
-/// cannot be read keeps the session.
-pub fn recheck(server: &Rc<Server>, session: &Rc<Session>) {
-    let (Some(store), Some(link)) = (server.shared.clone(), session.shared.as_ref()) else {
-        return;
-    };
-    if link.checking.replace(true) {
-        return;
-    }
-    let (server, session) = (server.clone(), session.clone());
-    tokio::task::spawn_local(async move {
-        let gone = matches!(store.get(&key(&session.id)).await, Ok(None));
-        if let Some(link) = session.shared.as_ref() {
-            link.checking.set(false);
-        }
-        if gone {
-            session::end(&server, &session, "deleted at another node", Ending::Detach);
-        }
-    });
-}
-
-/// One session being taken up: requests for the same one wait for it, and get its
-/// answer.
-#[derive(Default)]
-pub struct Adoption {
-    done: Notify,
-    failed: Cell<Option<(u16, &'static str)>>,
-}
-
-/// Ends an adoption's entry in the table of adoptions in flight, and wakes whoever waits
-/// for the same session.
-struct Adopting<'a> {
-    server: &'a Server,
-    id: Rc<str>,
-    adoption: Rc<Adoption>,
-}
-
-impl Drop for Adopting<'_> {
-    fn drop(&mut self) {
-        self.server.adopting.borrow_mut().remove(&self.id);
-        self.adoption.done.notify_waiters();
-    }
-}
-
-/// Takes up the session `req` names from the store: 404 if the store has no record of it
-/// (or one that is not ours), 503 when the store cannot be read or too much is in flight.
-pub async fn adopt(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
-    const NOT_FOUND: (u16, &str) = (404, "Session not found");
+/// False when session `id`'s record is gone from the store (read after its watch fired:
+/// a `DELETE` at another node removes it). The caller lets go of its copy without ending
+/// anything upstream: the node that deleted it ended the upstream sessions, and a store
+/// that lost its data (a Redis restarted empty) must not make every node end every
+/// session upstream. A store that cannot be read keeps the session.
+pub async fn recorded(server: &Server, id: &str) -> bool {
     let Some(store) = server.shared.as_ref() else {
-        return Err(NOT_FOUND);
+        return true;
     };
-    let id = req
-        .head
-        .headers
-        .get("mcp-session-id")
-        .filter(|id| session_id::owner(id).is_some())
-        .and_then(|id| std::str::from_utf8(id).ok())
-        .ok_or(NOT_FOUND)?;
-    let id: Rc<str> = Rc::from(id);
-    // Another request of this worker is taking the same session up: wait for it.
-    let waiting = server.adopting.borrow().get(&id).cloned();
-    if let Some(adoption) = waiting {
-        let notified = adoption.done.notified();
-        if server.adopting.borrow().contains_key(&id) {
-            notified.await;
-        }
-        let found = server.sessions.borrow().get(&id).cloned();
-        return found.ok_or_else(|| adoption.failed.get().unwrap_or(NOT_FOUND));
-    }
-    if server.adopting.borrow().len() >= SHARED_SESSION_ADOPTIONS_MAX
-        || server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX
-    {
-        metrics::with(|m| m.overload_rejections += 1);
-        return Err((503, "Service Unavailable: session table full"));
-    }
-    let adoption = Rc::new(Adoption::default());
-    server
-        .adopting
-        .borrow_mut()
-        .insert(id.clone(), adoption.clone());
-    let _adopting = Adopting {
-        server,
-        id: id.clone(),
-        adoption: adoption.clone(),
-    };
-    let result = take_up(server, store.as_ref(), id, req).await;
-    if let Err(failure) = result {
-        adoption.failed.set(Some(failure));
-    }
-    result
-}
-
-/// [`adopt`]'s work once it is the one adoption of `id` on this worker.
-async fn take_up(
-    server: &Rc<Server>,
-    store: &dyn crate::store::Store,
-    id: Rc<str>,
-    req: &Request,
-) -> Result<Rc<Session>, (u16, &'static str)> {
-    const NOT_FOUND: (u16, &str) = (404, "Session not found");
-    let record = match store.get(&key(&id)).await {
-        Ok(Some(value)) => value,
-        Ok(None) => return Err(NOT_FOUND),
-        Err(e) => {
-            metrics::with(|m| m.session_store_failures += 1);
-            if store_log_due() {
-                log::warn(format_args!(
-                    "server {}: a shared session could not be looked up: {e}",
-                    server.name
-                ));
-            }
-            return Err((503, "Service Unavailable: the session store cannot be read"));
-        }
-    };
-    let record = match decode(&record.bytes) {
-        Ok(record) => record,
-        Err(why) => {
-            log::warn(format_args!(
-                "server {}: the store holds {why} for a session id; answered as unknown",
-                server.name
-            ));
-            return Err(NOT_FOUND);
-        }
-    };
-    if let Some(session) = server.sessions.borrow().get(&id) {
-        // Opened here meanwhile (an id from another worker of this node, handed over).
-        return Ok(session.clone());
-    }
-    let hello = ClientHello {
-        capabilities: record.capabilities.clone(),
-        protocol_version: record.version,
-        authorization: super::edge::authorization(req),
-        adopt: record.handoff.clone(),
-    };
-    let begin = Begin::lifecycle(hello, Instant::now() + server.cfg.request_timeout);
-    let (caller, callee) = stream::open(begin);
-    server.exit.open(callee);
-    let first = tokio::time::timeout(server.cfg.request_timeout, caller.reply.next()).await;
-    let Ok(Some(Frame::Begin(reply))) = first else {
-        let_go(&caller);
-        log::warn(format_args!(
-            "server {}: a shared session could not be taken up: its exit did not open it",
-            server.name
-        ));
-        return Err((
-            503,
-            "Service Unavailable: the session could not be taken up",
-        ));
-    };
-    if server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
-        // Filled up while the exit was asked.
-        let_go(&caller);
-        metrics::with(|m| m.overload_rejections += 1);
-        return Err((503, "Service Unavailable: session table full"));
-    }
-    let link = Link::new(
-        record.capabilities,
-        reply.handoff.clone().or(record.handoff),
-    );
-    let session = Session::create(server, id, record.version, reply, caller, Some(link));
-    metrics::with(|m| m.sessions_adopted += 1);
-    // The record now names this node's handoff and activity too, unless the session was
-    // deleted at another node since it was read: then it is gone here too.
-    if write(server, &session, Write::Update, true).await == Written::Gone {
-        session::end(server, &session, "deleted at another node", Ending::Detach);
-        return Err(NOT_FOUND);
-    }
-    Ok(session)
-}
-
-/// Ends a lifecycle opened to take a session up without ending the session upstream: the
-/// exit's sessions may be in use at other nodes.
-fn let_go(caller: &stream::Caller) {
-    let detach = Flush {
-        id: None,
-        event: Event::Detach,
-    };
-    let _ = caller.initial.try_flush(detach);
-    caller.initial.end();
-}
-
-/// Lets go of every shared session held here (a drain): they live on at the other nodes.
-/// One whose record was never written (the store was down when it opened) is known to no
-/// other node: it ends.
-pub fn detach_all(server: &Server) -> Vec<Rc<Session>> {
-    let sessions: Vec<Rc<Session>> = server.sessions.borrow().values().cloned().collect();
-    for s in &sessions {
-        let recorded = s.shared.as_ref().is_some_and(|l| l.written.get().is_some());
-        let ending = if recorded {
-            Ending::Detach
-        } else {
-            Ending::End
-        };
-        session::end(server, s, "shutdown", ending);
-    }
-    sessions
+    !matches!(store.get(&key(id)).await, Ok(None))
 }
 
 #[cfg(test)]

@@ -1,0 +1,252 @@
+//! Finding the session a request names: held on this worker, or (a shared session,
+//! `sessions: { store }`) taken up from the store when this node does not hold it; and the
+//! ends that concern the cluster: `DELETE`, which ends a session everywhere, and a drain,
+//! which lets go of shared sessions here only.
+//!
+//! Invariants: a worker takes a session up once however many requests name it at the same
+//! time (the later ones wait for the first); at most [`SHARED_SESSION_ADOPTIONS_MAX`] are
+//! taken up at once per worker; a lifecycle opened to take a session up is never ended in a
+//! way that deletes its upstream sessions (they may be in use at other nodes).
+
+use super::edge::http_error;
+use super::net::Request;
+use super::session::{self, Session};
+use super::shared::{self, Ending, Link, Write, Written, decode, key, store_log_due};
+use super::sink::Sink;
+use super::{Server, session_id};
+use crate::limits::{SESSIONS_PER_WORKER_MAX, SHARED_SESSION_ADOPTIONS_MAX};
+use crate::runtime::notify::Notify;
+use crate::stream::{self, Begin, ClientHello, Event, Flush, Frame};
+use crate::{log, metrics};
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Instant;
+
+/// Finds the session a request names: 400 without the header, 404 if unknown.
+pub fn lookup(server: &Server, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
+    let Some(id) = req.head.headers.get("mcp-session-id") else {
+        return Err((400, "Bad Request: Mcp-Session-Id header is required"));
+    };
+    let id = std::str::from_utf8(id).map_err(|_| (404, "Session not found"))?;
+    server
+        .sessions
+        .borrow()
+        .get(id)
+        .cloned()
+        .ok_or((404, "Session not found"))
+}
+
+/// The session a request names: held here, or a shared session taken up from the store
+/// (only when this one is not held here, so the request path does not touch the store).
+pub async fn find(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
+    match lookup(server, req) {
+        Err((404, _)) if server.shared.is_some() => Box::pin(adopt(server, req)).await,
+        found => found,
+    }
+}
+
+/// The session a request names, checked and marked active: 400 without the session
+/// header or with an unsupported `MCP-Protocol-Version`, 404 if unknown.
+pub async fn session_for(
+    server: &Rc<Server>,
+    req: &Request,
+) -> Result<Rc<Session>, (u16, &'static str)> {
+    let session = find(server, req).await?;
+    if !Server::version_ok(req) {
+        return Err((400, "Bad Request: unsupported MCP-Protocol-Version"));
+    }
+    session.touch();
+    Ok(session)
+}
+
+/// DELETE: terminates the session.
+pub async fn delete(server: Rc<Server>, req: Request, sink: Sink) {
+    let session = match find(&server, &req).await {
+        Ok(s) => s,
+        Err((status, message)) => return http_error(sink, status, message, None).await,
+    };
+    // A shared session ends everywhere: its record goes first, so no node takes it up
+    // again, and the nodes holding it are told through their watch.
+    if session.shared.is_some() {
+        shared::forget(&server, &session.id).await;
+    }
+    session::close(&server, &session, "deleted");
+    let _ = sink.respond(200, &[], b"").await;
+}
+
+/// One session being taken up: requests for the same one wait for it, and get its
+/// answer.
+#[derive(Default)]
+pub struct Adoption {
+    done: Notify,
+    failed: Cell<Option<(u16, &'static str)>>,
+}
+
+/// Ends an adoption's entry in the table of adoptions in flight, and wakes whoever waits
+/// for the same session.
+struct Adopting<'a> {
+    server: &'a Server,
+    id: Rc<str>,
+    adoption: Rc<Adoption>,
+}
+
+impl Drop for Adopting<'_> {
+    fn drop(&mut self) {
+        self.server.adopting.borrow_mut().remove(&self.id);
+        self.adoption.done.notify_waiters();
+    }
+}
+
+/// Takes up the session `req` names from the store: 404 if the store has no record of it
+/// (or one that is not ours), 503 when the store cannot be read or too much is in flight.
+pub async fn adopt(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
+    const NOT_FOUND: (u16, &str) = (404, "Session not found");
+    let Some(store) = server.shared.as_ref() else {
+        return Err(NOT_FOUND);
+    };
+    let id = req
+        .head
+        .headers
+        .get("mcp-session-id")
+        .filter(|id| session_id::owner(id).is_some())
+        .and_then(|id| std::str::from_utf8(id).ok())
+        .ok_or(NOT_FOUND)?;
+    let id: Rc<str> = Rc::from(id);
+    // Another request of this worker is taking the same session up: wait for it.
+    let waiting = server.adopting.borrow().get(&id).cloned();
+    if let Some(adoption) = waiting {
+        let notified = adoption.done.notified();
+        if server.adopting.borrow().contains_key(&id) {
+            notified.await;
+        }
+        let found = server.sessions.borrow().get(&id).cloned();
+        return found.ok_or_else(|| adoption.failed.get().unwrap_or(NOT_FOUND));
+    }
+    if server.adopting.borrow().len() >= SHARED_SESSION_ADOPTIONS_MAX
+        || server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX
+    {
+        metrics::with(|m| m.overload_rejections += 1);
+        return Err((503, "Service Unavailable: session table full"));
+    }
+    let adoption = Rc::new(Adoption::default());
+    server
+        .adopting
+        .borrow_mut()
+        .insert(id.clone(), adoption.clone());
+    let _adopting = Adopting {
+        server,
+        id: id.clone(),
+        adoption: adoption.clone(),
+    };
+    let result = take_up(server, store.as_ref(), id, req).await;
+    if let Err(failure) = result {
+        adoption.failed.set(Some(failure));
+    }
+    result
+}
+
+/// [`adopt`]'s work once it is the one adoption of `id` on this worker.
+async fn take_up(
+    server: &Rc<Server>,
+    store: &dyn crate::store::Store,
+    id: Rc<str>,
+    req: &Request,
+) -> Result<Rc<Session>, (u16, &'static str)> {
+    const NOT_FOUND: (u16, &str) = (404, "Session not found");
+    let record = match store.get(&key(&id)).await {
+        Ok(Some(value)) => value,
+        Ok(None) => return Err(NOT_FOUND),
+        Err(e) => {
+            metrics::with(|m| m.session_store_failures += 1);
+            if store_log_due() {
+                log::warn(format_args!(
+                    "server {}: a shared session could not be looked up: {e}",
+                    server.name
+                ));
+            }
+            return Err((503, "Service Unavailable: the session store cannot be read"));
+        }
+    };
+    let record = match decode(&record.bytes) {
+        Ok(record) => record,
+        Err(why) => {
+            log::warn(format_args!(
+                "server {}: the store holds {why} for a session id; answered as unknown",
+                server.name
+            ));
+            return Err(NOT_FOUND);
+        }
+    };
+    if let Some(session) = server.sessions.borrow().get(&id) {
+        // Opened here meanwhile (an id from another worker of this node, handed over).
+        return Ok(session.clone());
+    }
+    let hello = ClientHello {
+        capabilities: record.capabilities.clone(),
+        protocol_version: record.version,
+        authorization: super::edge::authorization(req),
+        adopt: record.handoff.clone(),
+    };
+    let begin = Begin::lifecycle(hello, Instant::now() + server.cfg.request_timeout);
+    let (caller, callee) = stream::open(begin);
+    server.exit.open(callee);
+    let first = tokio::time::timeout(server.cfg.request_timeout, caller.reply.next()).await;
+    let Ok(Some(Frame::Begin(reply))) = first else {
+        let_go(&caller);
+        log::warn(format_args!(
+            "server {}: a shared session could not be taken up: its exit did not open it",
+            server.name
+        ));
+        return Err((
+            503,
+            "Service Unavailable: the session could not be taken up",
+        ));
+    };
+    if server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
+        // Filled up while the exit was asked.
+        let_go(&caller);
+        metrics::with(|m| m.overload_rejections += 1);
+        return Err((503, "Service Unavailable: session table full"));
+    }
+    let link = Link::new(
+        record.capabilities,
+        reply.handoff.clone().or(record.handoff),
+    );
+    let session = Session::create(server, id, record.version, reply, caller, Some(link));
+    metrics::with(|m| m.sessions_adopted += 1);
+    // The record now names this node's handoff and activity too, unless the session was
+    // deleted at another node since it was read: then it is gone here too.
+    if session.write_record(server, Write::Update, true).await == Written::Gone {
+        session::end(server, &session, "deleted at another node", Ending::Detach);
+        return Err(NOT_FOUND);
+    }
+    Ok(session)
+}
+
+/// Ends a lifecycle opened to take a session up without ending the session upstream: the
+/// exit's sessions may be in use at other nodes.
+fn let_go(caller: &stream::Caller) {
+    let detach = Flush {
+        id: None,
+        event: Event::Detach,
+    };
+    let _ = caller.initial.try_flush(detach);
+    caller.initial.end();
+}
+
+/// Lets go of every shared session held here (a drain): they live on at the other nodes.
+/// One whose record was never written (the store was down when it opened) is known to no
+/// other node: it ends.
+pub fn detach_all(server: &Server) -> Vec<Rc<Session>> {
+    let sessions: Vec<Rc<Session>> = server.sessions.borrow().values().cloned().collect();
+    for s in &sessions {
+        let recorded = s.shared.as_ref().is_some_and(Link::recorded);
+        let ending = if recorded {
+            Ending::Detach
+        } else {
+            Ending::End
+        };
+        session::end(server, s, "shutdown", ending);
+    }
+    sessions
+}
