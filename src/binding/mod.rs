@@ -9,6 +9,7 @@
 
 pub mod client;
 pub mod demo;
+pub mod protocol;
 pub mod proxy;
 pub mod server;
 

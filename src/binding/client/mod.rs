@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 const CLIENT_NAME: &str = "mcpyard";
 
 /// The protocol version mcpyard asks upstreams for.
-const PROTOCOL_VERSION: &str = "2025-11-25";
+const PROTOCOL_VERSION: &str = crate::binding::protocol::LATEST;
 
 /// `Accept` of every upstream POST (MCP: both media types must be listed).
 const ACCEPT_BOTH: &[u8] = b"application/json, text/event-stream";

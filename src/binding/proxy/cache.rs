@@ -956,7 +956,7 @@ async fn open_session(
     let deadline = Instant::now() + cache.setup.route_timeout;
     let hello = ClientHello {
         capabilities: Bytes::from_static(b"{}"),
-        protocol_version: crate::binding::server::PROTOCOL_VERSIONS[0],
+        protocol_version: crate::binding::protocol::LATEST,
         authorization: cache.setup.authorization.clone(),
         adopt: None,
     };

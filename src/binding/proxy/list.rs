@@ -14,9 +14,8 @@
 //! items it already gave stay (they are whole). Only when every route fails does the
 //! caller get an error, the first bearer challenge if there is one.
 
-use super::request::read_params;
 use super::session::{ProxySession, describe};
-use super::{Family, Proxy, Route, cache, fail, internal, rpc_error};
+use super::{Family, Proxy, Route, answer, cache, fail, internal, read_params, rpc_error};
 use crate::jsonrpc::{self, ItemMode, ItemRewriter, ItemRules, ItemSink};
 use crate::limits::LIST_PAGES_MAX;
 use crate::log;
@@ -505,4 +504,14 @@ fn gather(parts: &mut Vec<Bytes>) -> Option<Bytes> {
         out.put_slice(&part);
     }
     Some(out.freeze())
+}
+
+/// Answers a list request from the cache: the stored bytes as they are (or, for a session
+/// that may not see every route, without those routes' items), through the reply's window.
+pub async fn serve_cached(callee: &Callee, cached: Bytes) {
+    if !accept(callee).await {
+        return;
+    }
+    metrics::with(|m| m.cache.hits += 1);
+    answer(callee, cached).await;
 }

@@ -25,10 +25,10 @@ mod session;
 use crate::FastMap;
 use crate::binding::{Exit, Serving};
 use crate::config::{AllowList, ProxyBinding};
-use crate::limits::SESSIONS_PER_WORKER_MAX;
+use crate::limits::{MESSAGE_BYTES_MAX, SESSIONS_PER_WORKER_MAX};
 use crate::metrics;
-use crate::stream::{Callee, Caps, Kind, ListKind, Reset};
-use bytes::Bytes;
+use crate::stream::{Callee, Caps, Frame, Kind, ListKind, Reset};
+use bytes::{Bytes, BytesMut};
 use event_id::Prefixes;
 use session::ProxySession;
 use std::cell::{Cell, RefCell};
@@ -302,6 +302,39 @@ fn rpc_error(code: i32, message: &str) -> Reset {
 /// JSON-RPC -32603 with `message`.
 fn internal(message: &str) -> Reset {
     rpc_error(crate::jsonrpc::INTERNAL_ERROR, message)
+}
+
+/// Reads the caller's whole params (small ones: list and setLevel requests), bounded by
+/// [`MESSAGE_BYTES_MAX`]; `None` if the caller went away or sent too much.
+async fn read_params(callee: &Callee) -> Option<Bytes> {
+    let total = callee.begin.params_len as usize;
+    if total > MESSAGE_BYTES_MAX {
+        return None;
+    }
+    let mut params = BytesMut::with_capacity(total);
+    while params.len() < total {
+        match callee.initial.next().await {
+            Some(Frame::Data(piece)) => {
+                callee.initial.ack(piece.len() as u32);
+                if piece.len() > total - params.len() {
+                    return None;
+                }
+                params.extend_from_slice(&piece);
+            }
+            Some(Frame::Begin(_) | Frame::Flush(_)) => {}
+            Some(Frame::End | Frame::Abort) | None => return None,
+        }
+    }
+    Some(params.freeze())
+}
+
+/// Answers the caller with a whole result.
+async fn answer(callee: &Callee, result: Bytes) {
+    if callee.reply.begin(Default::default()).await.is_ok()
+        && callee.reply.data(result).await.is_ok()
+    {
+        callee.reply.end();
+    }
 }
 
 /// Runs `futures` concurrently on the current task and returns their outputs in order.

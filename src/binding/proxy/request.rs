@@ -10,7 +10,7 @@
 
 use super::rename::{self, Splice};
 use super::session::{self, ProxySession};
-use super::{Family, Proxy, Route, fail, internal, join_all, list, rpc_error};
+use super::{Family, Proxy, Route, answer, fail, internal, join_all, list, read_params, rpc_error};
 use crate::jsonrpc::{self, ItemMode, ItemRewriter, ItemRules, ItemSink};
 use crate::limits::MESSAGE_BYTES_MAX;
 use crate::metrics::{self, Outcome};
@@ -42,7 +42,7 @@ pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
         // as large as its largest state.
         | Kind::ResourcesTemplatesList => {
             if let Some(cached) = proxy.cached_list(callee.begin.kind, &session) {
-                return Box::pin(answer_cached(&callee, cached)).await;
+                return Box::pin(list::serve_cached(&callee, cached)).await;
             }
             Box::pin(list::serve(&proxy, &session, &callee)).await
         }
@@ -429,30 +429,6 @@ enum Step {
     Initial(Option<Frame>),
 }
 
-/// Reads the caller's whole params (small ones: list and setLevel requests), bounded by
-/// [`MESSAGE_BYTES_MAX`]; `None` if the caller went away or sent too much.
-pub async fn read_params(callee: &Callee) -> Option<Bytes> {
-    let total = callee.begin.params_len as usize;
-    if total > MESSAGE_BYTES_MAX {
-        return None;
-    }
-    let mut params = BytesMut::with_capacity(total);
-    while params.len() < total {
-        match callee.initial.next().await {
-            Some(Frame::Data(piece)) => {
-                callee.initial.ack(piece.len() as u32);
-                if piece.len() > total - params.len() {
-                    return None;
-                }
-                params.extend_from_slice(&piece);
-            }
-            Some(Frame::Begin(_) | Frame::Flush(_)) => {}
-            Some(Frame::End | Frame::Abort) | None => return None,
-        }
-    }
-    Some(params.freeze())
-}
-
 /// `logging/setLevel`: sent to every open route that logs; answered `{}` once they have
 /// answered, unless none of them took it.
 async fn set_level(proxy: &Rc<Proxy>, session: &Rc<ProxySession>, callee: &Callee) {
@@ -529,24 +505,5 @@ pub async fn call(route: &Route, begin: Begin, params: Bytes) -> Result<Bytes, R
                 });
             }
         }
-    }
-}
-
-/// Answers a list request from the cache: the stored bytes as they are (or, for a session
-/// that may not see every route, without those routes' items), through the reply's window.
-async fn answer_cached(callee: &Callee, cached: Bytes) {
-    if !list::accept(callee).await {
-        return;
-    }
-    metrics::with(|m| m.cache.hits += 1);
-    answer(callee, cached).await;
-}
-
-/// Answers the caller with a whole result.
-pub async fn answer(callee: &Callee, result: Bytes) {
-    if callee.reply.begin(Default::default()).await.is_ok()
-        && callee.reply.data(result).await.is_ok()
-    {
-        callee.reply.end();
     }
 }

@@ -35,11 +35,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
-/// Protocol versions this gateway speaks with agents, newest first.
-pub const PROTOCOL_VERSIONS: [&str; 2] = ["2025-11-25", "2025-06-18"];
-/// Versions an agent may name in `MCP-Protocol-Version` (2025-03-26 clients never send
-/// the header, but a proxying client might).
-const HEADER_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+use crate::binding::protocol::HEADER_VERSIONS;
+pub use crate::binding::protocol::PROTOCOL_VERSIONS;
 
 /// One worker's instance of a server binding.
 pub struct Server {
