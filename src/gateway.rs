@@ -10,7 +10,7 @@ use crate::binding::proxy::cache::CacheSetup;
 use crate::binding::server::{Server, net};
 use crate::config::{Binding, ClientAuth, Config, ProxyBinding};
 use crate::limits::{CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE};
-use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task, tls};
+use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task};
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
@@ -46,7 +46,7 @@ struct WorkerPlan {
 struct TlsSetups {
     /// Swapped whole on SIGHUP (certificate reload); each new connection loads the current one.
     servers: BTreeMap<String, Arc<ArcSwap<rustls::ServerConfig>>>,
-    clients: BTreeMap<String, tls::Upstream>,
+    clients: BTreeMap<String, crate::certs::Upstream>,
 }
 
 fn tls_setups(config: &Config) -> Result<TlsSetups, String> {
@@ -55,7 +55,7 @@ fn tls_setups(config: &Config) -> Result<TlsSetups, String> {
         match binding {
             Binding::Server(s) => {
                 if let Some(t) = &s.tls {
-                    let built = tls::server_config(&t.cert, &t.key)
+                    let built = crate::certs::server_config(&t.cert, &t.key)
                         .map_err(|e| format!("{}: bindings.{name}.tls: {e}", config.source))?;
                     setups
                         .servers
@@ -63,7 +63,7 @@ fn tls_setups(config: &Config) -> Result<TlsSetups, String> {
                 }
             }
             Binding::Client(c) if c.server.scheme == crate::config::Scheme::Https => {
-                let built = tls::Upstream::new(&c.server.host, c.tls_ca.as_deref())
+                let built = crate::certs::Upstream::new(&c.server.host, c.tls_ca.as_deref())
                     .map_err(|e| format!("{}: bindings.{name}.server: {e}", config.source))?;
                 setups.clients.insert(name.clone(), built);
             }
@@ -231,7 +231,7 @@ async fn reload_on_hangup(config: Arc<Config>, tls: Arc<TlsSetups>) {
             let Some(files) = &server.tls else {
                 continue;
             };
-            match tls::server_config(&files.cert, &files.key) {
+            match crate::certs::server_config(&files.cert, &files.key) {
                 Ok(mut fresh) => {
                     let old = current.load();
                     if let Some(f) = Arc::get_mut(&mut fresh) {

@@ -2,6 +2,7 @@
 #![forbid(unused_must_use)]
 
 pub mod binding;
+pub mod certs;
 pub mod config;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

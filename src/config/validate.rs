@@ -351,7 +351,7 @@ fn server_tls(cx: &Cx<'_>, raw: RawTls) -> Result<ServerTls, Fault> {
     };
     let cert = file("tls.cert", raw.cert, "a PEM certificate chain (leaf first)")?;
     let key = file("tls.key", raw.key, "the certificate's PEM private key")?;
-    crate::runtime::tls::server_config(&cert, &key).map_err(|e| fault(cx.key("tls"), e))?;
+    crate::certs::server_config(&cert, &key).map_err(|e| fault(cx.key("tls"), e))?;
     Ok(ServerTls { cert, key })
 }
 
@@ -373,7 +373,7 @@ fn client_tls(cx: &Cx<'_>, server: &UpstreamUrl, raw: RawTls) -> Result<Option<P
         return Ok(None);
     };
     let ca = cx.dir.join(ca);
-    crate::runtime::tls::client_config(Some(&ca)).map_err(|e| fault(cx.key("tls.ca"), e))?;
+    crate::certs::client_config(Some(&ca)).map_err(|e| fault(cx.key("tls.ca"), e))?;
     Ok(Some(ca))
 }
 

@@ -31,8 +31,6 @@ thread_local! {
     /// An operation was queued since the flusher last entered the ring.
     static PENDING: Cell<bool> = const { Cell::new(false) };
     static FLUSHER: Cell<Option<Waker>> = const { Cell::new(None) };
-    /// `io_uring_enter` calls the flusher made on this worker.
-    static FLUSHES: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Rings are created one at a time, so a new descriptor is the new ring's.
@@ -133,13 +131,8 @@ fn enter(fd: RawFd) {
         )
     };
     if rc >= 0 {
-        FLUSHES.with(|f| f.set(f.get() + 1));
+        crate::metrics::with(|m| m.uring_flushes += 1);
     }
-}
-
-/// This worker's flusher `io_uring_enter` calls so far (0 where it does not run).
-pub fn flushes() -> u64 {
-    FLUSHES.with(Cell::get)
 }
 
 /// True if this worker submits promptly (its flusher runs).

@@ -4,6 +4,7 @@
 //! the server side (garbage, a truncated ClientHello left hanging, a peer that closes).
 
 use super::*;
+use crate::certs::{Upstream, client_config, server_config};
 use crate::metrics::TlsFailure;
 use crate::runtime::io::Listener;
 use crate::runtime::{Backend, block_on};

@@ -75,7 +75,7 @@ impl Client {
         worker: u8,
         backend: Backend,
         slots: Rc<Slots>,
-        tls: Option<crate::runtime::tls::Upstream>,
+        tls: Option<crate::certs::Upstream>,
     ) -> Rc<Client> {
         let url = Rc::new(cfg.server.clone());
         Rc::new_cyclic(|me| Client {

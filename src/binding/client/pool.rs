@@ -16,6 +16,7 @@
 //! reason: a refused certificate over a handshake that went nowhere over a failed connect.
 
 use super::wire::Link;
+use crate::certs::Upstream;
 use crate::config::UpstreamUrl;
 use crate::limits::{
     UPSTREAM_ADDRS_MAX, UPSTREAM_CONNECTIONS_MAX, UPSTREAM_POOL_IDLE_MAX,
@@ -23,7 +24,7 @@ use crate::limits::{
 };
 use crate::log;
 use crate::metrics::{self, TlsFailure};
-use crate::runtime::tls::{HandshakeError, Upstream};
+use crate::runtime::tls::HandshakeError;
 use crate::runtime::{Backend, Conn, Slots};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;

@@ -12,9 +12,9 @@
 //! backend under test.
 
 use super::*;
+use crate::certs::server_config;
 use crate::config::Scheme;
 use crate::runtime::block_on;
-use crate::runtime::tls::server_config;
 use crate::testing::Ca;
 use rustls::ServerConfig;
 use std::io::{Read, Write};
