@@ -905,7 +905,7 @@ def test_unknown_malformed_and_forged_ids_are_404_or_working_sessions(upstreams,
 
 
 def test_with_redis_down_sessions_open_and_work_on_their_node_only(upstreams, redis, tmp_path):
-    cluster = Cluster(upstreams, redis, tmp_path)
+    cluster = Cluster(upstreams, redis, tmp_path, timeout="8s")
     a, b = cluster.nodes
 
     async def scenario():
@@ -933,6 +933,21 @@ def test_with_redis_down_sessions_open_and_work_on_their_node_only(upstreams, re
 
             await poll(shared_again, "sessions were not shared again once redis was back", timeout_s=20, interval_s=0.3)
             assert await upstream_session(alone, a) == u, "the node-local session went on working"
+
+            # The session opened while redis was down gets its record at A's next write
+            # (a quarter of the session timeout after the failed one): then B serves it too,
+            # on the same upstream session.
+            async def alone_shared():
+                return await status_of(alone, b, "ping") == 200
+
+            await poll(alone_shared, "the session opened while redis was down was never shared", timeout_s=20, interval_s=0.5)
+            assert await upstream_session(alone, b) == u
+            # Redis came back empty: the records of the sessions shared before are gone, and
+            # the nodes let go of them (without ending them upstream): the agent starts anew.
+            async def raw_gone():
+                return await status_of(raw, a, "ping") == 404 and await status_of(raw, b, "ping") == 404
+
+            await poll(raw_gone, "a session whose record redis lost was still served", timeout_s=10, interval_s=0.3)
 
     cluster.run(scenario, timeout_s=60)
 

@@ -634,7 +634,13 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
 /// session's task never waits on the store); a record that is gone was deleted at another
 /// node meanwhile, and this copy goes too (that node ended the upstream sessions).
 async fn write_record(server: Rc<Server>, session: Rc<Session>) {
-    if session.write_record(&server, Write::Update, false).await == Written::Gone {
+    // A record never written (the store was down when the session opened) is made now: no
+    // other node knew the session, so none can have deleted it.
+    let how = match session.shared.as_ref().is_some_and(Link::recorded) {
+        true => Write::Update,
+        false => Write::Create,
+    };
+    if session.write_record(&server, how, false).await == Written::Gone {
         end(&server, &session, "deleted at another node", Ending::Detach);
     }
 }
