@@ -1,6 +1,6 @@
 //! TLS for the generator (`run --url https://... --tls-ca PEM`) and the fixture (`upstream
 //! --tls-cert PEM --tls-key PEM`): rustls (ring) with mcpyard's own configs
-//! (`mcpyard::runtime::tls::{client_config, server_config}`: ALPN `http/1.1`, TLS 1.2 and
+//! (`mcpyard::certs::{client_config, server_config}`: ALPN `http/1.1`, TLS 1.2 and
 //! 1.3, stateless tickets on the server, an in-memory resumption cache on the client).
 //!
 //! [`Layer`] is sans-IO, like mcpyard's `Conn::received`: the caller reads the raw socket
@@ -50,7 +50,7 @@ impl ClientTls {
     /// Trusts the CA certificates in `ca` (PEM; the platform's roots without one) and
     /// verifies `host` (a DNS name, sent as SNI, or an IP address, verified only).
     pub fn new(host: &str, ca: Option<&Path>, resumption: Resumption) -> Result<ClientTls, String> {
-        let shared = mcpyard::runtime::tls::client_config(ca)?;
+        let shared = mcpyard::certs::client_config(ca)?;
         let config = match resumption {
             Resumption::On => shared,
             Resumption::Off => {
@@ -73,7 +73,7 @@ impl ClientTls {
 
 /// The fixture's TLS config: certificate chain and key from PEM files.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
-    mcpyard::runtime::tls::server_config(cert, key)
+    mcpyard::certs::server_config(cert, key)
 }
 
 /// A server session for one accepted connection.

@@ -107,9 +107,12 @@ def node_config(
     extra_stores: str = "",
 ) -> str:
     """One node's config. `shape` "client": north exits straight to the client `alpha`;
-    "proxy": north exits to a proxy routing toolkits `alpha` and `beta` (both in `urls`).
+    "proxy": north exits to a proxy routing toolkits `alpha` and `beta` (both in `urls`);
+    "cached": the same proxy with a list cache in the store (its routes open at a
+    session's first call, not at initialize).
     `sessions` is the store north's sessions live in (None: no `sessions:`)."""
-    exit_name = "tools" if shape == "proxy" else "alpha"
+    proxied = shape in ("proxy", "cached")
+    exit_name = "tools" if proxied else "alpha"
     shared = f"sessions: {{ store: {sessions} }}, " if sessions else ""
     lines = [
         f"runtime: {{ workers: 2, io: {io} }}",
@@ -118,9 +121,12 @@ def node_config(
         "bindings:",
         f"  north: {{ kind: server, listen: 127.0.0.1:0, path: /mcp, exit: {exit_name}, {shared}session_timeout: {timeout} }}",
     ]
-    clients = dict(urls) if shape == "proxy" else {"alpha": urls["alpha"]}
-    if shape == "proxy":
-        lines += ["  tools:", "    kind: proxy", "    routes:"]
+    clients = dict(urls) if proxied else {"alpha": urls["alpha"]}
+    if proxied:
+        lines += ["  tools:", "    kind: proxy"]
+        if shape == "cached":
+            lines += ["    cache: { store: shared, ttl: 5m }"]
+        lines += ["    routes:"]
         lines += [f"      - {{ toolkit: {name}, exit: {name} }}" for name in clients]
     auth = ", authorization: forward" if forward else ""
     lines += [
@@ -185,7 +191,7 @@ class Cluster:
 
     def tool(self, name: str, route: str = "alpha") -> str:
         """The agent's name for an upstream tool (toolkit-prefixed through the proxy)."""
-        return f"{route}__{name}" if self.shape == "proxy" else name
+        return f"{route}__{name}" if self.shape in ("proxy", "cached") else name
 
     def key(self, session_id: str) -> str:
         return f"{self.prefix}value:session:{session_id}"
@@ -627,6 +633,36 @@ def test_a_session_the_upstream_forgot_is_renewed_in_the_record(upstreams, redis
                 before = await upstream_stats(client, alpha)
                 assert await upstream_session(raw, b, tool) == renewed
                 assert opened_since(before, await upstream_stats(client, alpha)) == []
+
+    cluster.run(scenario)
+
+
+def test_a_route_opened_at_one_node_is_taken_up_at_the_other(upstreams, redis, tmp_path):
+    """With a cache, a proxy opens a route at the session's first call that needs it. The
+    session opens on A, its first call goes to B (which takes it up and opens route
+    alpha), then to A: A, which holds the session with alpha still closed, takes alpha up
+    from the record B wrote instead of opening an upstream session of its own."""
+    cluster = Cluster(upstreams, redis, tmp_path, shape="cached")
+    a, b = cluster.nodes
+    alpha = upstreams["alpha"].address
+    tool = cluster.tool("upstream_session")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            with RedisConn(redis.port) as conn:
+                raw = await open_session(client, a)
+                before = await upstream_stats(client, alpha)
+                u = await upstream_session(raw, b, tool)
+
+                async def a_heard_it():
+                    # A's copy hears of the record B rewrote; its next call uses it.
+                    return u in json.dumps(read_record(conn, cluster, raw.session_id)[1]["handoff"])
+
+                await poll(a_heard_it, "B's route alpha never reached the record")
+                await anyio.sleep(0.3)
+                assert await upstream_session(raw, a, tool) == u
+                assert await upstream_session(raw, b, tool) == u
+                assert opened_since(before, await upstream_stats(client, alpha)) == [u]
 
     cluster.run(scenario)
 

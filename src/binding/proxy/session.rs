@@ -111,6 +111,10 @@ pub struct ProxySession {
     aggregate: RefCell<Option<Rc<str>>>,
     /// `pending_resume[i]`: resume route i from this id once it opens.
     pending_resume: RefCell<Vec<Option<Option<Rc<str>>>>>,
+    /// A shared session: `adoptable[i]` is route i's handoff from another node that opened
+    /// it while this node had it closed; the next opening takes it up instead of opening a
+    /// new upstream session.
+    adoptable: RefCell<Vec<Option<Bytes>>>,
     round: RefCell<Round>,
     /// The caller has been answered: routes opened from now on are news to the agent.
     answered: Cell<bool>,
@@ -166,6 +170,7 @@ impl ProxySession {
             event_ids: RefCell::new(vec![None; routes]),
             aggregate: RefCell::new(None),
             pending_resume: RefCell::new(vec![None; routes]),
+            adoptable: RefCell::new(vec![None; routes]),
             round: RefCell::new(Round::default()),
             answered: Cell::new(false),
             closed: Cell::new(false),
@@ -284,7 +289,12 @@ impl ProxySession {
                 continue;
             }
             // Boxed: rare, and far larger than the callers' own states.
-            return Box::pin(self.open(proxy, index, deadline, None)).await;
+            let adopt = self
+                .adoptable
+                .borrow_mut()
+                .get_mut(index)
+                .and_then(Option::take);
+            return Box::pin(self.open(proxy, index, deadline, adopt)).await;
         }
     }
 
@@ -766,6 +776,27 @@ async fn opening(
     })
 }
 
+/// The routes a proxy handoff names, each with its own handoff; `None` if `raw` is not a
+/// proxy's handoff.
+fn route_handoffs(proxy: &Proxy, raw: &[u8]) -> Option<Vec<(usize, Bytes)>> {
+    #[derive(serde::Deserialize)]
+    struct Handoff<'a> {
+        #[serde(borrow)]
+        routes:
+            std::collections::BTreeMap<std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue>,
+    }
+    let handoff = serde_json::from_slice::<Handoff<'_>>(raw).ok()?;
+    let named = proxy
+        .routes
+        .iter()
+        .filter_map(|route| {
+            let raw = handoff.routes.get(&*route.label)?;
+            Some((route.index, Bytes::copy_from_slice(raw.get().as_bytes())))
+        })
+        .collect();
+    Some(named)
+}
+
 /// A session another node opened, taken up from its handoff `raw`: the routes it names
 /// open from their own handoffs (in parallel, bounded by the caller's deadline), the
 /// others stay closed until a request needs them. `None` when nothing could be taken up
@@ -777,28 +808,14 @@ async fn adopting(
     callee: &Callee,
     raw: &[u8],
 ) -> Option<ReplyBegin> {
-    #[derive(serde::Deserialize)]
-    struct Handoff<'a> {
-        #[serde(borrow)]
-        routes:
-            std::collections::BTreeMap<std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue>,
-    }
     let deadline = callee.begin.deadline;
-    let Ok(handoff) = serde_json::from_slice::<Handoff<'_>>(raw) else {
+    let Some(named) = route_handoffs(proxy, raw) else {
         log::warn(format_args!(
             "proxy {}: a shared session's handoff is not a proxy's; opening the routes",
             proxy.name
         ));
         return None;
     };
-    let named: Vec<(usize, Bytes)> = proxy
-        .routes
-        .iter()
-        .filter_map(|route| {
-            let raw = handoff.routes.get(&*route.label)?;
-            Some((route.index, Bytes::copy_from_slice(raw.get().as_bytes())))
-        })
-        .collect();
     let opens = named
         .into_iter()
         .map(|(i, raw)| session.open(proxy, i, deadline, Some(raw)));
@@ -1094,6 +1111,22 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
                 }
             }
             Step::Initial(Some(Frame::Data(piece))) => callee.initial.ack(piece.len() as u32),
+            Step::Initial(Some(Frame::Flush(Flush {
+                event: Event::Handoff(raw),
+                ..
+            }))) => {
+                // Another node opened routes of this shared session: those closed here
+                // are taken up from it when a request needs them.
+                for (index, handoff) in route_handoffs(proxy, &raw).unwrap_or_default() {
+                    let closed = session
+                        .routes
+                        .get(index)
+                        .is_some_and(|slot| matches!(&*slot.borrow(), RouteState::Closed { .. }));
+                    if closed && let Some(slot) = session.adoptable.borrow_mut().get_mut(index) {
+                        *slot = Some(handoff);
+                    }
+                }
+            }
             Step::Initial(Some(Frame::Flush(Flush {
                 event: Event::Detach,
                 ..

@@ -646,8 +646,10 @@ async fn write_record(server: Rc<Server>, session: Rc<Session>) {
 }
 
 /// A shared session's record changed at some node (its watch fired): reads it in a task of
-/// its own (one at a time per session), and lets go of the session here when it is gone
-/// (see [`shared::recorded`]).
+/// its own (one at a time per session). A record gone lets go of the session here (see
+/// [`shared::Looked::Gone`]); a record whose handoff differs from this node's (another
+/// node opened routes) is passed to the exit, which takes those routes up instead of
+/// opening upstream sessions of its own.
 fn recheck(server: &Rc<Server>, session: &Rc<Session>) {
     let Some(link) = session.shared.as_ref() else {
         return;
@@ -657,12 +659,28 @@ fn recheck(server: &Rc<Server>, session: &Rc<Session>) {
     }
     let (server, session) = (server.clone(), session.clone());
     tokio::task::spawn_local(async move {
-        let recorded = shared::recorded(&server, &session.id).await;
-        if let Some(link) = session.shared.as_ref() {
-            link.checking.set(false);
-        }
-        if !recorded {
-            end(&server, &session, "deleted at another node", Ending::Detach);
+        let looked = shared::look(&server, &session.id).await;
+        let Some(link) = session.shared.as_ref() else {
+            return;
+        };
+        link.checking.set(false);
+        match looked {
+            shared::Looked::Gone => {
+                end(&server, &session, "deleted at another node", Ending::Detach);
+            }
+            shared::Looked::Recorded(Some(handoff))
+                if link.handoff().as_ref() != Some(&handoff) =>
+            {
+                link.adopt_handoff(handoff.clone());
+                let flush = Flush {
+                    id: None,
+                    event: Event::Handoff(handoff),
+                };
+                if !session.lifecycle.initial.try_flush(flush) {
+                    metrics::with(|m| m.overload_rejections += 1);
+                }
+            }
+            shared::Looked::Recorded(_) | shared::Looked::Unknown => {}
         }
     });
 }

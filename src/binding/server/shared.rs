@@ -135,6 +135,17 @@ impl Link {
         }
     }
 
+    /// The exit's latest handoff, as written to the record or read from it.
+    pub fn handoff(&self) -> Option<Bytes> {
+        self.handoff.borrow().clone()
+    }
+
+    /// Another node's handoff, read from the record: what this node writes from now on
+    /// (its exit takes it up where it has routes closed), not a change to write.
+    pub fn adopt_handoff(&self, handoff: Bytes) {
+        *self.handoff.borrow_mut() = Some(handoff);
+    }
+
     /// The exit's handoff changed: the record is written again.
     pub fn set_handoff(&self, handoff: Bytes) {
         *self.handoff.borrow_mut() = Some(handoff);
@@ -411,16 +422,32 @@ pub async fn at_expiry(server: &Server, id: &str) -> Ending {
     }
 }
 
-/// False when session `id`'s record is gone from the store (read after its watch fired:
-/// a `DELETE` at another node removes it). The caller lets go of its copy without ending
-/// anything upstream: the node that deleted it ended the upstream sessions, and a store
-/// that lost its data (a Redis restarted empty) must not make every node end every
-/// session upstream. A store that cannot be read keeps the session.
-pub async fn recorded(server: &Server, id: &str) -> bool {
+/// What the store holds for a session, read after its watch fired.
+pub enum Looked {
+    /// Its record, with the handoff in it (another node may have opened routes).
+    Recorded(Option<Bytes>),
+    /// No record: a `DELETE` at another node removed it (or the store lost it). The
+    /// caller lets go of its copy without ending anything upstream: the node that deleted
+    /// it ended the upstream sessions, and a store that lost its data (a Redis restarted
+    /// empty) must not make every node end every session upstream.
+    Gone,
+    /// The store could not be read, or the record is not ours: the session is kept.
+    Unknown,
+}
+
+/// Reads session `id`'s record (see [`Looked`]).
+pub async fn look(server: &Server, id: &str) -> Looked {
     let Some(store) = server.shared.as_ref() else {
-        return true;
+        return Looked::Unknown;
     };
-    !matches!(store.get(&key(id)).await, Ok(None))
+    match store.get(&key(id)).await {
+        Ok(None) => Looked::Gone,
+        Ok(Some(value)) => match decode(&value.bytes) {
+            Ok(record) => Looked::Recorded(record.handoff),
+            Err(_) => Looked::Unknown,
+        },
+        Err(_) => Looked::Unknown,
+    }
 }
 
 #[cfg(test)]
