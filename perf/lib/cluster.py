@@ -31,12 +31,20 @@ B's first (takes the session up from Redis with A's upstream session), B's next;
 sessions whose first call goes to B and the next to A (does A reuse B's upstream
 session?); then DELETE on A and whether B lets go of its copies.
 
-Phase `fanout`: --sessions sessions with a GET stream on each of A and B (this script's own
+Phase `callgrind`: instructions per cached tools/list and per tools/call on a node with and
+without `sessions:` (epoll, under valgrind), as perf/callgrind.sh counts them: the same
+question as no-sessions above, without the machine's noise.
+
+Phase `fanout` (run right after `idle`, so the nodes hold no other sessions): --sessions
+sessions with a GET stream on each of A and B (this script's own
 client: one socket per session, kernel receive timestamps via SO_TIMESTAMPNS, so reading
 late costs no accuracy and the reader takes no CPU while the nodes fan out), then per round
 a real change of the fixture's tool list (POST /control/tools_changed, as compare-cache
 does); per node the time from the trigger to each session's receipt, and a count of every
-list_changed each session got (exactly one per round is right).
+list_changed each session got (exactly one per round is right); then DELETE on each.
+
+Order: idle, fanout, load, churn, adopt, callgrind. `--report-only` rewrites the report
+from the JSON without measuring.
 """
 
 import argparse
@@ -1189,8 +1197,6 @@ def strip(data):
             for r in summ.get("rounds", []):
                 for k in ("argv", "tag", "service_us", "scenario", "duration_s"):
                     r.pop(k, None)
-                r["redis"] = {n: {c: {"calls": v["calls"]} for c, v in st.items()}
-                              for n, st in r.get("redis", {}).items()}
     return d
 
 
@@ -1410,7 +1416,9 @@ def report(d):
                  f"{p['rounds']} rounds, the configurations taking turns; closed loop "
                  f"{p['max_duration']}, open loop {p['rate_duration']}, {p['warmup']} warm-up "
                  "each; medians (each percentile on its own). CPU µs/req is each process "
-                 "group's utime+stime during the run (10 ms ticks) over the requests.\n")
+                 "group's utime+stime during the run (10 ms ticks) over the requests; Redis's "
+                 "includes feeding this script's MONITOR connection (section 3), which copies "
+                 "every command it runs.\n")
         L.append("Max throughput, closed loop:\n")
         L += load_tables(d)
         L.append("**Two nodes against one** (same run; max throughput, mcpyard CPU per "
