@@ -20,6 +20,8 @@ pub mod redis;
 #[cfg(test)]
 mod redis_tests;
 #[cfg(test)]
+pub mod testing;
+#[cfg(test)]
 mod tests;
 
 use bytes::Bytes;

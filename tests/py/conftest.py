@@ -98,6 +98,15 @@ class Route:
         return self.via != "direct"
 
 
+@pytest.fixture
+def redis(tmp_path):
+    """Debian's redis-server on a port chosen at run time, for one test (harness.Redis)."""
+    server = harness.Redis(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def tls_material(tmp_path_factory) -> tlscerts.Material:
     """A test CA and the certificates it signs (tlscerts.py), made once per run."""

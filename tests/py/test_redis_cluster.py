@@ -150,14 +150,6 @@ def upstreams(tmp_path_factory):
         harness.stop_upstream(child)
 
 
-@pytest.fixture
-def redis(tmp_path):
-    server = harness.Redis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
-
-
 async def tool_names(raw: RawSession) -> list[str]:
     reply = await raw.request("tools/list")
     assert reply.status == 200, reply.body

@@ -69,7 +69,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 import harness
 from helpers import Collector, run, tool_text, unique
-from rawmcp import PROTOCOL, RawSession, stream_sse
+from test_proxy import read_events
+from rawmcp import PROTOCOL, RawSession
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
@@ -224,14 +225,6 @@ def upstreams(tmp_path_factory):
     finally:
         for child in children.values():
             harness.stop_upstream(child)
-
-
-@pytest.fixture
-def redis(tmp_path):
-    server = harness.Redis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 # --- Redis from the test's side ----------------------------------------------------------
@@ -458,15 +451,6 @@ async def poll(check, what: str, timeout_s: float = TIMEOUT_S, interval_s: float
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} (within {timeout_s}s)")
         await anyio.sleep(interval_s)
-
-
-async def read_events(response: httpx2.Response, into: list[tuple[str | None, Any]], want: int) -> None:
-    """Appends (id, message) of every event with data until `want` have arrived."""
-    async for event in stream_sse(response):
-        if event.data:
-            into.append((event.id, json.loads(event.data)))
-            if len(into) >= want:
-                return
 
 
 def log_messages(events: list[tuple[str | None, Any]]) -> list[str]:

@@ -1225,69 +1225,13 @@ pub fn encode_list(array: &str, labels: &[&str], fragments: &[Option<Bytes>]) ->
 #[cfg(test)]
 mod unit {
     use super::*;
-    use crate::store::memory::MemoryStore;
-    use crate::store::{StoreError, StoreFuture, Watch};
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    /// The memory store, whose next `renew`s fail with a store error.
-    #[derive(Default)]
-    struct Flaky {
-        inner: MemoryStore,
-        renew_errors: AtomicU32,
-    }
-
-    impl Store for Flaky {
-        fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Value>> {
-            self.inner.get(key)
-        }
-        fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {
-            self.inner.put(key, bytes)
-        }
-        fn put_for<'a>(
-            &'a self,
-            key: &'a str,
-            bytes: Bytes,
-            ttl: Duration,
-            existing_only: bool,
-        ) -> StoreFuture<'a, Option<u64>> {
-            self.inner.put_for(key, bytes, ttl, existing_only)
-        }
-        fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
-            self.inner.delete(key)
-        }
-        fn lock<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Option<Token>> {
-            self.inner.lock(key, ttl)
-        }
-        fn renew<'a>(
-            &'a self,
-            key: &'a str,
-            token: &'a Token,
-            ttl: Duration,
-        ) -> StoreFuture<'a, bool> {
-            let failing = self
-                .renew_errors
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok();
-            if failing {
-                let error = StoreError {
-                    message: "no answer in time".to_owned(),
-                };
-                return Box::pin(std::future::ready(Err(error)));
-            }
-            self.inner.renew(key, token, ttl)
-        }
-        fn unlock<'a>(&'a self, key: &'a str, token: &'a Token) -> StoreFuture<'a, bool> {
-            self.inner.unlock(key, token)
-        }
-        fn watch(&self, key: &str) -> Result<Watch, StoreError> {
-            self.inner.watch(key)
-        }
-    }
+    use crate::store::testing::Hooked;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn a_renewal_that_errs_is_tried_again_while_the_lease_could_be_held() {
         crate::testing::run_local(async {
-            let store = Flaky::default();
+            let store = Hooked::default();
             let ttl = Duration::from_millis(400);
             let Ok(Some(token)) = store.lock("l", ttl).await else {
                 panic!("the lease is free")

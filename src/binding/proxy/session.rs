@@ -535,27 +535,33 @@ impl ProxySession {
     /// What another node needs to take this session up: each open route's handoff by the
     /// route's label; `None` when no open route gave one.
     fn handoff(&self, proxy: &Proxy) -> Option<Bytes> {
-        let open = self.open_routes();
-        let mut routes = std::collections::BTreeMap::new();
-        for (index, life) in &open {
-            let (Some(route), Some(raw)) =
-                (proxy.routes.get(*index), life.handoff.borrow().clone())
-            else {
-                continue;
-            };
-            let Some(value) = std::str::from_utf8(&raw)
-                .ok()
-                .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
-            else {
-                continue;
-            };
-            routes.insert(route.label.to_string(), value);
+        use serde_json::value::RawValue;
+        #[derive(serde::Serialize)]
+        struct Handoff<'a> {
+            routes: std::collections::BTreeMap<&'a str, &'a RawValue>,
         }
+        let given: Vec<(Rc<str>, Bytes)> = self
+            .open_routes()
+            .iter()
+            .filter_map(|(index, life)| {
+                let label = proxy.routes.get(*index)?.label.clone();
+                Some((label, life.handoff.borrow().clone()?))
+            })
+            .collect();
+        // Each route's handoff goes in as it came (checked to be JSON, not rebuilt).
+        let routes: std::collections::BTreeMap<&str, &RawValue> = given
+            .iter()
+            .filter_map(|(label, raw)| {
+                let text = std::str::from_utf8(raw).ok()?;
+                Some((&**label, serde_json::from_str::<&RawValue>(text).ok()?))
+            })
+            .collect();
         if routes.is_empty() {
             return None;
         }
-        let json = serde_json::json!({ "routes": routes });
-        serde_json::to_vec(&json).ok().map(Bytes::from)
+        serde_json::to_vec(&Handoff { routes })
+            .ok()
+            .map(Bytes::from)
     }
 
     /// Ends the session: every open route's lifecycle ends (its upstream session is

@@ -5,7 +5,8 @@
 use super::*;
 use crate::config::{AllowList, Glob, ProxyBinding, Route as RouteCfg, event_prefixes};
 use crate::store::memory::MemoryStore;
-use crate::store::{Store, StoreError, StoreFuture, SystemClock, Token, Value, Watch};
+use crate::store::testing::Hooked;
+use crate::store::{Store, SystemClock};
 use crate::stream::{
     Begin, Caller, Challenge, ClientHello, Event, Flush, Frame, ListKind, ReplyBegin, TargetAt,
     Throttle, open,
@@ -853,49 +854,6 @@ async fn takeover_route(worker: usize, shared: Arc<Takeover>, callee: Callee) {
     }
 }
 
-/// The memory store, recording every list written (a later write would hide a stale one).
-struct Recording {
-    inner: MemoryStore,
-    written: std::sync::Mutex<Vec<Bytes>>,
-}
-
-impl Store for Recording {
-    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Value>> {
-        self.inner.get(key)
-    }
-    fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {
-        if key == "tools/tools" {
-            let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-            written.push(bytes.clone());
-        }
-        self.inner.put(key, bytes)
-    }
-    fn put_for<'a>(
-        &'a self,
-        key: &'a str,
-        bytes: Bytes,
-        ttl: Duration,
-        existing_only: bool,
-    ) -> StoreFuture<'a, Option<u64>> {
-        self.inner.put_for(key, bytes, ttl, existing_only)
-    }
-    fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
-        self.inner.delete(key)
-    }
-    fn lock<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Option<Token>> {
-        self.inner.lock(key, ttl)
-    }
-    fn renew<'a>(&'a self, key: &'a str, token: &'a Token, ttl: Duration) -> StoreFuture<'a, bool> {
-        self.inner.renew(key, token, ttl)
-    }
-    fn unlock<'a>(&'a self, key: &'a str, token: &'a Token) -> StoreFuture<'a, bool> {
-        self.inner.unlock(key, token)
-    }
-    fn watch(&self, key: &str) -> Result<Watch, StoreError> {
-        self.inner.watch(key)
-    }
-}
-
 /// One worker of the lease test: a caching proxy over one route, until the test is done.
 fn takeover_worker(worker: usize, shared: Arc<Takeover>, store: Arc<dyn Store>) {
     run(async move {
@@ -945,10 +903,8 @@ fn wait_until(limit: Duration, what: &str, check: impl Fn() -> bool) {
 #[test]
 fn a_worker_stuck_past_its_lease_is_replaced_and_writes_nothing_after() {
     let shared = Arc::new(Takeover::default());
-    let store = Arc::new(Recording {
-        inner: MemoryStore::with_clock(Arc::new(SystemClock)),
-        written: std::sync::Mutex::new(Vec::new()),
-    });
+    // Every list written is recorded: a later write would hide a stale one.
+    let store = Arc::new(Hooked::default());
     let workers: Vec<_> = (0..2)
         .map(|w| {
             let (shared, store) = (shared.clone(), store.clone() as Arc<dyn Store>);
@@ -1004,11 +960,7 @@ fn a_worker_stuck_past_its_lease_is_replaced_and_writes_nothing_after() {
     wait_until(limit, "refreshes stopped", || listed() >= so_far + 2);
     assert!(shared.lists[successor].load(Ordering::SeqCst) > 0);
     assert_eq!(merged().as_deref(), Some(FRESH_MERGED.as_bytes()));
-    let written = store
-        .written
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let written = store.put_under("tools/tools");
     assert!(
         written
             .iter()

@@ -9,7 +9,7 @@ use super::Server;
 use super::edge::{accepts_sse, http_error};
 use super::lookup::session_for;
 use super::net::Request;
-use super::session::{GetHold, Session, Support, exit_id_carried, sse_head};
+use super::session::{GetHold, Session, Support, data_event, exit_id_carried, sse_head};
 use super::sink::Sink;
 use crate::limits::{EVENTS_PROBE_TIMEOUT, SSE_KEEPALIVE_INTERVAL};
 use crate::metrics::{self};
@@ -265,16 +265,9 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: 
         .await
         .is_err();
     if !gone && session.version >= "2025-11-25" {
-        let mut out = BytesMut::with_capacity(32);
-        let id = priming_id(&session, cursor);
-        let priming = sse::Event {
-            id: Some(&id),
-            event: None,
-            data: Some(b""),
-            retry_ms: None,
-        };
-        if sse::encode_event(&priming, &mut out).is_ok() {
-            gone = Box::pin(sink.body(&out)).await.is_err();
+        // The priming event: an id and empty data.
+        if let Some(priming) = data_event(&priming_id(&session, cursor), b"") {
+            gone = Box::pin(sink.body(&priming)).await.is_err();
         }
     }
     let mut replaced = false;

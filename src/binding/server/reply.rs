@@ -118,16 +118,9 @@ impl Render<'_> {
             return;
         }
         if self.session.version >= "2025-11-25" {
-            let id = self.event_id(0);
-            let mut out = BytesMut::with_capacity(32);
-            let priming = sse::Event {
-                id: Some(&id),
-                event: None,
-                data: Some(b""),
-                retry_ms: None,
-            };
-            if sse::encode_event(&priming, &mut out).is_ok() {
-                self.write(&out).await;
+            // The priming event: an id and empty data.
+            if let Some(priming) = data_event(&self.event_id(0), b"") {
+                self.write(&priming).await;
             }
         }
     }
