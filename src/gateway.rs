@@ -21,6 +21,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
 /// Everything a worker needs, sent to its thread.
@@ -83,6 +84,16 @@ pub fn run(config: Config) -> Result<(), String> {
             config.source
         ));
     }
+    // The signal handlers go in before anything listens: a SIGTERM that arrives once the
+    // first agent can connect must drain the gateway, not kill it by the default action.
+    let main_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the main event loop: {e}"))?;
+    let signals = {
+        let _entered = main_rt.enter();
+        Signals::install()?
+    };
     let tls = Arc::new(tls_setups(&config)?);
     let mut stores: BTreeMap<String, Arc<dyn Store>> = BTreeMap::new();
     for (name, store) in &config.stores {
@@ -175,10 +186,11 @@ pub fn run(config: Config) -> Result<(), String> {
             .map_err(|e| format!("cannot start a worker thread: {e}"))?;
         threads.push(thread);
     }
-    let main_rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the main event loop: {e}"))?;
+    let Signals {
+        mut terminate,
+        mut interrupt,
+        hangup,
+    } = signals;
     main_rt.block_on(async {
         if let Some(l) = metrics_listener {
             match tokio_listener(l) {
@@ -188,8 +200,11 @@ pub fn run(config: Config) -> Result<(), String> {
                 Err(e) => log::warn(format_args!("metrics: cannot serve: {e}")),
             }
         }
-        tokio::spawn(reload_on_hangup(config.clone(), tls.clone()));
-        wait_for_signal().await;
+        tokio::spawn(reload_on_hangup(hangup, config.clone(), tls.clone()));
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
     });
     log::info(format_args!(
         "gateway: draining (deadline {}s)",
@@ -212,12 +227,7 @@ fn tokio_listener(l: std::net::TcpListener) -> std::io::Result<tokio::net::TcpLi
 /// them in for new connections; live connections keep the session they have. A file that
 /// does not load leaves the previous certificate in place (one log line says why).
 /// Resumption keys and the session cache carry over, so agents still resume.
-async fn reload_on_hangup(config: Arc<Config>, tls: Arc<TlsSetups>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
-        log::error(format_args!("gateway: cannot install the SIGHUP handler"));
-        return;
-    };
+async fn reload_on_hangup(mut hangup: Signal, config: Arc<Config>, tls: Arc<TlsSetups>) {
     while hangup.recv().await.is_some() {
         if tls.servers.is_empty() {
             log::info(format_args!(
@@ -252,18 +262,24 @@ async fn reload_on_hangup(config: Arc<Config>, tls: Arc<TlsSetups>) {
     }
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        log::error(format_args!("gateway: cannot install signal handlers"));
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// The main thread's signal streams, installed before the first listener binds.
+struct Signals {
+    terminate: Signal,
+    interrupt: Signal,
+    hangup: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers; must run inside the main runtime's context.
+    fn install() -> Result<Signals, String> {
+        let one = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| format!("cannot install the {name} handler: {e}"))
+        };
+        Ok(Signals {
+            terminate: one(SignalKind::terminate(), "SIGTERM")?,
+            interrupt: one(SignalKind::interrupt(), "SIGINT")?,
+            hangup: one(SignalKind::hangup(), "SIGHUP")?,
+        })
     }
 }
 
