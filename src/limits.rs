@@ -115,6 +115,11 @@ pub const SHARED_SESSION_TOUCHES_PER_TIMEOUT: u32 = 4;
 /// that it is still there when the last node to use it decides the session's end.
 pub const SHARED_SESSION_RECORD_GRACE: Duration = Duration::from_secs(60);
 
+/// Longest a proxy waits for a shared session's record to be read again before it opens a
+/// route's upstream session at its first use on this node (another node may have opened
+/// it moments ago); past it, or with the store down, it opens one of its own.
+pub const SHARED_SESSION_RECHECK_WAIT: Duration = Duration::from_millis(500);
+
 /// Keepalive comment interval on GET event streams.
 pub const SSE_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 

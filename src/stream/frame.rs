@@ -173,8 +173,9 @@ pub struct Begin {
     pub deadline: Instant,
     /// The raw JSON lexeme of `params._meta.progressToken`, when the agent asked for progress.
     pub progress_token: Option<Bytes>,
-    /// Lifecycle only: the agent's raw `capabilities` object and negotiated version.
-    pub client: Option<ClientHello>,
+    /// Lifecycle only: the agent's raw `capabilities` object and negotiated version. Boxed:
+    /// once per session, and every request's `Begin` would otherwise carry its room.
+    pub client: Option<Box<ClientHello>>,
     /// The agent's `Authorization` header on this request, for exits that forward it
     /// (`authorization: forward`); the agent may renew it between requests.
     pub authorization: Option<Bytes>,
@@ -205,7 +206,7 @@ impl Begin {
             deadline,
             progress_token: None,
             authorization: hello.authorization.clone(),
-            client: Some(hello),
+            client: Some(Box::new(hello)),
         }
     }
 
@@ -231,6 +232,10 @@ pub struct ClientHello {
     /// exit takes the session up from it (no `initialize` upstream) where it can, or opens
     /// a fresh one. Outside input (read from a shared store): every exit checks it.
     pub adopt: Option<Bytes>,
+    /// The caller's session is shared with other nodes (`sessions: { store }`): before an
+    /// exit opens an upstream session at its first use here, it asks for the record again
+    /// ([`Event::Recheck`]), since another node may have opened it moments ago.
+    pub shared: bool,
 }
 
 /// The typed header that opens the reply direction.
@@ -279,6 +284,11 @@ pub enum Event {
     /// Reply direction of a lifecycle: the session's handoff changed (a route opened after
     /// the reply's BEGIN); replaces [`ReplyBegin::handoff`]. Never shown to the agent.
     Handoff(Bytes),
+    /// Reply direction of a lifecycle: the exit is about to open an upstream session of a
+    /// shared session at its first use on this node; the caller reads the session's record
+    /// again and answers with one [`Event::Handoff`] on the initial direction (empty when
+    /// the record has none or could not be read).
+    Recheck,
     /// Initial direction of a lifecycle, just before its END: the session lives on at
     /// another node, so the exit lets go of it without ending it upstream (no `DELETE`).
     Detach,

@@ -959,6 +959,7 @@ async fn open_session(
         protocol_version: crate::binding::protocol::LATEST,
         authorization: cache.setup.authorization.clone(),
         adopt: None,
+        shared: false,
     };
     let begin = Begin::lifecycle(hello, deadline);
     let (caller, callee) = stream::open(begin);

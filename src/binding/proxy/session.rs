@@ -24,7 +24,7 @@
 //! detaches ([`Event::Detach`]) has every open route detach in turn.
 
 use super::{Proxy, Route, cache, fail, internal, join_all, rename};
-use crate::limits::{EVENTS_PROBE_TIMEOUT, EXIT_EVENT_ID_BYTES_MAX};
+use crate::limits::{EVENTS_PROBE_TIMEOUT, EXIT_EVENT_ID_BYTES_MAX, SHARED_SESSION_RECHECK_WAIT};
 use crate::log;
 use crate::metrics;
 use crate::runtime::notify::Notify;
@@ -146,6 +146,17 @@ pub struct ProxySession {
     /// A route opened, ended or renewed its handoff since the caller was answered: the
     /// relay sends the caller the session's new handoff.
     handoff_changed: Cell<bool>,
+    /// The caller's session is shared with other nodes: a route's first opening here asks
+    /// for the record again ([`Event::Recheck`]) before it opens an upstream session.
+    shared: bool,
+    /// Routes whose first opening here asked already (bit i: route i), and routes waiting
+    /// for that answer now.
+    rechecked: Cell<cache::Routes>,
+    awaiting_recheck: Cell<cache::Routes>,
+    /// The relay task sends the caller an [`Event::Recheck`].
+    recheck_wanted: Cell<bool>,
+    /// Handoffs the caller sent (each answers the rechecks asked before it).
+    handoffs_heard: Cell<u64>,
 }
 
 impl ProxySession {
@@ -155,6 +166,11 @@ impl ProxySession {
             detached: Cell::new(false),
             adopted: Cell::new(false),
             handoff_changed: Cell::new(false),
+            shared: hello.shared && !hydration,
+            rechecked: Cell::new(0),
+            awaiting_recheck: Cell::new(0),
+            recheck_wanted: Cell::new(false),
+            handoffs_heard: Cell::new(0),
             id,
             capabilities: hello.capabilities.clone(),
             version: hello.protocol_version,
@@ -318,11 +334,16 @@ impl ProxySession {
             index,
             done: false,
         };
+        let adopt = match adopt {
+            None => Box::pin(self.recheck(index, deadline)).await,
+            adopt => adopt,
+        };
         let hello = ClientHello {
             capabilities: self.capabilities.clone(),
             protocol_version: self.version,
             authorization: self.authorization.borrow().clone(),
             adopt,
+            shared: false,
         };
         let begin = Begin::lifecycle(hello, deadline);
         let (caller, callee) = stream::open(begin);
@@ -394,6 +415,39 @@ impl ProxySession {
         self.changed.notify_waiters();
         self.poke();
         result
+    }
+
+    /// A shared session's route opening here for the first time after the caller was
+    /// answered: another node may have opened it moments ago, and its record may say so
+    /// before this node's watch has. Asks the caller to read the record again and waits
+    /// (bounded) for its answer; gives back the route's handoff if another node has one.
+    /// Costs one store read per route and node, once; never for a session not shared.
+    async fn recheck(&self, index: usize, deadline: Instant) -> Option<Bytes> {
+        let bit: cache::Routes = 1 << index;
+        if !self.shared || !self.answered.get() || self.rechecked.get() & bit != 0 {
+            return None;
+        }
+        self.rechecked.set(self.rechecked.get() | bit);
+        self.awaiting_recheck.set(self.awaiting_recheck.get() | bit);
+        let heard = self.handoffs_heard.get();
+        self.recheck_wanted.set(true);
+        self.poke();
+        let until = deadline.min(Instant::now() + SHARED_SESSION_RECHECK_WAIT);
+        while self.handoffs_heard.get() == heard && !self.closed.get() {
+            let changed = self.changed.notified();
+            if tokio::time::timeout_at(until.into(), changed)
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        self.awaiting_recheck
+            .set(self.awaiting_recheck.get() & !bit);
+        self.adoptable
+            .borrow_mut()
+            .get_mut(index)
+            .and_then(Option::take)
     }
 
     /// True if route `index` shows this session its cached items only once it accepted the
@@ -1123,15 +1177,21 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
             }))) => {
                 // Another node opened routes of this shared session: those closed here
                 // are taken up from it when a request needs them.
+                // Also the answer to a recheck: a route waiting for it takes it up.
+                let awaiting = session.awaiting_recheck.get();
                 for (index, handoff) in route_handoffs(proxy, &raw).unwrap_or_default() {
                     let closed = session
                         .routes
                         .get(index)
                         .is_some_and(|slot| matches!(&*slot.borrow(), RouteState::Closed { .. }));
-                    if closed && let Some(slot) = session.adoptable.borrow_mut().get_mut(index) {
+                    if (closed || awaiting & 1 << index != 0)
+                        && let Some(slot) = session.adoptable.borrow_mut().get_mut(index)
+                    {
                         *slot = Some(handoff);
                     }
                 }
+                session.handoffs_heard.set(session.handoffs_heard.get() + 1);
+                session.changed.notify_waiters();
             }
             Step::Initial(Some(Frame::Flush(Flush {
                 event: Event::Detach,
@@ -1179,6 +1239,12 @@ fn pending_flushes(proxy: &Proxy, session: &ProxySession) -> Vec<Flush> {
     let mut out = Vec::new();
     if let Some(answer) = round_answer(session) {
         out.push(answer);
+    }
+    if session.recheck_wanted.replace(false) {
+        out.push(Flush {
+            id: None,
+            event: Event::Recheck,
+        });
     }
     if session.handoff_changed.replace(false)
         && !session.hydration

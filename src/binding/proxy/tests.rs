@@ -296,12 +296,13 @@ fn begin(kind: Kind, session: &str, params_len: usize) -> Begin {
 /// Opens a session through the proxy; returns the lifecycle and the reply's header.
 async fn connect(proxy: &Proxy, auth: Option<&'static str>) -> (Caller, ReplyBegin) {
     let mut b = begin(Kind::Lifecycle, "", 0);
-    b.client = Some(ClientHello {
+    b.client = Some(Box::new(ClientHello {
         capabilities: Bytes::from_static(b"{}"),
         protocol_version: "2025-11-25",
         authorization: auth.map(|a| Bytes::from_static(a.as_bytes())),
         adopt: None,
-    });
+        shared: false,
+    }));
     b.authorization = auth.map(|a| Bytes::from_static(a.as_bytes()));
     let (caller, callee) = open(b);
     proxy.open(callee);
@@ -699,12 +700,13 @@ fn a_route_refusing_initialize_is_skipped_unless_it_is_the_only_one() {
         *c.refuse.borrow_mut() = Some(challenge);
         let p = proxy(&[("solo", &c)], None);
         let mut b = begin(Kind::Lifecycle, "", 0);
-        b.client = Some(ClientHello {
+        b.client = Some(Box::new(ClientHello {
             capabilities: Bytes::from_static(b"{}"),
             protocol_version: "2025-11-25",
             authorization: None,
             adopt: None,
-        });
+            shared: false,
+        }));
         let (caller, callee) = open(b);
         p.open(callee);
         assert!(matches!(

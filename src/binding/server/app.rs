@@ -171,6 +171,7 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
         protocol_version: version,
         authorization: authorization(req),
         adopt: None,
+        shared: server.shared.is_some(),
     };
     let begin = Begin::lifecycle(hello, Instant::now() + server.cfg.request_timeout);
     let (caller, callee) = stream::open(begin);

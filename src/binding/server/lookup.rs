@@ -186,6 +186,7 @@ async fn take_up(
         protocol_version: record.version,
         authorization: super::edge::authorization(req),
         adopt: record.handoff.clone(),
+        shared: true,
     };
     let begin = Begin::lifecycle(hello, Instant::now() + server.cfg.request_timeout);
     let (caller, callee) = stream::open(begin);

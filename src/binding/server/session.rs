@@ -505,7 +505,11 @@ pub(super) fn notification(method: &str, params: Option<&[u8]>) -> BytesMut {
 /// Renders an event from the exit as agent-facing JSON; `None` for control events.
 pub(super) fn render_event(event: &Event) -> Option<BytesMut> {
     Some(match event {
-        Event::Resumable | Event::Suspend { .. } | Event::Handoff(_) | Event::Detach => {
+        Event::Resumable
+        | Event::Suspend { .. }
+        | Event::Handoff(_)
+        | Event::Recheck
+        | Event::Detach => {
             return None;
         }
         Event::ListChanged(k) => notification(k.method(), None),
@@ -580,7 +584,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             () = tokio::time::sleep_until(check_at.into()) => continue,
             alive = record_changed => {
                 if alive {
-                    recheck(&server, &session);
+                    recheck(&server, &session, false);
                 } else {
                     watch = None;
                 }
@@ -596,6 +600,10 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
                     link.set_handoff(handoff);
                 }
             }
+            Some(Frame::Flush(Flush {
+                event: Event::Recheck,
+                ..
+            })) => recheck(&server, &session, true),
             Some(Frame::Flush(Flush { id, event })) => {
                 if id.is_some() {
                     session.st.borrow_mut().last_exit_event = id.clone();
@@ -645,44 +653,70 @@ async fn write_record(server: Rc<Server>, session: Rc<Session>) {
     }
 }
 
-/// A shared session's record changed at some node (its watch fired): reads it in a task of
-/// its own (one at a time per session). A record gone lets go of the session here (see
-/// [`shared::Looked::Gone`]); a record whose handoff differs from this node's (another
-/// node opened routes) is passed to the exit, which takes those routes up instead of
-/// opening upstream sessions of its own.
-fn recheck(server: &Rc<Server>, session: &Rc<Session>) {
+/// Reads a shared session's record again, in a task of its own (one at a time per
+/// session): when its watch fired (the record changed at some node), or when the exit
+/// asked (`asked`: [`Event::Recheck`], a route about to open here for the first time).
+/// A record gone lets go of the session here (see [`shared::Looked::Gone`]); a record
+/// whose handoff differs from this node's (another node opened routes) is passed to the
+/// exit, which takes those routes up instead of opening upstream sessions of its own. An
+/// exit that asked always gets one handoff back, empty when there is no news.
+fn recheck(server: &Rc<Server>, session: &Rc<Session>, asked: bool) {
     let Some(link) = session.shared.as_ref() else {
+        // Not shared: the exit's wait ends at once.
+        if asked {
+            hand_to_exit(session, Bytes::new());
+        }
         return;
     };
+    link.asked.set(link.asked.get() || asked);
     if link.checking.replace(true) {
+        // The read in flight may have started before the change the exit asks about:
+        // the task reads once more (see `asked`).
         return;
     }
     let (server, session) = (server.clone(), session.clone());
     tokio::task::spawn_local(async move {
-        let looked = shared::look(&server, &session.id).await;
-        let Some(link) = session.shared.as_ref() else {
-            return;
-        };
-        link.checking.set(false);
-        match looked {
-            shared::Looked::Gone => {
-                end(&server, &session, "deleted at another node", Ending::Detach);
-            }
-            shared::Looked::Recorded(Some(handoff))
-                if link.handoff().as_ref() != Some(&handoff) =>
-            {
-                link.adopt_handoff(handoff.clone());
-                let flush = Flush {
-                    id: None,
-                    event: Event::Handoff(handoff),
-                };
-                if !session.lifecycle.initial.try_flush(flush) {
-                    metrics::with(|m| m.overload_rejections += 1);
+        loop {
+            let Some(link) = session.shared.as_ref() else {
+                return;
+            };
+            let asked = link.asked.replace(false);
+            let looked = shared::look(&server, &session.id).await;
+            match looked {
+                shared::Looked::Gone => {
+                    link.checking.set(false);
+                    end(&server, &session, "deleted at another node", Ending::Detach);
+                    return;
                 }
+                shared::Looked::Recorded(Some(handoff))
+                    if link.handoff().as_ref() != Some(&handoff) =>
+                {
+                    link.adopt_handoff(handoff.clone());
+                    hand_to_exit(&session, handoff);
+                }
+                shared::Looked::Recorded(Some(handoff)) if asked => hand_to_exit(&session, handoff),
+                shared::Looked::Recorded(_) | shared::Looked::Unknown if asked => {
+                    hand_to_exit(&session, Bytes::new());
+                }
+                shared::Looked::Recorded(_) | shared::Looked::Unknown => {}
             }
-            shared::Looked::Recorded(_) | shared::Looked::Unknown => {}
+            if !link.asked.get() {
+                link.checking.set(false);
+                return;
+            }
         }
     });
+}
+
+/// Sends the exit a handoff read from the record (or an empty one: no news).
+fn hand_to_exit(session: &Session, handoff: Bytes) {
+    let flush = Flush {
+        id: None,
+        event: Event::Handoff(handoff),
+    };
+    if !session.lifecycle.initial.try_flush(flush) {
+        metrics::with(|m| m.overload_rejections += 1);
+    }
 }
 
 /// Answers the exit's server-to-client request `id` for the agent, with a JSON-RPC error,

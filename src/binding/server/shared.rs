@@ -112,6 +112,9 @@ pub struct Link {
     failed_at: Cell<Option<Instant>>,
     /// A read of the record after its watch fired is in flight (one at a time).
     pub(super) checking: Cell<bool>,
+    /// The exit asked for the record to be read again ([`crate::stream::Event::Recheck`]) and
+    /// waits for the answer.
+    pub(super) asked: Cell<bool>,
     /// Wakes the session's task when the record changes at any node; taken by that task.
     pub(super) watch: RefCell<Option<Watch>>,
 }
@@ -131,6 +134,7 @@ impl Link {
             writing: Cell::new(false),
             failed_at: Cell::new(None),
             checking: Cell::new(false),
+            asked: Cell::new(false),
             watch: RefCell::new(None),
         }
     }
