@@ -48,8 +48,8 @@ pub const STREAMS_PER_WORKER_MAX: usize = 16 * 1024;
 pub const REQUESTS_PER_SESSION_MAX: usize = 256;
 
 /// Server-to-client requests (elicitation, sampling, roots) per session that await the
-/// agent's answer; the exit's next one is answered for the agent with a JSON-RPC error
-/// ("too many requests awaiting the agent") instead of being relayed.
+/// agent's answer; past it the oldest one waiting gets a JSON-RPC error as its answer
+/// ("too many requests awaiting the agent's answer"), and the new one is relayed.
 pub const PENDING_ANSWERS_PER_SESSION_MAX: usize = 256;
 
 /// Longest id of a server-to-client request that is relayed to the agent (the raw JSON
