@@ -11,7 +11,9 @@
 
 use super::slots::{ReadBuf, Slots};
 use super::tls::Tls;
-use crate::limits::UPSTREAM_REUSE_CHECK_AFTER;
+use crate::limits::{
+    TLS_IDLE_CHECK_READ_BYTES, TLS_IDLE_CHECK_READS_MAX, UPSTREAM_REUSE_CHECK_AFTER,
+};
 use bytes::{Bytes, BytesMut};
 use std::io;
 use std::net::SocketAddr;
@@ -174,7 +176,18 @@ impl Conn {
     pub async fn write_all(&self, data: Bytes) -> io::Result<()> {
         match &self.tls {
             None => self.socket.write_all(data).await,
-            Some(tls) => tls.write_all(&self.socket, &data).await,
+            Some(tls) => {
+                let _writing = tls.start_write()?;
+                let mut rest = &data[..];
+                loop {
+                    let (sealed, left) = tls.seal(rest)?;
+                    self.socket.write_all(sealed).await?;
+                    if left.is_empty() {
+                        return Ok(());
+                    }
+                    rest = left;
+                }
+            }
         }
     }
 
@@ -183,8 +196,8 @@ impl Conn {
     /// non-blocking send of one alert record; if the socket cannot take it now the close
     /// is abrupt). Idempotent.
     pub fn shutdown(&self) {
-        if let Some(tls) = &self.tls {
-            tls.close_notify(self.socket.fd());
+        if let Some(alert) = self.tls.as_ref().and_then(|t| t.close_notify()) {
+            send_now(self.socket.fd(), &alert);
         }
         self.socket.shutdown();
     }
@@ -238,7 +251,21 @@ impl Conn {
         }
         let fd = self.socket.fd();
         if let Some(tls) = &self.tls {
-            return tls.idle_input_unusable(fd);
+            let mut buf = [0u8; TLS_IDLE_CHECK_READ_BYTES];
+            for _ in 0..TLS_IDLE_CHECK_READS_MAX {
+                // SAFETY: `fd` is a socket owned by `self` for the duration of the call;
+                // the pointer and length describe `buf`, writable and owned here.
+                let n = unsafe {
+                    libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+                };
+                let Ok(n) = usize::try_from(n) else {
+                    return !would_block(&io::Error::last_os_error());
+                };
+                if n == 0 || tls.idle_input_unusable(buf.get(..n).unwrap_or_default()) {
+                    return true;
+                }
+            }
+            return true;
         }
         let mut byte = 0u8;
         // SAFETY: `fd` is a socket owned by `self` for the duration of the call, and the
@@ -291,6 +318,23 @@ impl Conn {
             }
         }
     }
+}
+
+/// One non-blocking send of `bytes` (best effort: a close_notify before a shutdown).
+fn send_now(fd: RawFd, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    // SAFETY: `fd` is a socket owned by the caller for the duration of the call; the
+    // pointer and length describe `bytes`, readable and borrowed for the call.
+    let _ = unsafe {
+        libc::send(
+            fd,
+            bytes.as_ptr().cast(),
+            bytes.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
 }
 
 /// EAGAIN or EINTR: nothing is wrong, there is just nothing now.

@@ -10,6 +10,7 @@
 //! ([`deadline`]).
 
 pub mod deadline;
+mod handshake;
 pub mod io;
 pub mod notify;
 pub mod slots;

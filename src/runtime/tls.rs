@@ -1,31 +1,22 @@
-//! TLS on a [`Conn`]: rustls' buffered API between the socket and the HTTP codecs.
+//! TLS as a sans-IO layer: rustls' buffered API between the bytes a socket read brought
+//! and the HTTP codecs, with no socket in sight.
 //!
-//! The socket is read exactly as for plain connections (one read at a time, never dropped
-//! in flight on io_uring); the caller hands what a read brought to [`Conn::received`],
-//! which feeds rustls (`read_tls`, `process_new_packets`) and moves the plaintext into the
-//! caller's buffer. [`Conn::write_all`] seals the plaintext in batches of at most
-//! [`TLS_WRITE_BATCH_BYTES`] and writes the records. The codecs, the request paths and the
-//! stream windows above never see TLS.
-//!
-//! A handshake ([`Conn::handshake`]) reads into a small heap buffer (never a slot), is
-//! bounded by a deadline enforced like every other one here (the socket is shut down,
-//! which completes the pending read), and costs one counter and one log line when it fails.
-//! [`Conn::shutdown`] sends close_notify before the socket is shut down.
+//! A [`Tls`] takes received ciphertext ([`Tls::decrypt`], which feeds rustls with
+//! `read_tls` and `process_new_packets` and moves the plaintext into the caller's buffer)
+//! and gives back records to send ([`Tls::seal`] seals plaintext in batches of at most
+//! [`TLS_WRITE_BATCH_BYTES`]; [`Tls::sealed_output`] is what rustls queued by itself:
+//! handshake flights, alerts, tickets). [`crate::runtime::Conn`] does the reads and writes
+//! (`runtime/io.rs`), and `runtime/handshake.rs` drives a handshake over it; the codecs,
+//! the request paths and the stream windows above never see TLS.
 
-use super::io::{Conn, Socket, would_block};
-use super::slots::ReadBuf;
-use crate::limits::{
-    TLS_HANDSHAKE_FIRST_READ_BYTES, TLS_HANDSHAKE_READ_BYTES, TLS_IDLE_CHECK_READ_BYTES,
-    TLS_IDLE_CHECK_READS_MAX, TLS_WRITE_BATCH_BYTES,
-};
-use crate::metrics::{self, TlsFailure, TlsSide};
+use crate::limits::TLS_WRITE_BATCH_BYTES;
+use crate::metrics::{TlsFailure, TlsSide};
 use bytes::{Bytes, BytesMut};
 use rustls::{CertificateError, Connection, Error, ServerConfig};
 use std::cell::{Cell, RefCell};
 use std::io::{self, BufRead, Write};
-use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The TLS state of one connection.
 pub(crate) struct Tls {
@@ -38,8 +29,9 @@ pub(crate) struct Tls {
     writing: Cell<bool>,
 }
 
-/// Clears [`Tls::writing`] however the write ends.
-struct Writing<'a>(&'a Cell<bool>);
+/// A write in progress on a [`Tls`] ([`Tls::start_write`]); clears the mark however the
+/// write ends.
+pub(crate) struct Writing<'a>(&'a Cell<bool>);
 
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
@@ -107,109 +99,39 @@ impl std::fmt::Display for HandshakeError {
     }
 }
 
-impl Conn {
-    /// This connection, to carry TLS with `session` from now on (handshake next).
-    pub fn with_tls(self, session: Connection) -> Conn {
-        assert!(self.tls.is_none(), "a connection gets TLS once");
-        Conn {
-            socket: self.socket,
-            tls: Some(Box::new(Tls {
-                session: RefCell::new(session),
-                early: RefCell::new(BytesMut::new()),
-                peer_closed: Cell::new(false),
-                writing: Cell::new(false),
-            })),
+impl Tls {
+    /// A connection's TLS state, handshake next.
+    pub(crate) fn new(session: Connection) -> Tls {
+        Tls {
+            session: RefCell::new(session),
+            early: RefCell::new(BytesMut::new()),
+            peer_closed: Cell::new(false),
+            writing: Cell::new(false),
         }
     }
 
-    /// True if this connection carries TLS.
-    pub fn is_tls(&self) -> bool {
-        self.tls.is_some()
-    }
-
-    /// Runs the TLS handshake to its end, within `timeout`; the outcome is counted (by
-    /// side and reason) and timed in the worker's metrics. On failure the peer got an
-    /// alert where rustls had one to send; the caller shuts the connection down.
-    pub async fn handshake(&self, timeout: Duration) -> Result<Handshake, HandshakeError> {
-        let Some(tls) = self.tls.as_deref() else {
-            unreachable!("handshake on a connection without TLS")
-        };
-        let side = match &*tls.session.borrow() {
+    /// Which edge this connection is on.
+    pub(crate) fn side(&self) -> TlsSide {
+        match &*self.session.borrow() {
             Connection::Client(_) => TlsSide::Client,
             Connection::Server(_) => TlsSide::Server,
-        };
-        let started = Instant::now();
-        let mut work = std::pin::pin!(self.drive_handshake(tls));
-        let timer = std::pin::pin!(tokio::time::sleep(timeout));
-        // The handshake future is never dropped before it completes (io_uring: its read
-        // owns a buffer until the kernel is done with it): past the deadline the socket is
-        // shut down, which completes the read, and the handshake fails on its own.
-        let result = tokio::select! {
-            biased;
-            r = &mut work => r,
-            () = timer => {
-                self.socket.shutdown();
-                match work.await {
-                    Ok(done) => Ok(done),
-                    Err(_) => Err(HandshakeError::Timeout(timeout)),
-                }
-            }
-        };
-        match &result {
-            Ok(done) => metrics::record_tls_handshake(side, None, done.resumed, started.elapsed()),
-            Err(e) => {
-                metrics::record_tls_handshake(side, Some(e.failure()), false, started.elapsed())
-            }
-        }
-        result
-    }
-
-    async fn drive_handshake(&self, tls: &Tls) -> Result<Handshake, HandshakeError> {
-        // Small until a read fills its buffer (a certificate chain arriving, say).
-        let mut room = TLS_HANDSHAKE_FIRST_READ_BYTES;
-        loop {
-            let out = tls.sealed_output().map_err(HandshakeError::Io)?;
-            if !out.is_empty() {
-                self.socket
-                    .write_all(out)
-                    .await
-                    .map_err(HandshakeError::Io)?;
-            }
-            if !tls.session.borrow().is_handshaking() {
-                let resumed =
-                    tls.session.borrow().handshake_kind() == Some(rustls::HandshakeKind::Resumed);
-                return Ok(Handshake { resumed });
-            }
-            let buf = ReadBuf::Heap(Vec::with_capacity(room));
-            let (result, buf) = self.socket.read(buf).await;
-            let n = result.map_err(HandshakeError::Io)?;
-            if n == 0 {
-                return Err(HandshakeError::Closed);
-            }
-            room = if n >= room {
-                TLS_HANDSHAKE_READ_BYTES
-            } else {
-                TLS_HANDSHAKE_FIRST_READ_BYTES
-            };
-            let fed = tls.feed(
-                buf.get(..n).unwrap_or_default(),
-                &mut tls.early.borrow_mut(),
-            );
-            if let Err(e) = fed {
-                // The alert rustls queued for the peer (unknown CA, bad certificate, …)
-                // goes out before the connection is closed, if the socket takes it.
-                if let Ok(alert) = tls.sealed_output()
-                    && !alert.is_empty()
-                {
-                    let _ = self.socket.write_all(alert).await;
-                }
-                return Err(HandshakeError::Tls(e));
-            }
         }
     }
-}
 
-impl Tls {
+    /// The handshake's end, once it has ended: whether the session was resumed.
+    pub(crate) fn handshake_done(&self) -> Option<Handshake> {
+        let session = self.session.borrow();
+        (!session.is_handshaking()).then(|| Handshake {
+            resumed: session.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+        })
+    }
+
+    /// Feeds a handshake flight from the peer; plaintext that came with its last flight
+    /// is kept for [`Tls::take_early`].
+    pub(crate) fn feed_handshake(&self, data: &[u8]) -> Result<(), Error> {
+        self.feed(data, &mut self.early.borrow_mut())
+    }
+
     /// Feeds received ciphertext to rustls and moves the plaintext it yields into `out`.
     fn feed(&self, mut data: &[u8], out: &mut BytesMut) -> Result<(), Error> {
         let mut session = self.session.borrow_mut();
@@ -231,109 +153,85 @@ impl Tls {
         Ok(())
     }
 
-    /// [`Conn::received`] for TLS.
-    pub(super) fn decrypt(&self, data: &[u8], out: &mut BytesMut) -> io::Result<()> {
+    /// Decrypts what a read brought into `out` (which may gain nothing, e.g. for a
+    /// session ticket); an error is a broken TLS stream.
+    pub(crate) fn decrypt(&self, data: &[u8], out: &mut BytesMut) -> io::Result<()> {
         self.feed(data, out).map_err(io::Error::other)
     }
 
-    pub(super) fn peer_closed(&self) -> bool {
+    pub(crate) fn peer_closed(&self) -> bool {
         self.peer_closed.get()
     }
 
-    pub(super) fn take_early(&self, out: &mut BytesMut) -> usize {
+    pub(crate) fn take_early(&self, out: &mut BytesMut) -> usize {
         let early = self.early.take();
         out.extend_from_slice(&early);
         early.len()
     }
 
     /// The records rustls has queued to send (handshake flights, alerts, tickets).
-    fn sealed_output(&self) -> io::Result<Bytes> {
+    pub(crate) fn sealed_output(&self) -> io::Result<Bytes> {
         let mut out = Vec::new();
         drain_records(&mut self.session.borrow_mut(), &mut out)?;
         Ok(Bytes::from(out))
     }
 
-    /// [`Conn::write_all`] for TLS: seals `data` in batches and writes each batch's records
-    /// (with anything rustls queued before them) in one socket write.
-    pub(super) async fn write_all(&self, socket: &Socket, mut data: &[u8]) -> io::Result<()> {
+    /// Marks a write in progress (a close_notify now could overtake its records); an
+    /// error if one is already: records must reach the socket in the order they were
+    /// sealed, so a connection has one writer at a time.
+    pub(crate) fn start_write(&self) -> io::Result<Writing<'_>> {
         if self.writing.replace(true) {
             return Err(io::Error::other("concurrent writes on one TLS connection"));
         }
-        let _writing = Writing(&self.writing);
-        loop {
-            let sealed = {
-                let mut session = self.session.borrow_mut();
-                let (batch, rest) = data.split_at(data.len().min(TLS_WRITE_BATCH_BYTES));
-                let mut out = Vec::with_capacity(batch.len() + batch.len() / 256 + 64);
-                let mut left = batch;
-                // rustls seals at most its buffer limit at a time: drain, then go on.
-                loop {
-                    drain_records(&mut session, &mut out)?;
-                    if left.is_empty() {
-                        break;
-                    }
-                    let n = session.writer().write(left)?;
-                    if n == 0 {
-                        return Err(io::ErrorKind::WriteZero.into());
-                    }
-                    left = left.get(n..).unwrap_or_default();
-                }
-                data = rest;
-                out
-            };
-            socket.write_all(Bytes::from(sealed)).await?;
-            if data.is_empty() {
-                return Ok(());
-            }
-        }
+        Ok(Writing(&self.writing))
     }
 
-    /// Queues close_notify and sends it without waiting (the socket is about to be shut
-    /// down). Skipped while a write is in progress or the handshake is not done.
-    pub(super) fn close_notify(&self, fd: RawFd) {
-        if self.writing.get() {
-            return;
+    /// Seals at most [`TLS_WRITE_BATCH_BYTES`] of `data` into records, after anything
+    /// rustls queued before them; gives back the records (to be written in one socket
+    /// write) and the rest of `data`.
+    pub(crate) fn seal<'d>(&self, data: &'d [u8]) -> io::Result<(Bytes, &'d [u8])> {
+        let mut session = self.session.borrow_mut();
+        let (batch, rest) = data.split_at(data.len().min(TLS_WRITE_BATCH_BYTES));
+        let mut out = Vec::with_capacity(batch.len() + batch.len() / 256 + 64);
+        let mut left = batch;
+        // rustls seals at most its buffer limit at a time: drain, then go on.
+        loop {
+            drain_records(&mut session, &mut out)?;
+            if left.is_empty() {
+                break;
+            }
+            let n = session.writer().write(left)?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            left = left.get(n..).unwrap_or_default();
         }
-        let Ok(mut session) = self.session.try_borrow_mut() else {
-            return;
-        };
+        Ok((Bytes::from(out), rest))
+    }
+
+    /// close_notify, sealed, to send just before the socket is shut down; `None` while a
+    /// write is in progress (it could overtake the write's records) or the handshake is
+    /// not done.
+    pub(crate) fn close_notify(&self) -> Option<Vec<u8>> {
+        if self.writing.get() {
+            return None;
+        }
+        let mut session = self.session.try_borrow_mut().ok()?;
         if session.is_handshaking() {
-            return;
+            return None;
         }
         session.send_close_notify();
         let mut out = Vec::new();
-        if drain_records(&mut session, &mut out).is_err() {
-            return;
-        }
-        drop(session);
-        send_now(fd, &out);
+        drain_records(&mut session, &mut out).ok()?;
+        Some(out)
     }
 
-    /// [`Conn::unusable`] for an idle TLS connection: takes in what arrived without waiting.
-    pub(super) fn idle_input_unusable(&self, fd: RawFd) -> bool {
-        let mut buf = [0u8; TLS_IDLE_CHECK_READ_BYTES];
+    /// Takes in bytes that arrived on an idle connection (session tickets, key updates are
+    /// fine); true if they make it unusable: data nobody asked for, close_notify, or
+    /// records that do not decrypt.
+    pub(crate) fn idle_input_unusable(&self, data: &[u8]) -> bool {
         let mut plain = BytesMut::new();
-        for _ in 0..TLS_IDLE_CHECK_READS_MAX {
-            // SAFETY: `fd` is a socket owned by the caller for the duration of the call; the
-            // pointer and length describe `buf`, writable and owned here.
-            let n =
-                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            let Ok(n) = usize::try_from(n) else {
-                return !would_block(&io::Error::last_os_error());
-            };
-            if n == 0 {
-                return true;
-            }
-            if self
-                .feed(buf.get(..n).unwrap_or_default(), &mut plain)
-                .is_err()
-                || !plain.is_empty()
-                || self.peer_closed.get()
-            {
-                return true;
-            }
-        }
-        true
+        self.feed(data, &mut plain).is_err() || !plain.is_empty() || self.peer_closed.get()
     }
 }
 
@@ -358,23 +256,6 @@ fn drain_plaintext(session: &mut Connection, out: &mut BytesMut) {
             }
         }
     }
-}
-
-/// One non-blocking send of `bytes` (best effort: a close_notify before a shutdown).
-fn send_now(fd: RawFd, bytes: &[u8]) {
-    if bytes.is_empty() {
-        return;
-    }
-    // SAFETY: `fd` is a socket owned by the caller for the duration of the call; the
-    // pointer and length describe `bytes`, readable and borrowed for the call.
-    let _ = unsafe {
-        libc::send(
-            fd,
-            bytes.as_ptr().cast(),
-            bytes.len(),
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
 }
 
 /// A server session for one accepted connection.

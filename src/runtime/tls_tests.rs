@@ -1,13 +1,15 @@
 //! The TLS adapter over real loopback sockets, on both backends: handshakes, bytes both
 //! ways across several write batches, close_notify, resumption, the idle check of a pooled
 //! connection, refused certificates (wrong name, expired, unknown CA) and hostile input on
-//! the server side (garbage, a truncated ClientHello left hanging, a peer that closes).
+//! the server side (garbage, a truncated ClientHello left hanging, a peer that closes); and
+//! the sans-IO layer alone, in memory (records split anywhere, mutated ClientHellos).
 
 use super::*;
 use crate::certs::{Upstream, client_config, server_config};
+use crate::limits::TLS_HANDSHAKE_READ_BYTES;
 use crate::metrics::TlsFailure;
 use crate::runtime::io::Listener;
-use crate::runtime::{Backend, block_on};
+use crate::runtime::{Backend, Conn, ReadBuf, block_on};
 use crate::testing::Ca;
 
 /// epoll always; io_uring where this machine allows it.
@@ -279,12 +281,7 @@ fn config_errors_name_the_file() {
 
 /// A server-side [`Tls`] with nothing read yet.
 fn server_tls(config: &Arc<ServerConfig>) -> Tls {
-    Tls {
-        session: RefCell::new(server_session(config).expect("session")),
-        early: RefCell::new(BytesMut::new()),
-        peer_closed: Cell::new(false),
-        writing: Cell::new(false),
-    }
+    Tls::new(server_session(config).expect("session"))
 }
 
 /// A small seeded generator (xorshift64*): the same cases on every run.
