@@ -30,7 +30,7 @@ use crate::metrics;
 use crate::stream::{Callee, Caps, Frame, Kind, ListKind, Reset};
 use bytes::{Bytes, BytesMut};
 use event_id::Prefixes;
-use session::ProxySession;
+use session::{Lists, ProxySession};
 use std::cell::{Cell, RefCell};
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
@@ -210,7 +210,7 @@ impl Proxy {
     fn announce(&self, list: ListKind, news: cache::News<'_>) -> u64 {
         let sessions: Vec<Rc<ProxySession>> = self.sessions.borrow().values().cloned().collect();
         let mut told = 0;
-        for session in sessions.iter().filter(|s| !s.hydration) {
+        for session in sessions.iter().filter(|s| s.lists == Lists::Cached) {
             let tell = match news {
                 cache::News::Changed(routes) => routes & !session.hidden() != 0,
                 cache::News::First(first, at) => session

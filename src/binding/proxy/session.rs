@@ -137,8 +137,9 @@ pub struct ProxySession {
     credential: Cell<u64>,
     /// A task retries the hidden forwarding routes ([`readmit`]); at most one per session.
     readmitting: Cell<bool>,
-    /// The cache's own session (hydration), not an agent's.
-    pub hydration: bool,
+    /// Where this session's lists come from: the one place a session asks whether there
+    /// is a cache and whose session it is.
+    pub lists: Lists,
     /// The caller detached: the routes' sessions live on at another node.
     detached: Cell<bool>,
     /// The session was taken up from another node's handoff.
@@ -159,14 +160,32 @@ pub struct ProxySession {
     handoffs_heard: Cell<u64>,
 }
 
+/// Where a session's lists come from. Decided when the session opens, this is the one
+/// seam between the list cache and a session: every place that behaves differently with a
+/// cache asks this, not whether the proxy has one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lists {
+    /// No cache: lists are asked of the routes, and a route's `list_changed` goes to the
+    /// agent as it comes.
+    Live,
+    /// An agent's session in front of a cache: lists come from the store (live only while
+    /// the cache was not ready), routes open at first use, and the cache alone announces
+    /// list changes, once and only real ones.
+    Cached,
+    /// The cache's own session (hydration): every route opened at once, lists asked of
+    /// the routes, their `list_changed` passed on to trigger a refresh; never shared with
+    /// other nodes, never told of list changes.
+    Hydrating,
+}
+
 impl ProxySession {
-    fn new(id: Rc<str>, hello: &ClientHello, routes: usize, hydration: bool) -> ProxySession {
+    fn new(id: Rc<str>, hello: &ClientHello, routes: usize, lists: Lists) -> ProxySession {
         ProxySession {
-            hydration,
+            lists,
             detached: Cell::new(false),
             adopted: Cell::new(false),
             handoff_changed: Cell::new(false),
-            shared: hello.shared && !hydration,
+            shared: hello.shared && lists != Lists::Hydrating,
             rechecked: Cell::new(0),
             awaiting_recheck: Cell::new(0),
             recheck_wanted: Cell::new(false),
@@ -390,7 +409,7 @@ impl ProxySession {
                 let bit = 1 << index;
                 let unhidden = self.hidden.get() & bit != 0;
                 self.hidden.set(self.hidden.get() & !bit);
-                self.on_opened(route, &life, proxy.cache.is_none() || unhidden);
+                self.on_opened(route, &life, self.lists == Lists::Live || unhidden);
                 Ok(life)
             }
             Err(reset) => {
@@ -453,7 +472,7 @@ impl ProxySession {
     /// True if route `index` shows this session its cached items only once it accepted the
     /// session's own credential (a cache, a forwarding route, an agent's session).
     fn admits_by_credential(&self, proxy: &Proxy, index: usize) -> bool {
-        !self.hydration && proxy.cache.as_ref().is_some_and(|c| c.forwards(index))
+        self.lists == Lists::Cached && proxy.cache.as_ref().is_some_and(|c| c.forwards(index))
     }
 
     /// Flags the lists a route with `caps` serves as changed for this session.
@@ -693,16 +712,20 @@ impl Drop for Registration {
 
 /// Serves one lifecycle stream from the agent's `initialize` to the session's end.
 pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
-    serve_as(proxy, callee, false).await;
+    let lists = match proxy.cache {
+        Some(_) => Lists::Cached,
+        None => Lists::Live,
+    };
+    serve_as(proxy, callee, lists).await;
 }
 
 /// Serves the cache's hydration session: every route opened at once, lists never served
 /// from the cache, routes' `list_changed` passed on (they trigger a refresh).
 pub async fn serve_hydration(proxy: Rc<Proxy>, callee: Callee) {
-    serve_as(proxy, callee, true).await;
+    serve_as(proxy, callee, Lists::Hydrating).await;
 }
 
-async fn serve_as(proxy: Rc<Proxy>, callee: Callee, hydration: bool) {
+async fn serve_as(proxy: Rc<Proxy>, callee: Callee, lists: Lists) {
     let Some(hello) = callee.begin.client.as_ref() else {
         return fail(
             &callee,
@@ -713,7 +736,7 @@ async fn serve_as(proxy: Rc<Proxy>, callee: Callee, hydration: bool) {
         proxy.mint_session_id(),
         hello,
         proxy.routes.len(),
-        hydration,
+        lists,
     ));
     proxy
         .sessions
@@ -724,7 +747,7 @@ async fn serve_as(proxy: Rc<Proxy>, callee: Callee, hydration: bool) {
         id: session.id.clone(),
     };
     // Boxed: opening is far larger than the relay the task then lives in.
-    let Some(reply) = Box::pin(start(&proxy, &session, &callee, hydration)).await else {
+    let Some(reply) = Box::pin(start(&proxy, &session, &callee)).await else {
         return;
     };
     session.answered.set(true);
@@ -741,7 +764,6 @@ async fn start(
     proxy: &Rc<Proxy>,
     session: &Rc<ProxySession>,
     callee: &Callee,
-    hydration: bool,
 ) -> Option<ReplyBegin> {
     let adopted = match callee
         .begin
@@ -749,7 +771,9 @@ async fn start(
         .as_ref()
         .and_then(|h| h.adopt.as_deref())
     {
-        Some(raw) if !hydration => adopting(proxy, session, callee, raw).await,
+        Some(raw) if session.lists != Lists::Hydrating => {
+            adopting(proxy, session, callee, raw).await
+        }
         _ => None,
     };
     let mut reply = match adopted {
@@ -757,7 +781,7 @@ async fn start(
             session.adopted.set(true);
             reply
         }
-        None => opening(proxy, session, callee, hydration).await?,
+        None => opening(proxy, session, callee).await?,
     };
     reply.handoff = session.handoff(proxy);
     Some(reply)
@@ -770,10 +794,11 @@ async fn opening(
     proxy: &Rc<Proxy>,
     session: &Rc<ProxySession>,
     callee: &Callee,
-    hydration: bool,
 ) -> Option<ReplyBegin> {
     let deadline = callee.begin.deadline;
-    if !hydration && let Some(cache) = proxy.cache.as_ref() {
+    if session.lists == Lists::Cached
+        && let Some(cache) = proxy.cache.as_ref()
+    {
         // With a cache the agent gets what the routes serve from the store, once every
         // list has been hydrated (or has failed once), without an upstream round trip.
         let bound = deadline.min(Instant::now() + cache.gate());
@@ -798,12 +823,7 @@ async fn opening(
     let opened = join_all(opens.collect()).await;
     for (route, result) in proxy.routes.iter().zip(&opened) {
         if let Err(reset) = result {
-            if !hydration
-                && proxy
-                    .cache
-                    .as_ref()
-                    .is_some_and(|c| c.forwards(route.index))
-            {
+            if session.admits_by_credential(proxy, route.index) {
                 // Once this session is served from the cache, this route's items stay
                 // hidden from it until the route accepts its credential.
                 session.hidden.set(session.hidden.get() | 1 << route.index);
@@ -1247,7 +1267,7 @@ fn pending_flushes(proxy: &Proxy, session: &ProxySession) -> Vec<Flush> {
         });
     }
     if session.handoff_changed.replace(false)
-        && !session.hydration
+        && session.lists != Lists::Hydrating
         && let Some(handoff) = session.handoff(proxy)
     {
         out.push(Flush {
@@ -1317,7 +1337,7 @@ fn on_challenge(proxy: &Proxy, session: &Rc<ProxySession>, challenge: Challenge)
 /// a request opens later joins the stream then. Ten thousand agents listening for list
 /// changes therefore hold no upstream stream.
 fn resume(proxy: &Proxy, session: &Rc<ProxySession>, last_event_id: Option<Rc<str>>) {
-    let lazy = proxy.cache.is_some() && !session.hydration;
+    let lazy = session.lists == Lists::Cached;
     let count = proxy.routes.len();
     let mut from: Vec<Option<Rc<str>>> = vec![None; count];
     if proxy.aggregating() {
@@ -1496,7 +1516,7 @@ fn on_route_frame(
             params,
         },
         // With a cache, the cache announces list changes (once, and only real ones).
-        Event::ListChanged(_) if proxy.cache.is_some() && !session.hydration => return None,
+        Event::ListChanged(_) if session.lists == Lists::Cached => return None,
         Event::ResourcesUpdated { params } if !route.uri_prefix.is_empty() => {
             match rename::prefix_member(&params, "uri", &route.uri_prefix) {
                 Some(params) => Event::ResourcesUpdated { params },
