@@ -42,8 +42,8 @@ pub use event_prefix::{EVENT_CODE_CHARS, event_code, event_prefixes};
 pub use glob::{ALLOW_LIST_GLOBS_MAX, AllowList, GLOB_BYTES_MAX, Glob};
 pub use model::{
     Binding, Cache, ClientAuth, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding,
-    RedisStore, RedisUrl, Route, Runtime, Scheme, Secret, ServerBinding, ServerTls, Store,
-    Telemetry, UpstreamUrl,
+    RedisStore, RedisTls, RedisUrl, Route, Runtime, Scheme, Secret, ServerBinding, ServerTls,
+    Store, Telemetry, UpstreamUrl,
 };
 
 /// Largest config file read; a config is a few kilobytes, so anything near this is a mistake.

@@ -93,6 +93,18 @@ pub struct RedisStore {
     /// Put before every key and channel name, so deployments can share one Redis:
     /// 1 to `limits::REDIS_PREFIX_BYTES_MAX` visible ASCII characters. Default `mcpyard:`.
     pub prefix: String,
+    /// `tls:` for a `rediss://` URL: the CA to trust instead of the platform's roots, and
+    /// a client certificate for a Redis that asks for one.
+    pub tls: RedisTls,
+}
+
+/// A Redis store's TLS files (paths relative to the config file's directory).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// `tls.ca`: PEM certificates to trust, in place of the platform's trust roots.
+    pub ca: Option<std::path::PathBuf>,
+    /// `tls.cert` and `tls.key`: a PEM client certificate chain and its key.
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// A parsed `redis://` or `rediss://` URL.

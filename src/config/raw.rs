@@ -67,6 +67,8 @@ pub(super) struct RawStore {
     pub password_env: Option<Value>,
     #[serde(default)]
     pub prefix: Option<Value>,
+    #[serde(default)]
+    pub tls: Option<RawTls>,
 }
 
 /// A store's `type:`.

@@ -551,7 +551,52 @@ fn invalid_files_get_exact_messages() {
         (
             "memory store with a url",
             edit("{ type: memory }", "{ type: memory, url: \"redis://h\" }"),
-            "gw.yaml: stores.cache0.url: unknown key for a memory store, expected only type (url, password_env and prefix are for type: redis)",
+            "gw.yaml: stores.cache0.url: unknown key for a memory store, expected only type (url, password_env, prefix and tls are for type: redis)",
+        ),
+        (
+            "memory store with tls",
+            edit("{ type: memory }", "{ type: memory, tls: { ca: ca.pem } }"),
+            "gw.yaml: stores.cache0.tls: unknown key for a memory store, expected only type (url, password_env, prefix and tls are for type: redis)",
+        ),
+        (
+            "redis tls on a plain url",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"redis://h\", tls: { ca: ca.pem } }",
+            ),
+            "gw.yaml: stores.cache0.tls: found tls on a redis:// URL, expected a rediss:// URL for it to apply",
+        ),
+        (
+            "redis tls ca that cannot be read",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"rediss://h\", tls: { ca: surely-missing-ca.pem } }",
+            ),
+            "gw.yaml: stores.cache0.tls.ca: surely-missing-ca.pem: cannot read: No such file or directory (os error 2)",
+        ),
+        (
+            "redis tls cert without its key",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"rediss://h\", tls: { cert: client.pem } }",
+            ),
+            "gw.yaml: stores.cache0.tls.key: missing, expected the client certificate's PEM private key beside tls.cert",
+        ),
+        (
+            "redis tls key without its cert",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"rediss://h\", tls: { key: client.key } }",
+            ),
+            "gw.yaml: stores.cache0.tls.cert: missing, expected the PEM client certificate chain that goes with tls.key",
+        ),
+        (
+            "redis tls with an unknown key",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"rediss://h\", tls: { cafile: ca.pem } }",
+            ),
+            "gw.yaml: stores.cache0.tls.cafile: unknown key, expected one of: cert, key, ca",
         ),
         (
             "unknown store key",
@@ -559,7 +604,7 @@ fn invalid_files_get_exact_messages() {
                 "{ type: memory }",
                 "{ type: redis, url: \"redis://h\", pasword: x }",
             ),
-            "gw.yaml: stores.cache0.pasword: unknown key, expected one of: type, url, password_env, prefix",
+            "gw.yaml: stores.cache0.pasword: unknown key, expected one of: type, url, password_env, prefix, tls",
         ),
         (
             "unknown kind",

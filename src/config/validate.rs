@@ -17,8 +17,8 @@ use super::duration::format_duration;
 use super::event_prefix::{event_code, event_prefixes};
 use super::model::{
     Binding, Cache, ClientAuth, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding,
-    RedisStore, Route, Runtime, Scheme, Secret, ServerBinding, ServerTls, Store, Telemetry,
-    UpstreamUrl,
+    RedisStore, RedisTls, Route, Runtime, Scheme, Secret, ServerBinding, ServerTls, Store,
+    Telemetry, UpstreamUrl,
 };
 use super::raw::{Kind, RawBinding, RawConfig, RawStore, RawTls, StoreType, quote, render};
 use crate::limits::{
@@ -69,7 +69,8 @@ pub(super) fn validate(raw: RawConfig, source: &str) -> Result<Config, Fault> {
     let telemetry = Telemetry {
         metrics: raw.telemetry.and_then(|t| t.metrics),
     };
-    let stores = validate_stores(raw.stores.unwrap_or_default())?;
+    let dir = Path::new(source).parent().unwrap_or(Path::new(""));
+    let stores = validate_stores(raw.stores.unwrap_or_default(), dir)?;
     let raw_bindings = raw.bindings.ok_or_else(|| {
         fault(
             "bindings",
@@ -124,7 +125,10 @@ impl Cx<'_> {
     }
 }
 
-fn validate_stores(raw: BTreeMap<String, RawStore>) -> Result<BTreeMap<String, Store>, Fault> {
+fn validate_stores(
+    raw: BTreeMap<String, RawStore>,
+    dir: &Path,
+) -> Result<BTreeMap<String, Store>, Fault> {
     let mut stores = BTreeMap::new();
     for (name, store) in raw {
         check_name(&name).map_err(|expected| {
@@ -146,17 +150,18 @@ fn validate_stores(raw: BTreeMap<String, RawStore>) -> Result<BTreeMap<String, S
                     ("url", store.url.is_some()),
                     ("password_env", store.password_env.is_some()),
                     ("prefix", store.prefix.is_some()),
+                    ("tls", store.tls.is_some()),
                 ];
                 if let Some((key, _)) = redis_only.iter().find(|(_, set)| *set) {
                     return Err(fault(
                         format!("{path}.{key}"),
-                        "unknown key for a memory store, expected only type (url, password_env \
-                         and prefix are for type: redis)",
+                        "unknown key for a memory store, expected only type (url, password_env, \
+                         prefix and tls are for type: redis)",
                     ));
                 }
                 Store::Memory
             }
-            Some(StoreType::Redis) => Store::Redis(validate_redis(&path, store)?),
+            Some(StoreType::Redis) => Store::Redis(validate_redis(&path, dir, store)?),
         };
         stores.insert(name, store);
     }
@@ -164,8 +169,8 @@ fn validate_stores(raw: BTreeMap<String, RawStore>) -> Result<BTreeMap<String, S
 }
 
 /// A redis store: its URL, the password from the environment if `password_env` names a
-/// variable, and the key prefix.
-fn validate_redis(path: &str, raw: RawStore) -> Result<RedisStore, Fault> {
+/// variable, the key prefix, and its TLS files.
+fn validate_redis(path: &str, dir: &Path, raw: RawStore) -> Result<RedisStore, Fault> {
     let mut url = raw.url.ok_or_else(|| {
         fault(
             format!("{path}.url"),
@@ -239,7 +244,48 @@ fn validate_redis(path: &str, raw: RawStore) -> Result<RedisStore, Fault> {
                 )
             })?,
     };
-    Ok(RedisStore { url, prefix })
+    let tls = match raw.tls {
+        None => RedisTls::default(),
+        Some(_) if !url.tls => {
+            return Err(fault(
+                format!("{path}.tls"),
+                "found tls on a redis:// URL, expected a rediss:// URL for it to apply",
+            ));
+        }
+        Some(tls) => redis_tls(path, dir, tls)?,
+    };
+    Ok(RedisStore { url, prefix, tls })
+}
+
+/// A redis store's `tls:`: `ca` alone, `cert` and `key` together, or all three; each file
+/// readable and usable (the key goes with the certificate).
+fn redis_tls(path: &str, dir: &Path, raw: RawTls) -> Result<RedisTls, Fault> {
+    let file = |v: Option<String>| v.filter(|v| !v.is_empty()).map(|v| dir.join(v));
+    let ca = file(raw.ca);
+    if let Some(ca) = &ca {
+        crate::certs::client_config(Some(ca)).map_err(|e| fault(format!("{path}.tls.ca"), e))?;
+    }
+    let identity = match (file(raw.cert), file(raw.key)) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            crate::certs::server_config(&cert, &key)
+                .map_err(|e| fault(format!("{path}.tls"), e))?;
+            Some((cert, key))
+        }
+        (Some(_), None) => {
+            return Err(fault(
+                format!("{path}.tls.key"),
+                "missing, expected the client certificate's PEM private key beside tls.cert",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(fault(
+                format!("{path}.tls.cert"),
+                "missing, expected the PEM client certificate chain that goes with tls.key",
+            ));
+        }
+    };
+    Ok(RedisTls { ca, identity })
 }
 
 /// Checks the binding names and collects each binding's kind, so that exits can be checked

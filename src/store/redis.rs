@@ -251,9 +251,7 @@ impl RedisStore {
     /// on its own. Returns an error only when the thread or its runtime cannot start; an
     /// unreachable Redis is not one (the node serves, and the store connects when it can).
     pub fn start(name: &str, config: &RedisConfig) -> Result<RedisStore, String> {
-        let client = connection_info(config)
-            .and_then(redis::Client::open)
-            .map_err(|e| format!("redis store {name}: {}", clean(&e.to_string())))?;
+        let client = client(config).map_err(|e| format!("redis store {name}: {e}"))?;
         let shared = Arc::new(Shared {
             name: Box::from(name),
             prefix: config.prefix.clone(),
@@ -338,6 +336,32 @@ impl RedisStore {
             }
         })
     }
+}
+
+/// The redis-rs client: address, database and credentials, and with `tls:` files the CA
+/// to trust (in place of the platform's roots) and a client certificate.
+fn client(config: &RedisConfig) -> Result<redis::Client, String> {
+    let info = connection_info(config).map_err(|e| clean(&e.to_string()))?;
+    let tls = &config.tls;
+    if tls.ca.is_none() && tls.identity.is_none() {
+        return redis::Client::open(info).map_err(|e| clean(&e.to_string()));
+    }
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))
+    };
+    let root_cert = tls.ca.as_deref().map(read).transpose()?;
+    let client_tls = match &tls.identity {
+        Some((cert, key)) => Some(redis::ClientTlsConfig {
+            client_cert: read(cert)?,
+            client_key: read(key)?,
+        }),
+        None => None,
+    };
+    let certificates = redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    };
+    redis::Client::build_with_tls(info, certificates).map_err(|e| clean(&e.to_string()))
 }
 
 /// What redis-rs needs to connect: address, TLS, database, credentials.

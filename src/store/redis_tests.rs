@@ -125,6 +125,7 @@ impl Server {
                 shown: format!("redis://127.0.0.1:{}/{db}", self.port),
             },
             prefix: prefix.into(),
+            tls: Default::default(),
         };
         RedisStore::start(name, &config).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -446,6 +447,7 @@ fn a_store_that_never_reached_redis_answers_errors_at_once() {
                 shown: format!("redis://127.0.0.1:{port}/0"),
             },
             prefix: "n:".into(),
+            tls: Default::default(),
         };
         let store = RedisStore::start("nowhere", &config).unwrap();
         let started = Instant::now();

@@ -297,12 +297,22 @@ class Redis:
     """Debian's `redis-server` on a loopback port chosen at run time, with no persistence
     (`--save "" --appendonly no`) and its files in `workdir`; `stop` and `start` again
     (same port, empty) stand for a crash and a restart. With `tls` = (cert, key, ca) it
-    serves TLS only; with `password` it requires AUTH. tests/py/run.sh installs it."""
+    serves TLS only, and with `client` = (cert, key) as well it asks every client for a
+    certificate `ca` signed (and uses that one itself); with `password` it requires AUTH.
+    tests/py/run.sh installs it."""
 
-    def __init__(self, workdir: Path, *, tls: tuple[Path, Path, Path] | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        tls: tuple[Path, Path, Path] | None = None,
+        client: tuple[Path, Path] | None = None,
+        password: str | None = None,
+    ) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.tls = tls
+        self.client = client
         self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
         workdir.mkdir(parents=True, exist_ok=True)
@@ -320,7 +330,7 @@ class Redis:
         if self.tls:
             cert, key, ca = self.tls
             argv += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert), "--tls-key-file", str(key)]
-            argv += ["--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]
+            argv += ["--tls-ca-cert-file", str(ca), "--tls-auth-clients", "yes" if self.client else "no"]
         else:
             argv += ["--port", str(self.port)]
         if self.password:
@@ -366,6 +376,8 @@ class Redis:
             conn = raw
             if self.tls:
                 context = ssl.create_default_context(cafile=str(self.tls[2]))
+                if self.client:
+                    context.load_cert_chain(str(self.client[0]), str(self.client[1]))
                 conn = context.wrap_socket(raw, server_hostname="127.0.0.1")
             with conn:
                 for message in before:

@@ -385,6 +385,67 @@ def test_rediss_with_a_password_from_the_environment_and_a_database_index(upstre
     assert bad.stderr().count("cannot connect") == 1, bad.stderr()[-2000:]
 
 
+def test_rediss_with_a_private_ca_and_a_client_certificate_from_the_config(upstreams, tmp_path, tls_material):
+    """A Redis that serves TLS with a certificate of a private CA and asks every client for a
+    certificate: a node given `tls: { ca, cert, key }` connects and shares its lists there
+    (no SSL_CERT_FILE: the platform's roots do not know the CA); a node given only the CA is
+    refused by Redis, and one given no `tls:` does not trust Redis. Both say so once."""
+    ca = tls_material.ca
+    node_cert = ca.leaf("redis-node", ["mcpyard-node"], client=True)
+    test_cert = ca.leaf("redis-test", ["redis-test"], client=True)
+    server = harness.Redis(
+        tmp_path / "redis-mtls",
+        tls=(tls_material.server.cert, tls_material.server.key, ca.pem),
+        client=(test_cert.cert, test_cert.key),
+    )
+    server.start()
+    urls = {name: child.address for name, child in upstreams.items()}
+    url = f"rediss://localhost:{server.port}/0"
+    prefix = unique("m") + ":"
+
+    def config(tls: str, metrics_port: int) -> str:
+        text = node_config(urls, url, prefix, io="epoll", ttl="5m", metrics_port=metrics_port)
+        with_tls = text.replace(f'prefix: "{prefix}" }}', f'prefix: "{prefix}", tls: {tls} }}')
+        assert with_tls != text or not tls
+        return with_tls if tls else text
+
+    port = harness.free_port()
+    full = f"{{ ca: {ca.pem}, cert: {node_cert.cert}, key: {node_cert.key} }}"
+    node = Node(0, config(full, port), port, tmp_path / "node")
+    ca_only_port, bare_port = harness.free_port(), harness.free_port()
+    ca_only = Node(1, config(f"{{ ca: {ca.pem} }}", ca_only_port), ca_only_port, tmp_path / "node-ca-only")
+    bare = Node(2, config("", bare_port), bare_port, tmp_path / "node-bare")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            raw = await session_on(client, node)
+            names = await tool_names(raw)
+            assert sum(n.startswith("alpha__") for n in names) == 16
+            assert node.metric('mcpyard_store_connected{store="shared"}') == 1
+            assert node.metric("mcpyard_cache_misses_total") == 0
+            keys = server.command("KEYS", f"{prefix}*")
+            assert f"{prefix}value:tools/tools".encode() in keys, keys
+
+            async def refused_once():
+                return "cannot connect" in ca_only.child.stderr() and "cannot connect" in bare.child.stderr()
+
+            await until(refused_once, "the refused TLS connections were not reported")
+            for refused in (ca_only, bare):
+                assert refused.metric('mcpyard_store_connected{store="shared"}') == 0
+            # Each refusal is said once, with its reason, however often the node retries.
+            assert ca_only.child.stderr().count("cannot connect") == 1, ca_only.child.stderr()[-2000:]
+            assert bare.child.stderr().count("cannot connect") == 1, bare.child.stderr()[-2000:]
+            assert "CertificateRequired" in ca_only.child.stderr(), ca_only.child.stderr()[-2000:]
+            assert "UnknownIssuer" in bare.child.stderr(), bare.child.stderr()[-2000:]
+
+    try:
+        run(scenario, timeout_s=60)
+    finally:
+        for n in (node, ca_only, bare):
+            harness.stop_mcpyard(n.child)
+        server.stop()
+
+
 def test_a_node_started_while_redis_is_down_serves_live_lists_then_joins_the_cache(upstreams, tmp_path):
     server = harness.Redis(tmp_path / "redis-late")
     urls = {name: child.address for name, child in upstreams.items()}

@@ -53,8 +53,9 @@ class Ca:
         self.pem = directory / f"{name}.pem"
         self.pem.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def leaf(self, file: str, names: list[str], *, expired: bool = False) -> Leaf:
-        """A server certificate for `names` (DNS names or IP addresses)."""
+    def leaf(self, file: str, names: list[str], *, expired: bool = False, client: bool = False) -> Leaf:
+        """A server certificate for `names` (DNS names or IP addresses); with `client`, a
+        client certificate instead."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
         before, after = (now - 400 * DAY, now - 30 * DAY) if expired else (now - DAY, now + 30 * DAY)
@@ -73,7 +74,12 @@ class Ca:
             .not_valid_before(before)
             .not_valid_after(after)
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH if client else x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]
+                ),
+                critical=False,
+            )
             .sign(self.key, hashes.SHA256())
         )
         out = Leaf(cert=self.directory / f"{file}.pem", key=self.directory / f"{file}.key")
