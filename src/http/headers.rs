@@ -55,7 +55,7 @@ pub(super) fn locate_fields(
 }
 
 /// Returns the `(start, end)` offsets of `part` inside `base`, if `part` is a sub-slice of it.
-fn offsets(base: &[u8], part: &[u8]) -> Option<(u32, u32)> {
+pub(super) fn offsets(base: &[u8], part: &[u8]) -> Option<(u32, u32)> {
     let start = (part.as_ptr() as usize).checked_sub(base.as_ptr() as usize)?;
     let end = start.checked_add(part.len())?;
     if end > base.len() {
@@ -86,6 +86,12 @@ impl Headers {
         self.head
             .get(start as usize..end as usize)
             .unwrap_or_default()
+    }
+
+    /// The head's bytes from `start` to `end` as text; empty if they are not UTF-8 (callers
+    /// pass ranges the parser found to be visible ASCII).
+    pub(super) fn text(&self, start: u32, end: u32) -> &str {
+        std::str::from_utf8(self.slice(start, end)).unwrap_or_default()
     }
 
     fn name_of(&self, field: &Field) -> &str {

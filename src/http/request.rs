@@ -13,7 +13,7 @@ use super::BodyFraming;
 use super::body::{BodyDecoder, BodyStep};
 use super::error::HttpError;
 use super::framing::declared_framing;
-use super::headers::{Field, Headers, locate_fields};
+use super::headers::{Field, Headers, locate_fields, offsets};
 use super::scan::{HeadScan, strip_empty_lines};
 use crate::limits::{HEADER_BYTES_MAX, HEADERS_PER_MESSAGE_MAX, REQUEST_TARGET_BYTES_MAX};
 
@@ -62,9 +62,8 @@ impl Method {
 pub struct RequestHead {
     /// The request method.
     pub method: Method,
-    /// The request target as received; only visible ASCII (0x21..=0x7e), at most
-    /// `REQUEST_TARGET_BYTES_MAX` bytes.
-    pub target: String,
+    /// Where the request target lies in the head (see [`RequestHead::target`]).
+    target: (u32, u32),
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub minor_version: u8,
     /// The header fields.
@@ -74,11 +73,16 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// The request target as received; only visible ASCII (0x21..=0x7e), at most
+    /// `REQUEST_TARGET_BYTES_MAX` bytes. Read from the head, not copied out of it.
+    pub fn target(&self) -> &str {
+        self.headers.text(self.target.0, self.target.1)
+    }
+
     /// Returns the target without its `?query` part (the whole target if it has none).
     pub fn path(&self) -> &str {
-        self.target
-            .split_once('?')
-            .map_or(self.target.as_str(), |(path, _)| path)
+        let target = self.target();
+        target.split_once('?').map_or(target, |(path, _)| path)
     }
 
     /// Returns true if the connection stays open after this request (RFC 9112 §9.3):
@@ -233,7 +237,8 @@ impl RequestDecoder {
 struct ParsedHead {
     head_len: usize,
     method: Method,
-    target: String,
+    /// The target's place in the head.
+    target: (u32, u32),
     minor_version: u8,
     fields: Vec<Field>,
 }
@@ -263,10 +268,12 @@ fn parse_head(scan: &[u8]) -> Result<Option<ParsedHead>, HttpError> {
         return Err(HttpError::UriTooLong);
     }
     let fields = locate_fields(scan, request.headers)?;
+    let target = offsets(scan, target.as_bytes())
+        .ok_or(HttpError::BadRequest("request target outside head"))?;
     Ok(Some(ParsedHead {
         head_len,
         method: Method::from_token(method),
-        target: target.to_owned(),
+        target,
         minor_version,
         fields,
     }))

@@ -18,9 +18,10 @@
 //! it, where tokio would keep it as a permit; every user here re-checks its condition
 //! after each wake-up, so no wake-up it needs is lost.
 //!
-//! Bound: the slab holds one entry per `Notified` that returned `Pending` and has not
-//! completed or been dropped since, so it never holds more entries than there are
-//! futures waiting on this `Notify`.
+//! Bound: the first waiter's waker has a slot of its own (most `Notify`s have one waiter
+//! at a time: a request's wake-up allocates nothing); the slab holds one entry per other
+//! `Notified` that returned `Pending` and has not completed or been dropped since, so it
+//! never holds more entries than there are futures waiting on this `Notify`.
 
 use slab::Slab;
 use std::cell::{Cell, RefCell};
@@ -35,8 +36,18 @@ pub struct Notify {
     epoch: Cell<u64>,
     /// A `notify_one` found no one waiting.
     permit: Cell<bool>,
-    /// The futures waiting now: their waker, `None` once woken and not polled since.
+    /// The first future waiting now, if it holds this slot ([`Key::First`]): its waker,
+    /// `None` once woken and not polled since.
+    first: RefCell<Option<Option<Waker>>>,
+    /// The other futures waiting now, the same way.
     waiters: RefCell<Slab<Option<Waker>>>,
+}
+
+/// Where a waiting [`Notified`] keeps its waker.
+#[derive(Clone, Copy)]
+enum Key {
+    First,
+    Slab(usize),
 }
 
 impl Notify {
@@ -47,11 +58,13 @@ impl Notify {
     /// Completes one waiting [`Notified`]; with none waiting, the next poll of any.
     pub fn notify_one(&self) {
         self.permit.set(true);
-        let waker = self
-            .waiters
-            .borrow_mut()
-            .iter_mut()
-            .find_map(|(_, w)| w.take());
+        let first = self.first.borrow_mut().as_mut().and_then(Option::take);
+        let waker = first.or_else(|| {
+            self.waiters
+                .borrow_mut()
+                .iter_mut()
+                .find_map(|(_, w)| w.take())
+        });
         if let Some(waker) = waker {
             waker.wake();
         }
@@ -60,13 +73,15 @@ impl Notify {
     /// Completes every [`Notified`] created before this call.
     pub fn notify_waiters(&self) {
         self.epoch.set(self.epoch.get().wrapping_add(1));
+        // Taken out before any is woken: a waker may run code that touches this Notify.
+        let first = self.first.borrow_mut().as_mut().and_then(Option::take);
         let wakers: Vec<Waker> = self
             .waiters
             .borrow_mut()
             .iter_mut()
             .filter_map(|(_, w)| w.take())
             .collect();
-        for waker in wakers {
+        for waker in first.into_iter().chain(wakers) {
             waker.wake();
         }
     }
@@ -86,14 +101,18 @@ impl Notify {
 pub struct Notified<'a> {
     notify: &'a Notify,
     epoch: u64,
-    /// Our entry in `notify.waiters`, once we waited.
-    key: Option<usize>,
+    /// Our waker's place, once we waited.
+    key: Option<Key>,
 }
 
 impl Notified<'_> {
     fn leave(&mut self) {
-        if let Some(key) = self.key.take() {
-            self.notify.waiters.borrow_mut().try_remove(key);
+        match self.key.take() {
+            Some(Key::First) => *self.notify.first.borrow_mut() = None,
+            Some(Key::Slab(key)) => {
+                self.notify.waiters.borrow_mut().try_remove(key);
+            }
+            None => {}
         }
     }
 }
@@ -108,13 +127,32 @@ impl Future for Notified<'_> {
             this.leave();
             return Poll::Ready(());
         }
-        let mut waiters = notify.waiters.borrow_mut();
-        match this.key.and_then(|key| waiters.get_mut(key)) {
-            Some(slot) => match slot {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => *slot = Some(cx.waker().clone()),
-            },
-            None => this.key = Some(waiters.insert(Some(cx.waker().clone()))),
+        let waker = cx.waker();
+        let keep = |slot: &mut Option<Waker>| match slot {
+            Some(w) if w.will_wake(waker) => {}
+            _ => *slot = Some(waker.clone()),
+        };
+        match this.key {
+            Some(Key::First) => {
+                if let Some(slot) = notify.first.borrow_mut().as_mut() {
+                    keep(slot);
+                }
+            }
+            Some(Key::Slab(key)) => {
+                if let Some(slot) = notify.waiters.borrow_mut().get_mut(key) {
+                    keep(slot);
+                }
+            }
+            None => {
+                let mut first = notify.first.borrow_mut();
+                if first.is_none() {
+                    *first = Some(Some(waker.clone()));
+                    this.key = Some(Key::First);
+                } else {
+                    let key = notify.waiters.borrow_mut().insert(Some(waker.clone()));
+                    this.key = Some(Key::Slab(key));
+                }
+            }
         }
         Poll::Pending
     }
@@ -223,8 +261,42 @@ mod tests {
             let mut f = Box::pin(n.notified());
             assert!(poll(&mut f, &waker).is_pending());
             assert!(poll(&mut f, &waker).is_pending());
-            assert_eq!(n.waiters.borrow().len(), 1);
+            assert_eq!(waiting(&n), 1);
         }
-        assert!(n.waiters.borrow().is_empty());
+        assert_eq!(waiting(&n), 0);
+    }
+
+    /// Wakers held: the first waiter's slot and the slab's entries.
+    fn waiting(n: &Notify) -> usize {
+        usize::from(n.first.borrow().is_some()) + n.waiters.borrow().len()
+    }
+
+    #[test]
+    fn waiters_past_the_first_use_the_slab_and_every_one_is_woken() {
+        let n = Notify::new();
+        let (count, waker) = counting();
+        let mut futures: Vec<_> = (0..3).map(|_| Box::pin(n.notified())).collect();
+        for f in &mut futures {
+            assert!(poll(f, &waker).is_pending());
+        }
+        assert!(n.first.borrow().is_some());
+        assert_eq!(n.waiters.borrow().len(), 2);
+        // The first slot freed, a new waiter takes it while the others stay in the slab.
+        futures.remove(0);
+        assert!(n.first.borrow().is_none());
+        let mut late = Box::pin(n.notified());
+        assert!(poll(&mut late, &waker).is_pending());
+        assert!(n.first.borrow().is_some());
+        // notify_one wakes exactly one, notify_waiters the rest.
+        n.notify_one();
+        assert_eq!(count.0.load(Ordering::Relaxed), 1);
+        n.notify_waiters();
+        assert_eq!(count.0.load(Ordering::Relaxed), 3);
+        futures.push(late);
+        for f in &mut futures {
+            assert!(poll(f, &waker).is_ready());
+        }
+        drop(futures);
+        assert_eq!(waiting(&n), 0);
     }
 }

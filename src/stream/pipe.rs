@@ -51,10 +51,36 @@ struct Direction {
     throttle_waker: Option<Waker>,
 }
 
-type Shared = Rc<RefCell<Direction>>;
+/// Both directions of one stream, in one allocation.
+struct Pair {
+    initial: RefCell<Direction>,
+    reply: RefCell<Direction>,
+}
 
-fn direction() -> Shared {
-    Rc::new(RefCell::new(Direction {
+/// One direction of a stream, as an end holds it.
+struct Shared {
+    pair: Rc<Pair>,
+    reply: bool,
+}
+
+impl Shared {
+    fn borrow_mut(&self) -> std::cell::RefMut<'_, Direction> {
+        match self.reply {
+            true => self.pair.reply.borrow_mut(),
+            false => self.pair.initial.borrow_mut(),
+        }
+    }
+
+    fn borrow(&self) -> std::cell::Ref<'_, Direction> {
+        match self.reply {
+            true => self.pair.reply.borrow(),
+            false => self.pair.initial.borrow(),
+        }
+    }
+}
+
+fn direction() -> RefCell<Direction> {
+    RefCell::new(Direction {
         frames: VecDeque::new(),
         throttles: VecDeque::new(),
         window: Window::new(STREAM_WINDOW_BYTES),
@@ -64,7 +90,7 @@ fn direction() -> Shared {
         recv_waker: None,
         send_waker: None,
         throttle_waker: None,
-    }))
+    })
 }
 
 fn wake(waker: &mut Option<Waker>) {
@@ -334,18 +360,22 @@ pub struct Callee {
 
 /// Opens a stream: the caller keeps [`Caller`], the exit serves [`Callee`].
 pub fn open(begin: Begin) -> (Caller, Callee) {
-    let initial = direction();
-    let reply = direction();
+    let pair = Rc::new(Pair {
+        initial: direction(),
+        reply: direction(),
+    });
+    let side = |reply: bool| Shared {
+        pair: pair.clone(),
+        reply,
+    };
     let caller = Caller {
-        initial: Sender {
-            dir: initial.clone(),
-        },
-        reply: Receiver { dir: reply.clone() },
+        initial: Sender { dir: side(false) },
+        reply: Receiver { dir: side(true) },
     };
     let callee = Callee {
         begin,
-        initial: Receiver { dir: initial },
-        reply: Sender { dir: reply },
+        initial: Receiver { dir: side(false) },
+        reply: Sender { dir: side(true) },
     };
     (caller, callee)
 }

@@ -36,7 +36,7 @@ fn show(out: &Out<RequestHead>) -> String {
         Out::Head(h) => format!(
             "head {:?} {} 1.{} {:?} keep_alive={} continue={}",
             h.method,
-            h.target,
+            h.target(),
             h.minor_version,
             h.body,
             h.keep_alive(),
