@@ -35,8 +35,8 @@ pub use scan::{
     ERROR_BYTES_MAX, ID_BYTES_MAX, ResultScanner, SCAN_DEPTH_MAX, ScanError, ScanEvent,
 };
 pub use write::{
-    RESULT_SUFFIX, escape_str, write_error, write_notification, write_request, write_result,
-    write_result_prefix, write_result_suffix,
+    RESULT_SUFFIX, escape_str, result_prefix_parts, write_error, write_notification, write_request,
+    write_result, write_result_prefix, write_result_suffix,
 };
 
 /// Invalid JSON was received (JSON-RPC 2.0 §5.1).

@@ -17,9 +17,19 @@ pub fn write_result(id: &str, result: &[u8], out: &mut BytesMut) {
 /// Appends `{"jsonrpc":"2.0","id":<id>,"result":`; the caller streams the result bytes next
 /// and ends with [`write_result_suffix`].
 pub fn write_result_prefix(id: &str, out: &mut BytesMut) {
-    out.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-    out.put_slice(id.as_bytes());
-    out.put_slice(b",\"result\":");
+    for part in result_prefix_parts(id) {
+        out.put_slice(part);
+    }
+}
+
+/// What [`write_result_prefix`] appends, as the parts it is made of, for callers that
+/// write the response as a list of parts (no buffer of its own to build).
+pub fn result_prefix_parts(id: &str) -> [&[u8]; 3] {
+    [
+        b"{\"jsonrpc\":\"2.0\",\"id\":",
+        id.as_bytes(),
+        b",\"result\":",
+    ]
 }
 
 /// Appends the `}` that closes [`write_result_prefix`].

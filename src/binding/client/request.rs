@@ -67,8 +67,9 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         client: &client,
         session: &session,
         callee: &callee,
-        id: rpc_id.to_string(),
-        params: Vec::new(),
+        id: RpcId::new(rpc_id),
+        params: None,
+        params_more: Vec::new(),
         params_read: 0,
         begun: Cell::new(false),
     };
@@ -103,15 +104,44 @@ async fn cancel_upstream(client: Rc<Client>, session: Rc<UpSession>, rpc_id: u64
     let _ = client.call(&session, body.freeze(), None).await;
 }
 
+/// An upstream JSON-RPC id's lexeme, written on the stack (a `u64` has at most 20 digits).
+struct RpcId {
+    digits: [u8; 20],
+    start: usize,
+}
+
+impl RpcId {
+    fn new(mut id: u64) -> RpcId {
+        let mut digits = [b'0'; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            if let Some(d) = digits.get_mut(start) {
+                *d = b'0' + (id % 10) as u8;
+            }
+            id /= 10;
+            if id == 0 || start == 0 {
+                return RpcId { digits, start };
+            }
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(self.digits.get(self.start..).unwrap_or_default()).unwrap_or("0")
+    }
+}
+
 /// One request in flight.
 struct Exchange<'a> {
     client: &'a Client,
     session: &'a UpSession,
     callee: &'a Callee,
     /// Our upstream JSON-RPC id, as its lexeme.
-    id: String,
-    /// The params pieces read so far (kept for a resend).
-    params: Vec<Bytes>,
+    id: RpcId,
+    /// The params pieces read so far (kept for a resend): the first, and any after it
+    /// (most params come in one piece, which then costs no allocation here).
+    params: Option<Bytes>,
+    params_more: Vec<Bytes>,
     params_read: usize,
     begun: Cell<bool>,
 }
@@ -218,7 +248,7 @@ impl Exchange<'_> {
         let params_len = begin.params_len as usize;
         let mut prefix = BytesMut::with_capacity(64);
         prefix.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-        prefix.put_slice(self.id.as_bytes());
+        prefix.put_slice(self.id.as_str().as_bytes());
         prefix.put_slice(b",\"method\":");
         jsonrpc::escape_str(begin.method_name(), &mut prefix);
         if params_len > 0 {
@@ -236,7 +266,12 @@ impl Exchange<'_> {
         let deadline = Instant::now() + self.client.response_timeout;
         if self.params_read == params_len {
             // All params are known (none, or a resend).
-            let mut body = self.params.clone();
+            let mut body: Vec<Bytes> = self
+                .params
+                .iter()
+                .chain(&self.params_more)
+                .cloned()
+                .collect();
             body.push(Bytes::from_static(suffix));
             return write_known(lease, out, &body, deadline).await;
         }
@@ -281,7 +316,10 @@ impl Exchange<'_> {
             )));
         }
         self.params_read += piece.len();
-        self.params.push(piece.clone());
+        match self.params {
+            None => self.params = Some(piece.clone()),
+            Some(_) => self.params_more.push(piece.clone()),
+        }
         Ok(())
     }
 
@@ -439,7 +477,7 @@ impl Exchange<'_> {
                 last_event = Some(id).filter(|id| super::session::resendable(id));
             }
             let Some(data) = incoming.data else { continue };
-            let upward = exchange::classify(&data, Some(&self.id))
+            let upward = exchange::classify(&data, Some(self.id.as_str()))
                 .map_err(|e| UpErr::Exchange(exchange::Failure::Body(e)))?;
             match upward {
                 Upward::Result(result) => {
@@ -542,7 +580,9 @@ impl Exchange<'_> {
                         error,
                         had_result,
                     } => {
-                        let ours = id.as_deref().is_none_or(|id| id == self.id.as_bytes());
+                        let ours = id
+                            .as_deref()
+                            .is_none_or(|id| id == self.id.as_str().as_bytes());
                         outcome = Some(match (error, had_result) {
                             (Some(error), _) => {
                                 Err(UpErr::Rpc(exchange::error_object_reset(&error)))
@@ -600,5 +640,28 @@ impl Exchange<'_> {
             return Err(UpErr::Status(head.status));
         }
         Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RpcId;
+
+    #[test]
+    fn rpc_ids_are_written_as_their_decimal_lexemes() {
+        for id in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            12_345,
+            u64::from(u32::MAX),
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            assert_eq!(RpcId::new(id).as_str(), id.to_string());
+        }
     }
 }

@@ -242,11 +242,10 @@ impl Render<'_> {
         if self.mode == Mode::Undecided {
             // Common case: the whole result is already here; answer in one write, copying
             // the result once, straight after the head.
-            let mut prefix = BytesMut::with_capacity(64);
-            jsonrpc::write_result_prefix(self.id(), &mut prefix);
             if let Some(Frame::End) = peek_end(reply) {
                 if let Some(sink) = self.sink.take() {
-                    let body: [&[u8]; 3] = [&prefix, &data, jsonrpc::RESULT_SUFFIX];
+                    let [open, id, member] = jsonrpc::result_prefix_parts(self.id());
+                    let body: [&[u8]; 5] = [open, id, member, &data, jsonrpc::RESULT_SUFFIX];
                     let _ = match &self.session.json_head {
                         Some(fields) => sink.respond_with_fields(fields, &body).await,
                         None => {
@@ -263,6 +262,8 @@ impl Render<'_> {
             }
             self.mode = Mode::Json;
             self.result_started = true;
+            let mut prefix = BytesMut::with_capacity(64);
+            jsonrpc::write_result_prefix(self.id(), &mut prefix);
             if let Some(sink) = self.sink.as_mut() {
                 let headers: [(&str, &[u8]); 2] = [
                     ("content-type", b"application/json"),
