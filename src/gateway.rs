@@ -1,13 +1,15 @@
 //! Assembles the running gateway from a validated config: binds every listener, starts one
-//! pinned worker per core with its own event loop, serves the metrics endpoint, and drains
+//! pinned worker per core with its own event loop, serves the metrics endpoint (each
+//! worker's core and binding metrics, gathered through its inbox and merged), and drains
 //! gracefully on SIGINT/SIGTERM.
 
-use crate::binding::Exit;
 use crate::binding::client::Client;
 use crate::binding::demo::{Demo, DemoShared};
+use crate::binding::metrics::BindingMetrics;
 use crate::binding::proxy::Proxy;
 use crate::binding::proxy::cache::CacheSetup;
 use crate::binding::server::{Server, net};
+use crate::binding::{self, Exit};
 use crate::config::{Binding, ClientAuth, Config, ProxyBinding};
 use crate::limits::{CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE};
 use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task};
@@ -524,7 +526,7 @@ async fn serve_metrics(listener: tokio::net::TcpListener, inboxes: Inboxes) {
             }
             let ok = head.starts_with(b"GET /metrics ") || head.starts_with(b"GET /metrics?");
             let (status, body) = if ok {
-                ("200 OK", metrics::render(&gather(&inboxes).await))
+                ("200 OK", render(gather(&inboxes).await))
             } else {
                 ("404 Not Found", "not found\n".to_owned())
             };
@@ -537,7 +539,21 @@ async fn serve_metrics(listener: tokio::net::TcpListener, inboxes: Inboxes) {
     }
 }
 
-async fn gather(inboxes: &Inboxes) -> Vec<metrics::WorkerMetrics> {
+/// One worker's metrics at a scrape: the core's and the bindings'.
+type Snapshot = (metrics::WorkerMetrics, BindingMetrics);
+
+/// Merges the workers' snapshots into one Prometheus text: the core's series, the stores',
+/// then the bindings'.
+fn render(snapshots: Vec<Snapshot>) -> String {
+    let (core, bindings): (Vec<_>, Vec<_>) = snapshots.into_iter().unzip();
+    let mut out = String::with_capacity(8 * 1024);
+    metrics::render(&core, &mut out);
+    binding::metrics::render(&bindings, &mut out);
+    out
+}
+
+/// Asks every worker for a [`Snapshot`] through its inbox and waits for the answers.
+async fn gather(inboxes: &Inboxes) -> Vec<Snapshot> {
     let (tx, mut rx) = mpsc::channel(inboxes.len().max(1));
     let mut asked = 0;
     for w in 0..inboxes.len() {
@@ -546,7 +562,7 @@ async fn gather(inboxes: &Inboxes) -> Vec<metrics::WorkerMetrics> {
             .send(
                 w,
                 Box::new(move || {
-                    let _ = tx.try_send(metrics::snapshot());
+                    let _ = tx.try_send((metrics::snapshot(), binding::metrics::snapshot()));
                 }),
             )
             .is_ok()

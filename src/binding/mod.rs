@@ -6,9 +6,13 @@
 //! that serves it: the caller runs it beside its own end of the stream (no task of its
 //! own per request) or spawns it ([`Exit::open`]); every stream stays on the worker that
 //! opened it.
+//!
+//! Each binding keeps its metrics beside it (`server::metrics`, `proxy::metrics`,
+//! `client::metrics`), and [`metrics`] registers them for scrapes in one place.
 
 pub mod client;
 pub mod demo;
+pub mod metrics;
 pub mod protocol;
 pub mod proxy;
 pub mod server;

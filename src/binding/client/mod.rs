@@ -12,24 +12,26 @@
 //! - Connections are pooled per worker ([`pool`]); an exchange reads its connection in
 //!   place ([`wire`]), and on io_uring a read whose exchange gave up (a timer, a
 //!   cancellation) stays in flight in the wire for the next one, so no read is dropped.
+//! - Its `mcpyard_upstream_*` counters are kept per worker in [`metrics`].
 //!
 //! Everything here lives on one worker: the binding is built once per worker and its
 //! sessions, connections and tasks stay there.
 
 pub mod bearer;
 mod exchange;
+pub mod metrics;
 mod pool;
 mod request;
 mod session;
 mod wire;
 
 use crate::FastMap;
+use crate::binding::client::metrics as client_metrics;
 use crate::binding::{Exit, Serving};
 use crate::config::{ClientAuth, ClientBinding, UpstreamUrl};
 use crate::http::{self, BodyFraming, ResponseEvent, ResponseHead};
 use crate::jsonrpc;
 use crate::limits::UPSTREAM_COALESCE_BYTES_MAX;
-use crate::metrics;
 use crate::runtime::{Backend, Slots};
 use crate::stream::{BearerChallenge, Callee, Kind, Reset};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -160,7 +162,7 @@ impl Client {
         http::encode_request_head(req.method, &self.url.path_and_query, &headers, framing, out)
             .map_err(|e| {
                 crate::log::warn(format_args!("client {}: request not sent: {e}", self.name));
-                metrics::with(|m| m.heads_refused_upstream += 1);
+                client_metrics::with(|m| m.heads_refused += 1);
                 UpErr::Head(e)
             })
     }
@@ -187,7 +189,7 @@ impl Client {
                 Err(UpErr::Write | UpErr::Broken(Broken::Closed))
                     if reused && !retried && !response.started =>
                 {
-                    metrics::with(|m| m.upstream.stale_retries += 1);
+                    client_metrics::with(|m| m.stale_retries += 1);
                     retried = true;
                 }
                 Err(e) => return Err(e),
@@ -209,7 +211,7 @@ impl Client {
             },
             () = deadline => {
                 response.lease.link.wire().close();
-                metrics::with(|m| m.upstream.timeouts += 1);
+                client_metrics::with(|m| m.timeouts += 1);
                 Err(UpErr::Timeout(self.response_timeout))
             }
         }
@@ -388,7 +390,7 @@ fn check_status(head: &ResponseHead) -> Result<(), UpErr> {
         200..=299 => Ok(()),
         401 | 403 => match bearer::parse(head.status, head.headers.get_all("www-authenticate")) {
             Some(challenge) => {
-                metrics::with(|m| m.upstream.bearer_challenges += 1);
+                client_metrics::with(|m| m.bearer_challenges += 1);
                 Err(UpErr::Bearer(challenge))
             }
             None => Err(UpErr::Status(head.status)),

@@ -16,6 +16,7 @@
 //! reason: a refused certificate over a handshake that went nowhere over a failed connect.
 
 use super::wire::Link;
+use crate::binding::client::metrics as client_metrics;
 use crate::certs::Upstream;
 use crate::config::UpstreamUrl;
 use crate::limits::{
@@ -154,10 +155,10 @@ impl Pool {
             let idle_for = since.elapsed();
             if idle_for < UPSTREAM_POOL_IDLE_TIMEOUT && link.wire().reusable(idle_for) {
                 link.reused = true;
-                metrics::with(|m| m.upstream.reused += 1);
+                client_metrics::with(|m| m.reused += 1);
                 return Ok(self.lease(link));
             }
-            metrics::with(|m| m.upstream.stale_dropped += 1);
+            client_metrics::with(|m| m.stale_dropped += 1);
             drop(link); // closes it
         }
         let (link, count) = self.connect().await?;
@@ -232,7 +233,7 @@ impl Pool {
         for &addr in addrs.iter().take(UPSTREAM_ADDRS_MAX) {
             match self.attempt(addr, Instant::now()).await {
                 Ok(conn) => {
-                    metrics::with(|m| m.upstream.connects += 1);
+                    client_metrics::with(|m| m.connects += 1);
                     return Ok(Link::start(conn, self.slots.clone()));
                 }
                 Err((telling, error)) => {
@@ -242,7 +243,7 @@ impl Pool {
                 }
             }
         }
-        metrics::with(|m| m.upstream.connect_failures += 1);
+        client_metrics::with(|m| m.connect_failures += 1);
         Err(told.map_or_else(
             || ConnectError::Connect("no address".to_owned()),
             |(_, error)| error,

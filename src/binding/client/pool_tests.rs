@@ -204,7 +204,7 @@ fn a_failed_handshake_on_the_first_address_moves_on_to_the_next() {
             let good = Peer::start(Behaviour::Tls(certs.good.clone()));
             block_on(backend, async {
                 let pool = pool(backend, &certs, TIMEOUT);
-                let connects = metrics::with(|m| m.upstream.connects);
+                let connects = client_metrics::with(|m| m.connects);
                 let link = pool
                     .connect_any(&[first.addr, good.addr])
                     .await
@@ -216,7 +216,7 @@ fn a_failed_handshake_on_the_first_address_moves_on_to_the_next() {
                     "{backend:?}, {case}: then the next"
                 );
                 assert_eq!(
-                    metrics::with(|m| m.upstream.connects),
+                    client_metrics::with(|m| m.connects),
                     connects + 1,
                     "{backend:?}, {case}"
                 );
@@ -298,7 +298,7 @@ fn when_every_address_fails_the_agent_hears_the_handshake_failure() {
         let refused = refusing();
         block_on(backend, async {
             let pool = pool(backend, &certs, TIMEOUT);
-            let failures = metrics::with(|m| m.upstream.connect_failures);
+            let failures = client_metrics::with(|m| m.connect_failures);
             // The refused certificate, on the first address, outweighs the protocol error
             // and the refused connect that came after it; every address was tried.
             let error = pool
@@ -314,7 +314,7 @@ fn when_every_address_fails_the_agent_hears_the_handshake_failure() {
             );
             assert_eq!(garbage.accepted(), 1, "{backend:?}: the second was tried");
             assert_eq!(
-                metrics::with(|m| m.upstream.connect_failures),
+                client_metrics::with(|m| m.connect_failures),
                 failures + 1,
                 "{backend:?}: one failed connect, however many addresses"
             );

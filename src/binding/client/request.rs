@@ -18,6 +18,7 @@ use super::exchange::{self, BodyKind, Broken, Messages, Response, Upward};
 use super::pool::Lease;
 use super::session::{self, UpSession};
 use super::{Answered, Client, Outgoing, UpErr, check_status, write_bounded, write_known};
+use crate::binding::client::metrics as client_metrics;
 use crate::config::ClientAuth;
 use crate::http::ResponseEvent;
 use crate::jsonrpc::{self, ResultScanner, ScanError, ScanEvent};
@@ -25,7 +26,6 @@ use crate::limits::{
     MESSAGE_BYTES_MAX, UPSTREAM_COALESCE_BYTES_MAX, UPSTREAM_RESULT_HOLD_BYTES,
     UPSTREAM_RESUME_ATTEMPTS_MAX, UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
 };
-use crate::metrics;
 use crate::stream::{Callee, Challenge, Flush, Frame, ReplyBegin, Throttle};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::cell::Cell;
@@ -74,16 +74,16 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         begun: Cell::new(false),
     };
     let outcome = exchange.run().await;
-    metrics::with(|m| m.upstream.requests += 1);
+    client_metrics::with(|m| m.requests += 1);
     match outcome {
         Ok(()) => {}
         Err(UpErr::Gone) => {
             callee.reply.abort();
-            metrics::with(|m| m.upstream.cancelled += 1);
+            client_metrics::with(|m| m.cancelled += 1);
             tokio::task::spawn_local(cancel_upstream(client.clone(), session.clone(), rpc_id));
         }
         Err(e) => {
-            metrics::with(|m| m.upstream.failed += 1);
+            client_metrics::with(|m| m.failed += 1);
             callee.initial.reset(e.into_reset());
             callee.reply.abort();
         }
@@ -223,7 +223,7 @@ impl Exchange<'_> {
                 UpErr::Write | UpErr::Broken(Broken::Closed)
                     if reused && stale_retry && !response.started =>
                 {
-                    metrics::with(|m| m.upstream.stale_retries += 1);
+                    client_metrics::with(|m| m.stale_retries += 1);
                     stale_retry = false;
                 }
                 UpErr::SessionGone if renew && self.session.ids().session.is_some() => {
@@ -444,7 +444,7 @@ impl Exchange<'_> {
                     if last_event.is_some() && resumes < UPSTREAM_RESUME_ATTEMPTS_MAX =>
                 {
                     resumes += 1;
-                    metrics::with(|m| m.upstream.resumed += 1);
+                    client_metrics::with(|m| m.resumed += 1);
                     let wait = async { tokio::time::sleep(retry).await };
                     tokio::pin!(wait);
                     loop {
@@ -538,7 +538,7 @@ impl Exchange<'_> {
                             return Err(UpErr::Gone);
                         }
                         Wake::Deadline => {
-                            metrics::with(|m| m.upstream.timeouts += 1);
+                            client_metrics::with(|m| m.timeouts += 1);
                             return Err(UpErr::Timeout(timeout));
                         }
                         Wake::Answer(id, result, error) => self.relay_answer(id, result, error),
@@ -553,7 +553,7 @@ impl Exchange<'_> {
                         if now >= self.callee.begin.deadline {
                             return Err(UpErr::Gone);
                         }
-                        metrics::with(|m| m.upstream.timeouts += 1);
+                        client_metrics::with(|m| m.timeouts += 1);
                         return Err(UpErr::Timeout(timeout));
                     }
                     scanner.feed(piece, &mut events).map_err(malformed)?;

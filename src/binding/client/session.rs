@@ -19,6 +19,7 @@
 
 use super::exchange::{self, BodyKind, Messages, Upward};
 use super::{Client, Outgoing, PROTOCOL_VERSION, UpErr};
+use crate::binding::client::metrics as client_metrics;
 use crate::jsonrpc;
 use crate::limits::{
     EXIT_EVENT_ID_BYTES_MAX, SESSIONS_PER_WORKER_MAX, UPSTREAM_OUTBOX_EVENTS_MAX,
@@ -272,7 +273,7 @@ struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.client.sessions.borrow_mut().remove(&*self.id);
-        metrics::with(|m| m.upstream.sessions -= 1);
+        client_metrics::with(|m| m.sessions -= 1);
     }
 }
 
@@ -327,7 +328,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
             ids.session = handoff.session;
             ids.version = Some(handoff.version);
             ids.generation += 1;
-            metrics::with(|m| m.upstream.adopted += 1);
+            client_metrics::with(|m| m.adopted += 1);
             session.caps.set(handoff.caps);
             Initialized {
                 caps: handoff.caps,
@@ -342,7 +343,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
                     init
                 }
                 Err(e) => {
-                    metrics::with(|m| m.upstream.initialize_failures += 1);
+                    client_metrics::with(|m| m.initialize_failures += 1);
                     return fail(e);
                 }
             }
@@ -352,7 +353,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         .sessions
         .borrow_mut()
         .insert(session.id.clone(), session.clone());
-    metrics::with(|m| m.upstream.sessions += 1);
+    client_metrics::with(|m| m.sessions += 1);
     let _registration = Registration {
         client: client.clone(),
         id: session.id.clone(),
@@ -727,7 +728,7 @@ pub async fn reinitialize(client: &Client, session: &UpSession, generation: u64)
     if session.closed.get() {
         return false;
     }
-    metrics::with(|m| m.upstream.reinitialized += 1);
+    client_metrics::with(|m| m.reinitialized += 1);
     match initialize(client, session).await {
         Ok(_) => {
             // A shared session's record must name the new upstream session, or another
@@ -1037,7 +1038,7 @@ async fn follow(session: &UpSession, response: &mut exchange::Response) -> Follo
             Ok(Upward::Event(event)) => event,
             Ok(_) => continue,
             Err(_) => {
-                metrics::with(|m| m.upstream.malformed += 1);
+                client_metrics::with(|m| m.malformed += 1);
                 continue;
             }
         };

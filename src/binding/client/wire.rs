@@ -16,8 +16,8 @@
 //! no slot (a slot is lent only while bytes are in flight). Whether such a connection is still usable is checked when it is
 //! taken from the pool ([`crate::runtime::Conn::unusable`]).
 
+use crate::binding::client::metrics as client_metrics;
 use crate::limits::UPSTREAM_EVENT_READ_BYTES;
-use crate::metrics;
 use crate::runtime::{Conn, Lent, ReadBuf, Slots};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
@@ -70,7 +70,7 @@ impl Link {
             event_stream: Cell::new(false),
             burst: Cell::new(false),
         });
-        metrics::with(|m| m.upstream.connections += 1);
+        client_metrics::with(|m| m.connections += 1);
         Link {
             wire,
             reused: false,
@@ -221,7 +221,7 @@ impl Drop for Wire {
             // (completed by the close's shutdown) comes back.
             self.slots.abandoned(lent);
         }
-        metrics::with(|m| m.upstream.connections -= 1);
+        client_metrics::with(|m| m.connections -= 1);
     }
 }
 
@@ -237,6 +237,7 @@ fn buf_capacity(buf: &ReadBuf) -> usize {
 mod tests {
     use super::*;
     use crate::limits::SLOTS_PER_WORKER;
+    use crate::metrics;
     use crate::runtime::{Backend, block_on};
     use std::io::Write;
     use std::time::Duration;
@@ -294,7 +295,7 @@ mod tests {
                 drop(link);
                 settle().await;
                 assert_eq!(metrics::with(|m| m.slots_in_use), 0, "{backend:?}");
-                assert_eq!(metrics::with(|m| m.upstream.connections), 0, "{backend:?}");
+                assert_eq!(client_metrics::with(|m| m.connections), 0, "{backend:?}");
             })
             .expect("runtime");
         }
@@ -312,7 +313,7 @@ mod tests {
                 drop(link);
                 settle().await;
                 assert_eq!(metrics::with(|m| m.slots_in_use), 0, "{backend:?}");
-                assert_eq!(metrics::with(|m| m.upstream.connections), 0, "{backend:?}");
+                assert_eq!(client_metrics::with(|m| m.connections), 0, "{backend:?}");
                 // The pool kept its size: every slot can still be lent at once.
                 let exhausted = metrics::with(|m| m.slot_exhausted);
                 let lent: Vec<ReadBuf> = (0..SLOTS_PER_WORKER).map(|_| slots.lend()).collect();

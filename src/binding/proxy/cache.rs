@@ -43,6 +43,7 @@
 use super::list::{self, ListRequest};
 use super::session::{self, ProxySession};
 use super::{Family, Proxy, Route, join_all};
+use crate::binding::proxy::metrics as proxy_metrics;
 use crate::limits::{
     CACHE_LIST_BYTES_MAX, CACHE_RETRY_MIN, CACHE_STORE_RETRY_MAX, PROXY_ROUTES_MAX,
 };
@@ -475,7 +476,7 @@ impl Cache {
             None => News::First(&list, at),
         };
         let told = proxy.announce(announced(kind), news);
-        metrics::with(|m| m.cache.notifications += told);
+        proxy_metrics::with(|m| m.cache.notifications += told);
     }
 }
 
@@ -602,7 +603,7 @@ async fn lease_loop(proxy: Weak<Proxy>) {
         };
         match taken {
             Ok(Some(token)) => {
-                metrics::with(|m| m.cache.lease_changes += 1);
+                proxy_metrics::with(|m| m.cache.lease_changes += 1);
                 log::info(format_args!(
                     "cache: worker {} holds the hydration lease of proxy {}",
                     p.worker, p.name
@@ -894,7 +895,7 @@ impl Retry {
                     true,
                 ),
             };
-            metrics::with(|m| {
+            proxy_metrics::with(|m| {
                 if routes == 0 {
                     m.cache.refreshes_ok += 1;
                 } else {
@@ -1120,7 +1121,7 @@ async fn refresh_kind(
                 } else {
                     metrics::Outcome::Error
                 };
-                metrics::record_hydration(r.metrics, outcome, started.elapsed());
+                proxy_metrics::record_hydration(r.metrics, outcome, started.elapsed());
                 got
             })
             .collect(),

@@ -16,10 +16,11 @@
 
 use super::session::{ProxySession, describe};
 use super::{Family, Proxy, Route, answer, cache, fail, internal, read_params, rpc_error};
+use crate::binding::proxy::metrics as proxy_metrics;
 use crate::jsonrpc::{self, ItemMode, ItemRewriter, ItemRules, ItemSink};
 use crate::limits::LIST_PAGES_MAX;
 use crate::log;
-use crate::metrics::{self, Outcome};
+use crate::metrics::Outcome;
 use crate::stream::{self, Begin, Callee, Caller, Frame, Kind, ReplyBegin, Reset, Throttle};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::rc::Rc;
@@ -252,7 +253,7 @@ async fn fetch(proxy: Rc<Proxy>, session: Rc<ProxySession>, index: usize, feed: 
         }
         Err(None) => Outcome::Cancelled,
         Err(Some(reset)) => {
-            metrics::with(|m| m.proxy.list_omitted += 1);
+            proxy_metrics::with(|m| m.list_omitted += 1);
             log::warn(format_args!(
                 "proxy {}: toolkit {} left out of {}: {}",
                 proxy.name,
@@ -264,7 +265,7 @@ async fn fetch(proxy: Rc<Proxy>, session: Rc<ProxySession>, index: usize, feed: 
             Outcome::Error
         }
     };
-    metrics::record_toolkit(route.metrics, kind, outcome, started.elapsed());
+    proxy_metrics::record_toolkit(route.metrics, kind, outcome, started.elapsed());
 }
 
 /// What one route's list is asked with.
@@ -398,7 +399,7 @@ async fn pages(
             prefix: route.prefix(family).clone(),
         };
         let next = page(route, family, up, params, rules, &mut sink, out).await?;
-        metrics::with(|m| m.proxy.items_dropped += std::mem::take(&mut sink.dropped));
+        proxy_metrics::with(|m| m.items_dropped += std::mem::take(&mut sink.dropped));
         match next {
             Some(next) if given.insert(std::hash::BuildHasher::hash_one(&hasher, &next[..])) => {
                 cursor = Some(next);
@@ -512,6 +513,6 @@ pub async fn serve_cached(callee: &Callee, cached: Bytes) {
     if !accept(callee).await {
         return;
     }
-    metrics::with(|m| m.cache.hits += 1);
+    proxy_metrics::with(|m| m.cache.hits += 1);
     answer(callee, cached).await;
 }

@@ -10,7 +10,8 @@
 //! `<toolkit>+<uri>`; a proxy whose only route has no toolkit adds nothing. Inbound names
 //! are resolved against the routes in order ([`Proxy::resolve`]) and renamed inside the
 //! streamed params bytes ([`rename`]); event ids from several routes are merged into one
-//! aggregate id ([`event_id`]).
+//! aggregate id ([`event_id`]). Its counters, its caches' and its toolkits' request and
+//! hydration metrics are kept per worker in [`metrics`].
 //!
 //! Everything here lives on one worker: the binding is built once per worker, and its
 //! sessions and streams stay there.
@@ -18,15 +19,16 @@
 pub mod cache;
 pub(crate) mod event_id;
 mod list;
+pub mod metrics;
 pub(crate) mod rename;
 mod request;
 mod session;
 
 use crate::FastMap;
+use crate::binding::proxy::metrics as proxy_metrics;
 use crate::binding::{Exit, Serving};
 use crate::config::{AllowList, ProxyBinding};
 use crate::limits::{MESSAGE_BYTES_MAX, SESSIONS_PER_WORKER_MAX};
-use crate::metrics;
 use crate::stream::{Callee, Caps, Frame, Kind, ListKind, Reset};
 use bytes::{Bytes, BytesMut};
 use event_id::Prefixes;
@@ -161,7 +163,7 @@ impl Proxy {
                 let label: Rc<str> = toolkit.clone().unwrap_or_else(|| Rc::from(r.exit.as_str()));
                 Route {
                     index,
-                    metrics: metrics::toolkit_slot(&label),
+                    metrics: proxy_metrics::toolkit_slot(&label),
                     label,
                     toolkit,
                     name_prefix,
@@ -200,7 +202,7 @@ impl Proxy {
         let cache = self.cache.as_ref()?;
         let found = cache.list(kind);
         if found.is_none() {
-            metrics::with(|m| m.cache.misses += 1);
+            proxy_metrics::with(|m| m.cache.misses += 1);
         }
         Some(found?.for_session(session.hidden()))
     }
@@ -272,7 +274,7 @@ impl Exit for Proxy {
         let proxy = self.me.upgrade()?;
         if callee.begin.kind == Kind::Lifecycle {
             if self.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
-                metrics::with(|m| m.overload_rejections += 1);
+                crate::metrics::with(|m| m.overload_rejections += 1);
                 fail(&callee, internal("Too many proxy sessions"));
                 return None;
             }

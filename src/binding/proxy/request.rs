@@ -11,9 +11,10 @@
 use super::rename::{self, Splice};
 use super::session::{self, ProxySession};
 use super::{Family, Proxy, Route, answer, fail, internal, join_all, list, read_params, rpc_error};
+use crate::binding::proxy::metrics as proxy_metrics;
 use crate::jsonrpc::{self, ItemMode, ItemRewriter, ItemRules, ItemSink};
 use crate::limits::MESSAGE_BYTES_MAX;
-use crate::metrics::{self, Outcome};
+use crate::metrics::Outcome;
 use crate::stream::{
     self, Begin, Callee, Caller, Challenge, Flush, Frame, Kind, Reset, TargetAt, Throttle,
 };
@@ -157,7 +158,12 @@ async fn relay(
     let life = match session.route(proxy, index, true, up.deadline).await {
         Ok(life) => life,
         Err(reset) => {
-            metrics::record_toolkit(route.metrics, up.kind, Outcome::Error, started.elapsed());
+            proxy_metrics::record_toolkit(
+                route.metrics,
+                up.kind,
+                Outcome::Error,
+                started.elapsed(),
+            );
             return fail(callee, reset);
         }
     };
@@ -187,7 +193,7 @@ async fn relay(
             Ok(()) => relay.reply().await,
             Err(outcome) => outcome,
         };
-        metrics::record_toolkit(route.metrics, callee.begin.kind, outcome, started.elapsed());
+        proxy_metrics::record_toolkit(route.metrics, callee.begin.kind, outcome, started.elapsed());
     };
     // The relay first, so the route finds the params queued (see `server::app`).
     tokio::join!(biased; relaying, async {
@@ -394,7 +400,7 @@ impl Relay<'_> {
                         error,
                     },
                     _ => {
-                        metrics::with(|m| m.proxy.answers_unroutable += 1);
+                        proxy_metrics::with(|m| m.answers_unroutable += 1);
                         return;
                     }
                 }

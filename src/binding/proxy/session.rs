@@ -24,6 +24,7 @@
 //! detaches ([`Event::Detach`]) has every open route detach in turn.
 
 use super::{Proxy, Route, cache, fail, internal, join_all, rename};
+use crate::binding::proxy::metrics as proxy_metrics;
 use crate::limits::{EVENTS_PROBE_TIMEOUT, EXIT_EVENT_ID_BYTES_MAX, SHARED_SESSION_RECHECK_WAIT};
 use crate::log;
 use crate::metrics;
@@ -813,7 +814,7 @@ async fn opening(
                 handoff: None,
             });
         }
-        metrics::with(|m| m.cache.misses += 1);
+        proxy_metrics::with(|m| m.cache.misses += 1);
         log::warn(format_args!(
             "proxy {}: cache not hydrated in time; opening the routes for this session",
             proxy.name
@@ -828,7 +829,7 @@ async fn opening(
                 // hidden from it until the route accepts its credential.
                 session.hidden.set(session.hidden.get() | 1 << route.index);
             }
-            metrics::with(|m| m.proxy.routes_skipped += 1);
+            proxy_metrics::with(|m| m.routes_skipped += 1);
             log::warn(format_args!(
                 "proxy {}: toolkit {} skipped at initialize: {}",
                 proxy.name,
@@ -957,7 +958,7 @@ async fn admit(
     let mut unreached = false;
     for (index, result) in forwarding.iter().zip(opened) {
         if let (Err(reset), Some(route)) = (result, proxy.routes.get(*index)) {
-            metrics::with(|m| m.proxy.routes_skipped += 1);
+            proxy_metrics::with(|m| m.routes_skipped += 1);
             // Hidden either way (what it would show this session is not known), but only
             // a refused credential is final: a route that could not be reached is asked
             // again in the background, and shown once it accepts.
@@ -1313,7 +1314,7 @@ fn on_challenge(proxy: &Proxy, session: &Rc<ProxySession>, challenge: Challenge)
                 Some((0, id))
             };
             let Some((route, id)) = target else {
-                metrics::with(|m| m.proxy.answers_unroutable += 1);
+                proxy_metrics::with(|m| m.answers_unroutable += 1);
                 return;
             };
             match session.open_life(route) {
@@ -1321,7 +1322,7 @@ fn on_challenge(proxy: &Proxy, session: &Rc<ProxySession>, challenge: Challenge)
                     let answer = Challenge::Answer { id, result, error };
                     let _ = life.caller.reply.challenge(answer);
                 }
-                None => metrics::with(|m| m.proxy.answers_unroutable += 1),
+                None => proxy_metrics::with(|m| m.answers_unroutable += 1),
             }
         }
     }
@@ -1555,7 +1556,7 @@ fn route_ended(proxy: &Proxy, session: &ProxySession, route: &Route, life: &Rout
     }
     set_waiting(session, route.index, false);
     session.handoff_changed.set(true);
-    metrics::with(|m| m.proxy.routes_ended += 1);
+    proxy_metrics::with(|m| m.routes_ended += 1);
     log::warn(format_args!(
         "proxy {}: toolkit {} ended its session",
         proxy.name, route.label

@@ -5,8 +5,8 @@
 
 use super::net::Request;
 use super::sink::Sink;
+use crate::binding::server::metrics as server_metrics;
 use crate::jsonrpc;
-use crate::metrics;
 use bytes::{Bytes, BytesMut};
 
 /// Writes an HTTP error whose body is a JSON-RPC error without id (MCP allows this for
@@ -39,7 +39,7 @@ pub(super) async fn http_error_code(
     } else {
         &[("content-type", b"application/json")]
     };
-    metrics::with(|m| m.http_errors += 1);
+    server_metrics::with(|m| m.http_errors += 1);
     let _ = sink.respond(status, allow, &body).await;
 }
 

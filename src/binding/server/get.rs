@@ -11,8 +11,8 @@ use super::lookup::session_for;
 use super::net::Request;
 use super::session::{GetHold, Session, Support, data_event, exit_id_carried, sse_head};
 use super::sink::Sink;
+use crate::binding::server::metrics as server_metrics;
 use crate::limits::{EVENTS_PROBE_TIMEOUT, SSE_KEEPALIVE_INTERVAL};
-use crate::metrics::{self};
 use crate::sse;
 use crate::stream::Challenge;
 use bytes::{Bytes, BytesMut};
@@ -104,7 +104,7 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         Some(LastEvent::Ours { seq, exit, .. }) => match replayable(&session, seq) {
             true => Resume::Ring(seq),
             false => {
-                metrics::with(|m| m.events_replay_missed += 1);
+                server_metrics::with(|m| m.events_replay_missed += 1);
                 match exit {
                     Some(exit) => Resume::Exit(Rc::from(exit)),
                     None => Resume::Now,

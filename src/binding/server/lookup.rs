@@ -14,6 +14,7 @@ use super::session::{self, Session};
 use super::shared::{self, Ending, Link, Write, Written, decode, key, store_log_due};
 use super::sink::Sink;
 use super::{Server, session_id};
+use crate::binding::server::metrics as server_metrics;
 use crate::limits::{SESSIONS_PER_WORKER_MAX, SHARED_SESSION_ADOPTIONS_MAX};
 use crate::runtime::notify::Notify;
 use crate::stream::{self, Begin, ClientHello, Event, Flush, Frame};
@@ -157,7 +158,7 @@ async fn take_up(
         Ok(Some(value)) => value,
         Ok(None) => return Err(NOT_FOUND),
         Err(e) => {
-            metrics::with(|m| m.session_store_failures += 1);
+            server_metrics::with(|m| m.session_store_failures += 1);
             if store_log_due() {
                 log::warn(format_args!(
                     "server {}: a shared session could not be looked up: {e}",
@@ -214,7 +215,7 @@ async fn take_up(
         reply.handoff.clone().or(record.handoff),
     );
     let session = Session::create(server, id, record.version, reply, caller, Some(link));
-    metrics::with(|m| m.sessions_adopted += 1);
+    server_metrics::with(|m| m.sessions_adopted += 1);
     // The record now names this node's handoff and activity too, unless the session was
     // deleted at another node since it was read: then it is gone here too.
     if session.write_record(server, Write::Update, true).await == Written::Gone {

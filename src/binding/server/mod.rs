@@ -6,11 +6,14 @@
 //! [`session`] owns sessions and their lifecycle stream, [`get`] the GET event stream,
 //! [`reply`] renders each request's reply, and [`shared`] keeps sessions in a store that
 //! every node of a cluster reads. Responses go through a [`sink::Sink`], local or remote.
+//! The binding's own counters (sessions, connections, hand-offs, HTTP errors) are kept
+//! per worker in [`metrics`].
 
 pub(crate) mod app;
 pub(crate) mod edge;
 pub(crate) mod get;
 pub(crate) mod lookup;
+pub mod metrics;
 pub mod net;
 pub(crate) mod reply;
 pub(crate) mod session;
@@ -20,9 +23,9 @@ pub mod sink;
 
 use crate::FastMap;
 use crate::binding::Exit;
+use crate::binding::server::metrics as server_metrics;
 use crate::config::ServerBinding;
 use crate::http::Method;
-use crate::metrics;
 use crate::runtime::Inboxes;
 use crate::store::Store;
 use net::Request;
@@ -172,11 +175,11 @@ impl Server {
             }
         });
         if self.inboxes.send(owner, task).is_err() {
-            metrics::with(|m| m.overload_rejections += 1);
+            crate::metrics::with(|m| m.overload_rejections += 1);
             tokio::task::spawn_local(edge::http_error(sink, 503, "worker busy", None));
             return;
         }
-        metrics::with(|m| m.handoffs += 1);
+        server_metrics::with(|m| m.handoffs += 1);
         tokio::task::spawn_local(relay(rx, sink, shared));
     }
 

@@ -14,15 +14,16 @@
 
 use super::Server;
 use super::sink::{ConnShared, Sink};
+use crate::binding::server::metrics as server_metrics;
 use crate::http::Method;
 use crate::http::{self, HttpError, RequestDecoder, RequestEvent, RequestHead};
 use crate::limits::{
     CONNECTION_IDLE_TIMEOUT, CONNECTION_STREAM_READ_BYTES, MESSAGE_BYTES_MAX, PIPELINE_DEPTH_MAX,
     REQUEST_READ_TIMEOUT, SLOT_BYTES, TLS_HANDSHAKE_TIMEOUT,
 };
+use crate::log;
 use crate::runtime::notify::Notify;
 use crate::runtime::{Conn, ReadBuf, Slots, tls};
-use crate::{log, metrics};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -162,7 +163,7 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
             }
         },
     };
-    metrics::with(|m| {
+    server_metrics::with(|m| {
         m.connections += 1;
         m.connections_accepted += 1;
     });
@@ -192,7 +193,7 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
         ));
         link.shared.conn.shutdown();
         LIVE.with(|l| l.borrow_mut().try_remove(key));
-        metrics::with(|m| m.connections -= 1);
+        server_metrics::with(|m| m.connections -= 1);
         return;
     }
     // One task for both halves (a task per half would cost a second task cell per
@@ -204,7 +205,7 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
     };
     tokio::join!(dispatching, read_loop(&link, &slots));
     LIVE.with(|l| l.borrow_mut().try_remove(key));
-    metrics::with(|m| m.connections -= 1);
+    server_metrics::with(|m| m.connections -= 1);
 }
 
 /// The next item from the reader. While it waits the connection is idle (no response in
@@ -299,7 +300,7 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
                 }
             }
             Item::Error(e) => {
-                metrics::with(|m| m.http_errors += 1);
+                server_metrics::with(|m| m.http_errors += 1);
                 let mut out = BytesMut::with_capacity(256);
                 http::encode_error_response(&e, &mut out);
                 // Boxed: rare, and larger than the rest of the dispatcher's state.

@@ -19,6 +19,7 @@ use super::Server;
 use super::shared::{self, Ending, Link, Write, Written};
 use super::sink::Sink;
 use crate::FastMap;
+use crate::binding::server::metrics as server_metrics;
 use crate::jsonrpc::{self, IdKey};
 use crate::limits::{
     GET_SETUP_EVENTS_MAX, PENDING_ANSWER_ID_BYTES_MAX, PENDING_ANSWERS_PER_SESSION_MAX,
@@ -144,7 +145,7 @@ impl Session {
                 Ok(watch) => *link.watch.borrow_mut() = Some(watch),
                 Err(e) => {
                     // It is then told of a DELETE at another node only at its expiry.
-                    metrics::with(|m| m.session_store_failures += 1);
+                    server_metrics::with(|m| m.session_store_failures += 1);
                     log::warn(format_args!(
                         "server {}: a shared session is not watched: {e}",
                         server.name
@@ -191,7 +192,7 @@ impl Session {
             shared,
         });
         server.sessions.borrow_mut().insert(id, session.clone());
-        metrics::with(|m| {
+        server_metrics::with(|m| {
             m.sessions += 1;
             m.sessions_created += 1;
         });
@@ -468,9 +469,9 @@ pub fn end(server: &Server, session: &Rc<Session>, reason: &str, ending: Ending)
         st.closed = true;
     }
     server.sessions.borrow_mut().remove(&session.id);
-    metrics::with(|m| m.sessions -= 1);
+    server_metrics::with(|m| m.sessions -= 1);
     if ending == Ending::Detach {
-        metrics::with(|m| m.sessions_detached += 1);
+        server_metrics::with(|m| m.sessions_detached += 1);
         let detach = Flush {
             id: None,
             event: Event::Detach,
@@ -491,7 +492,7 @@ pub fn end(server: &Server, session: &Rc<Session>, reason: &str, ending: Ending)
     }
     session.changed.notify_waiters();
     if reason == "expired" {
-        metrics::with(|m| m.sessions_expired += 1);
+        server_metrics::with(|m| m.sessions_expired += 1);
     }
 }
 

@@ -35,12 +35,13 @@
 //! size) before it is used, and the exit checks the handoff it is given in turn.
 
 use super::{PROTOCOL_VERSIONS, Server};
+use crate::binding::server::metrics as server_metrics;
 use crate::limits::{
     SHARED_SESSION_RECORD_BYTES_MAX, SHARED_SESSION_RECORD_GRACE,
     SHARED_SESSION_TOUCHES_PER_TIMEOUT,
 };
+use crate::log;
 use crate::store::Watch;
-use crate::{log, metrics};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -319,7 +320,7 @@ pub async fn write(
         Err(e) => {
             link.stale.set(stale || link.stale.get());
             link.failed_at.set(Some(Instant::now()));
-            metrics::with(|m| m.session_store_failures += 1);
+            server_metrics::with(|m| m.session_store_failures += 1);
             if loud && store_log_due() {
                 log::warn(format_args!(
                     "server {}: a shared session's record was not written: {e}",
@@ -369,7 +370,7 @@ pub async fn forget(server: &Server, id: &str) {
         return;
     };
     if let Err(e) = store.delete(&key(id)).await {
-        metrics::with(|m| m.session_store_failures += 1);
+        server_metrics::with(|m| m.session_store_failures += 1);
         log::warn(format_args!(
             "server {}: a shared session's record was not deleted: {e}",
             server.name
@@ -399,7 +400,7 @@ pub async fn at_expiry(server: &Server, id: &str) -> Ending {
         Ok(None) => return Ending::End,
         Ok(Some(value)) => decode(&value.bytes),
         Err(e) => {
-            metrics::with(|m| m.session_store_failures += 1);
+            server_metrics::with(|m| m.session_store_failures += 1);
             if store_log_due() {
                 log::warn(format_args!(
                     "server {}: a shared session expired here while its record could not \

@@ -5,6 +5,7 @@
 //! in. Bytes are HTTP-encoded here, on the worker that owns the session; the connection's
 //! worker only copies them to the socket.
 
+use crate::binding::server::metrics as server_metrics;
 use crate::http::{self, BodyFraming};
 use crate::runtime::Conn;
 use crate::runtime::notify::Notify;
@@ -158,7 +159,7 @@ impl Sink {
     /// stops writing that response.
     async fn refused(&mut self, err: http::HeadError) -> Result<(), Gone> {
         crate::log::warn(format_args!("server: response not sent: {err}"));
-        crate::metrics::with(|m| m.heads_refused_downstream += 1);
+        server_metrics::with(|m| m.heads_refused_downstream += 1);
         let detail = format!("response not sent: {err}\n");
         let mut out = BytesMut::with_capacity(128 + detail.len());
         let headers: [(&str, &[u8]); 2] =

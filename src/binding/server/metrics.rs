@@ -1,0 +1,155 @@
+//! The `server` bindings' metrics: agent sessions and connections, hand-offs between
+//! workers, HTTP errors and replay misses, kept per worker like the core's
+//! ([`crate::metrics`]) and registered for scrapes in `binding/metrics.rs`.
+//!
+//! The server also records into the core: `overload_rejections` (a full table), each
+//! request's latency by method and outcome (`record_request`), and its TLS handshakes.
+
+use crate::metrics;
+use std::cell::RefCell;
+
+/// One worker's counters and gauges of the server bindings.
+#[derive(Clone, Default)]
+pub struct ServerMetrics {
+    /// Live sessions and connections now.
+    pub sessions: u64,
+    pub connections: u64,
+    /// Sessions created, expired; connections accepted.
+    pub sessions_created: u64,
+    pub sessions_expired: u64,
+    /// Shared sessions (`sessions: { store }`): taken up from another node's record; let
+    /// go of while they live on elsewhere; record reads and writes that failed.
+    pub sessions_adopted: u64,
+    pub sessions_detached: u64,
+    pub session_store_failures: u64,
+    pub connections_accepted: u64,
+    /// Requests handed to another worker (the session lives there).
+    pub handoffs: u64,
+    /// HTTP requests answered with a 4xx/5xx before reaching MCP handling.
+    pub http_errors: u64,
+    /// GET streams resumed from an event no longer in the session's replay ring.
+    pub events_replay_missed: u64,
+    /// Responses to agents not written because a header value held a control byte
+    /// (`http::HeadError`).
+    pub heads_refused_downstream: u64,
+}
+
+impl ServerMetrics {
+    /// All zero (a `const fn`, so the thread-local needs no lazy initialization).
+    pub const fn new() -> Self {
+        ServerMetrics {
+            sessions: 0,
+            connections: 0,
+            sessions_created: 0,
+            sessions_expired: 0,
+            sessions_adopted: 0,
+            sessions_detached: 0,
+            session_store_failures: 0,
+            connections_accepted: 0,
+            handoffs: 0,
+            http_errors: 0,
+            events_replay_missed: 0,
+            heads_refused_downstream: 0,
+        }
+    }
+
+    /// Adds another worker's counts into these.
+    pub fn merge(&mut self, o: &ServerMetrics) {
+        self.sessions += o.sessions;
+        self.connections += o.connections;
+        self.sessions_created += o.sessions_created;
+        self.sessions_expired += o.sessions_expired;
+        self.sessions_adopted += o.sessions_adopted;
+        self.sessions_detached += o.sessions_detached;
+        self.session_store_failures += o.session_store_failures;
+        self.connections_accepted += o.connections_accepted;
+        self.handoffs += o.handoffs;
+        self.http_errors += o.http_errors;
+        self.events_replay_missed += o.events_replay_missed;
+        self.heads_refused_downstream += o.heads_refused_downstream;
+    }
+
+    /// Appends every server series to a scrape (one unlabelled series per family).
+    pub fn render(&self, out: &mut String) {
+        let gauges: [(&str, &str, u64); 2] = [
+            ("mcpyard_sessions", "Live MCP sessions.", self.sessions),
+            (
+                "mcpyard_connections",
+                "Open downstream connections.",
+                self.connections,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            metrics::write_gauge(out, name, help, value);
+        }
+        let counters: [(&str, &str, u64); 10] = [
+            (
+                "mcpyard_sessions_created_total",
+                "Sessions created.",
+                self.sessions_created,
+            ),
+            (
+                "mcpyard_sessions_expired_total",
+                "Sessions expired for inactivity.",
+                self.sessions_expired,
+            ),
+            (
+                "mcpyard_sessions_adopted_total",
+                "Shared sessions another node opened, taken up from the session store.",
+                self.sessions_adopted,
+            ),
+            (
+                "mcpyard_sessions_detached_total",
+                "Shared sessions let go of while they live on at another node.",
+                self.sessions_detached,
+            ),
+            (
+                "mcpyard_sessions_store_failures_total",
+                "Shared-session record reads and writes that failed.",
+                self.session_store_failures,
+            ),
+            (
+                "mcpyard_connections_accepted_total",
+                "Downstream connections accepted.",
+                self.connections_accepted,
+            ),
+            (
+                "mcpyard_handoffs_total",
+                "Requests handed to the worker owning their session.",
+                self.handoffs,
+            ),
+            (
+                "mcpyard_http_errors_total",
+                "Requests answered with an HTTP error before MCP handling.",
+                self.http_errors,
+            ),
+            (
+                "mcpyard_events_replay_missed_total",
+                "GET streams resumed after an event the replay ring no longer held.",
+                self.events_replay_missed,
+            ),
+            (
+                "mcpyard_downstream_heads_refused_total",
+                "Responses to agents not written because a header value held a control byte.",
+                self.heads_refused_downstream,
+            ),
+        ];
+        for (name, help, value) in counters {
+            metrics::write_counter(out, name, help, value);
+        }
+    }
+}
+
+thread_local! {
+    static LOCAL: RefCell<ServerMetrics> = const { RefCell::new(ServerMetrics::new()) };
+}
+
+/// Runs `f` on this worker's server metrics.
+pub fn with<R>(f: impl FnOnce(&mut ServerMetrics) -> R) -> R {
+    LOCAL.with(|m| f(&mut m.borrow_mut()))
+}
+
+/// A copy of this worker's server metrics, for a scrape.
+pub fn snapshot() -> ServerMetrics {
+    LOCAL.with(|m| m.borrow().clone())
+}
