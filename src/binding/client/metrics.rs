@@ -2,8 +2,10 @@
 //! worker like the core's ([`crate::metrics`]) and registered for scrapes in
 //! `binding/metrics.rs`.
 //!
-//! The client also records into the core: `overload_rejections` (a full pool), the
-//! latency of upstream `initialize` exchanges (`record_request`), and its TLS handshakes.
+//! The client also records into the core: `overload_rejections` (a full pool) and its TLS
+//! handshakes. Upstream `initialize` exchanges are counted here, not among the agents'
+//! requests (`mcpyard_request_seconds`), which they would otherwise inflate by one per
+//! route.
 
 use crate::metrics;
 use std::cell::RefCell;
@@ -33,7 +35,8 @@ pub struct UpstreamMetrics {
     pub timeouts: u64,
     /// Upstream sessions re-initialized after a 404.
     pub reinitialized: u64,
-    /// `initialize` exchanges that failed.
+    /// `initialize` exchanges that succeeded, and ones that failed.
+    pub initializes: u64,
     pub initialize_failures: u64,
     /// Upstream sessions another node opened, taken up from a shared session's handoff.
     pub adopted: u64,
@@ -63,6 +66,7 @@ impl UpstreamMetrics {
             cancelled: 0,
             timeouts: 0,
             reinitialized: 0,
+            initializes: 0,
             initialize_failures: 0,
             adopted: 0,
             bearer_challenges: 0,
@@ -86,6 +90,7 @@ impl UpstreamMetrics {
         self.cancelled += o.cancelled;
         self.timeouts += o.timeouts;
         self.reinitialized += o.reinitialized;
+        self.initializes += o.initializes;
         self.initialize_failures += o.initialize_failures;
         self.adopted += o.adopted;
         self.bearer_challenges += o.bearer_challenges;
@@ -106,7 +111,7 @@ impl UpstreamMetrics {
     }
 
     /// (name, help, value, is_gauge) of every upstream series.
-    fn series(&self) -> [(&'static str, &'static str, u64, bool); 18] {
+    fn series(&self) -> [(&'static str, &'static str, u64, bool); 19] {
         [
             (
                 "mcpyard_upstream_connections",
@@ -178,6 +183,12 @@ impl UpstreamMetrics {
                 "mcpyard_upstream_reinitialized_total",
                 "Upstream sessions re-initialized after a 404.",
                 self.reinitialized,
+                false,
+            ),
+            (
+                "mcpyard_upstream_initializes_total",
+                "Upstream initialize exchanges that succeeded.",
+                self.initializes,
                 false,
             ),
             (

@@ -335,19 +335,16 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
                 instructions: None,
             }
         }
-        None => {
-            let started = std::time::Instant::now();
-            match Box::pin(initialize(&client, &session)).await {
-                Ok(init) => {
-                    metrics::record_request("initialize", metrics::Outcome::Ok, started.elapsed());
-                    init
-                }
-                Err(e) => {
-                    client_metrics::with(|m| m.initialize_failures += 1);
-                    return fail(e);
-                }
+        None => match Box::pin(initialize(&client, &session)).await {
+            Ok(init) => {
+                client_metrics::with(|m| m.initializes += 1);
+                init
             }
-        }
+            Err(e) => {
+                client_metrics::with(|m| m.initialize_failures += 1);
+                return fail(e);
+            }
+        },
     };
     client
         .sessions
