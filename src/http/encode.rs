@@ -265,10 +265,22 @@ pub fn response_head_fields(
 /// fields for `BodyFraming::Length(length)`.
 pub fn put_content_length(length: u64, out: &mut BytesMut) {
     let mut digits = Digits::new();
-    let pieces: [&[u8]; 3] = [b"content-length: ", digits.format(length, 10), b"\r\n\r\n"];
-    for piece in pieces {
+    for piece in content_length_pieces(&mut digits, length) {
         out.put_slice(piece);
     }
+}
+
+/// How many bytes [`put_content_length`] appends for `length`.
+pub fn content_length_bytes(length: u64) -> usize {
+    let mut digits = Digits::new();
+    content_length_pieces(&mut digits, length)
+        .iter()
+        .map(|p| p.len())
+        .sum()
+}
+
+fn content_length_pieces(digits: &mut Digits, length: u64) -> [&[u8]; 3] {
+    [b"content-length: ", digits.format(length, 10), b"\r\n\r\n"]
 }
 
 /// Writes one chunk, `<hex size>\r\n<data>\r\n` (RFC 9112 §7.1). Writes nothing for empty
@@ -415,6 +427,29 @@ fn put_hex(value: u64, out: &mut BytesMut) {
     out.put_slice(Digits::new().format(value, 16));
 }
 
+/// A `u64` written out in decimal and kept on the stack (an upstream JSON-RPC id, say),
+/// so that writing it needs no allocation.
+pub struct Decimal {
+    digits: Digits,
+    start: usize,
+}
+
+impl Decimal {
+    pub fn new(value: u64) -> Decimal {
+        let mut digits = Digits::new();
+        let len = digits.format(value, 10).len();
+        Decimal {
+            digits,
+            start: U64_DIGITS_MAX - len,
+        }
+    }
+
+    /// The digits, without leading zeros.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(self.digits.0.get(self.start..).unwrap_or_default()).unwrap_or("0")
+    }
+}
+
 /// A stack buffer that formats one `u64` at a time, so heads need no allocation.
 struct Digits([u8; U64_DIGITS_MAX]);
 
@@ -446,6 +481,33 @@ impl Digits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn content_length_bytes_is_what_put_content_length_appends() {
+        for v in [0, 9, 10, 1023, 1024, 4 * 1024 * 1024, u64::MAX] {
+            let mut out = BytesMut::new();
+            put_content_length(v, &mut out);
+            assert_eq!(content_length_bytes(v), out.len(), "{v}");
+        }
+    }
+
+    #[test]
+    fn decimals_are_the_numbers_lexemes() {
+        for v in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            12_345,
+            u64::from(u32::MAX),
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            assert_eq!(Decimal::new(v).as_str(), v.to_string());
+        }
+    }
 
     /// A reply made from ready fields is byte for byte the encoder's, with and without
     /// `connection: close` (the way `Sink::respond_with_fields` puts them together).

@@ -20,7 +20,7 @@ use super::session::{self, UpSession};
 use super::{Answered, Client, Outgoing, UpErr, check_status, write_bounded, write_known};
 use crate::binding::client::metrics as client_metrics;
 use crate::config::ClientAuth;
-use crate::http::ResponseEvent;
+use crate::http::{Decimal, ResponseEvent};
 use crate::jsonrpc::{self, ResultScanner, ScanError, ScanEvent};
 use crate::limits::{
     MESSAGE_BYTES_MAX, UPSTREAM_COALESCE_BYTES_MAX, UPSTREAM_RESULT_HOLD_BYTES,
@@ -67,7 +67,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         client: &client,
         session: &session,
         callee: &callee,
-        id: RpcId::new(rpc_id),
+        id: Decimal::new(rpc_id),
         params: None,
         params_more: Vec::new(),
         params_read: 0,
@@ -104,40 +104,13 @@ async fn cancel_upstream(client: Rc<Client>, session: Rc<UpSession>, rpc_id: u64
     let _ = client.call(&session, body.freeze(), None).await;
 }
 
-/// An upstream JSON-RPC id's lexeme, written on the stack (a `u64` has at most 20 digits).
-struct RpcId {
-    digits: [u8; 20],
-    start: usize,
-}
-
-impl RpcId {
-    fn new(mut id: u64) -> RpcId {
-        let mut digits = [b'0'; 20];
-        let mut start = digits.len();
-        loop {
-            start -= 1;
-            if let Some(d) = digits.get_mut(start) {
-                *d = b'0' + (id % 10) as u8;
-            }
-            id /= 10;
-            if id == 0 || start == 0 {
-                return RpcId { digits, start };
-            }
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        std::str::from_utf8(self.digits.get(self.start..).unwrap_or_default()).unwrap_or("0")
-    }
-}
-
 /// One request in flight.
 struct Exchange<'a> {
     client: &'a Client,
     session: &'a UpSession,
     callee: &'a Callee,
     /// Our upstream JSON-RPC id, as its lexeme.
-    id: RpcId,
+    id: Decimal,
     /// The params pieces read so far (kept for a resend): the first, and any after it
     /// (most params come in one piece, which then costs no allocation here).
     params: Option<Bytes>,
@@ -640,28 +613,5 @@ impl Exchange<'_> {
             return Err(UpErr::Status(head.status));
         }
         Ok(response)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::RpcId;
-
-    #[test]
-    fn rpc_ids_are_written_as_their_decimal_lexemes() {
-        for id in [
-            0,
-            1,
-            9,
-            10,
-            99,
-            100,
-            12_345,
-            u64::from(u32::MAX),
-            u64::MAX - 1,
-            u64::MAX,
-        ] {
-            assert_eq!(RpcId::new(id).as_str(), id.to_string());
-        }
     }
 }

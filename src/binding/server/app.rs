@@ -394,7 +394,7 @@ async fn request(
     let (caller, callee) = stream::open(begin);
     // The exit's work runs in this task, beside the caller's end: no task per request.
     let serving = server.exit.serve(callee);
-    let inflight = session.register(id.key(), Bytes::copy_from_slice(id.raw.as_bytes()), caller);
+    let inflight = session.register(id.key(), req.body.slice_ref(id.raw.as_bytes()), caller);
     let calling = async {
         // If the exit refuses the params (Gone) its RESET is rendered from the reply below.
         let _ = inflight.caller.initial.data(params).await;

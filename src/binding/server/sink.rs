@@ -218,11 +218,16 @@ impl Sink {
     /// them, so the bytes are the same as `respond_of`'s.
     pub async fn respond_with_fields(mut self, fields: &[u8], parts: &[&[u8]]) -> Result<(), Gone> {
         assert!(self.state == State::Head);
+        const CLOSE: &[u8] = b"connection: close\r\n";
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let mut out = BytesMut::with_capacity(fields.len() + 64 + len);
+        // Sized exactly, so that freezing it takes the buffer as it is (a buffer with room
+        // left would cost an allocation more to share).
+        let close = if self.keep_alive { 0 } else { CLOSE.len() };
+        let size = fields.len() + close + http::content_length_bytes(len as u64) + len;
+        let mut out = BytesMut::with_capacity(size);
         out.extend_from_slice(fields);
         if !self.keep_alive {
-            out.extend_from_slice(b"connection: close\r\n");
+            out.extend_from_slice(CLOSE);
         }
         http::put_content_length(len as u64, &mut out);
         for part in parts {
