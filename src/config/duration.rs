@@ -22,7 +22,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let invalid = || {
         format!(
             "found {}, expected {DURATION_EXPECTED}",
-            super::raw::quote(s)
+            super::text::quote(s)
         )
     };
     let digits_len = s.bytes().take_while(u8::is_ascii_digit).count();

@@ -25,6 +25,7 @@ mod event_prefix;
 mod glob;
 mod model;
 mod raw;
+mod text;
 mod url;
 mod validate;
 

@@ -19,8 +19,9 @@ use serde_yaml_ng::Value;
 use super::duration::parse_duration;
 use super::glob::{ALLOW_LIST_GLOBS_MAX, AllowList, GLOB_BYTES_MAX, Glob};
 use super::model::{ClientAuth, IoMode, RedisUrl, Secret, UpstreamUrl};
+pub(super) use super::text::{quote, truncate};
 use super::url::{parse_host_name, parse_origin, parse_redis_url, parse_upstream_url};
-use crate::limits::{LOG_FIELD_BYTES_MAX, REQUEST_TARGET_BYTES_MAX, WORKERS_MAX};
+use crate::limits::{REQUEST_TARGET_BYTES_MAX, WORKERS_MAX};
 
 /// The top level of the file.
 #[derive(Debug, Default, Deserialize)]
@@ -715,24 +716,4 @@ pub(super) fn render(value: &Value) -> String {
         Value::Mapping(_) => "a mapping".to_owned(),
         Value::Tagged(tagged) => format!("a value tagged {}", tagged.tag),
     }
-}
-
-/// Quotes a string for a message, escaping control characters and cutting it at
-/// `limits::LOG_FIELD_BYTES_MAX` bytes so a message stays one bounded line.
-pub(super) fn quote(text: &str) -> String {
-    let cut = truncate(text);
-    if cut.len() < text.len() {
-        format!("{cut:?}…")
-    } else {
-        format!("{text:?}")
-    }
-}
-
-/// The longest prefix of `text` within `LOG_FIELD_BYTES_MAX` bytes, on a char boundary.
-fn truncate(text: &str) -> &str {
-    let mut end = text.len().min(LOG_FIELD_BYTES_MAX);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.get(..end).unwrap_or_default()
 }

@@ -11,7 +11,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::model::{RedisUrl, Scheme, Secret, UpstreamUrl};
-use super::raw::quote;
+use super::text::quote;
 use crate::limits::REDIS_DB_MAX;
 
 /// Longest URL or origin accepted; it must fit a request target with room to spare.

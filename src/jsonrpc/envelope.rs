@@ -11,14 +11,13 @@
 //! still known when a later rule fails, so the error reply can echo it.
 
 use std::borrow::Cow;
-use std::fmt;
 
 use super::params::{ParamIndex, member_name};
 use super::raw::Raw;
 use super::syntax::{Cursor, Syntax, value_span};
 
 use super::id::{RequestId, raw_str};
-use super::{INVALID_REQUEST, PARSE_ERROR};
+use super::{EnvelopeError, INVALID_REQUEST, PARSE_ERROR};
 
 const PARSE_ERROR_MESSAGE: &str = "Parse error";
 const BATCH: &str = "Batch requests are not supported";
@@ -67,28 +66,6 @@ pub struct Envelope<'a> {
     /// `params` is absent or not an object).
     pub index: ParamIndex<'a>,
 }
-
-/// An envelope that cannot be accepted: the JSON-RPC code and message to answer with, and the
-/// id if one could be read (so the error echoes it).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EnvelopeError {
-    /// [`PARSE_ERROR`], [`INVALID_REQUEST`] or, from the param helpers,
-    /// [`super::INVALID_PARAMS`].
-    pub code: i32,
-    /// A short fixed description, safe to send back.
-    pub message: &'static str,
-    /// The raw id lexeme when the message had a string or number id; `None` answers with
-    /// `"id": null`.
-    pub id: Option<String>,
-}
-
-impl fmt::Display for EnvelopeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "json-rpc error {}: {}", self.code, self.message)
-    }
-}
-
-impl std::error::Error for EnvelopeError {}
 
 /// Parses and validates one JSON-RPC message body.
 ///
@@ -297,6 +274,7 @@ mod tests {
     use super::*;
     use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
     use serde_json::value::RawValue;
+    use std::fmt;
 
     /// The reader this module had before its own: serde_json over the whole body, kept as
     /// the reference the tests hold the new one to.

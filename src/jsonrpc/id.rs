@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 
-use super::raw::Raw;
+use super::raw::{Raw, is_integer_lexeme, str_lexeme};
 
 /// A request id exactly as the sender wrote it (the raw JSON lexeme: `7`, `"abc"`, `"a\"b"`),
 /// validated to be a JSON string or number.
@@ -78,23 +78,6 @@ pub fn id_key_of_raw(raw: &str) -> Option<IdKey> {
 /// string.
 pub(crate) fn raw_str(raw: Raw<'_>) -> Option<Cow<'_, str>> {
     str_lexeme(raw.get())
-}
-
-/// Decodes a JSON string lexeme, borrowing when it has no escapes; `None` when `text` is not
-/// a string. `text` must be valid JSON (a [`Raw`] or a value slice of one).
-pub(crate) fn str_lexeme(text: &str) -> Option<Cow<'_, str>> {
-    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
-    if !inner.contains('\\') {
-        // A Raw is valid JSON, so an escape-free string body is its own value.
-        return Some(Cow::Borrowed(inner));
-    }
-    serde_json::from_str::<String>(text).ok().map(Cow::Owned)
-}
-
-/// True when a JSON number lexeme is an integer: optional minus, then digits only.
-pub(crate) fn is_integer_lexeme(text: &str) -> bool {
-    let digits = text.strip_prefix('-').unwrap_or(text);
-    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 #[cfg(test)]

@@ -26,7 +26,9 @@ mod scan;
 mod syntax;
 mod write;
 
-pub use envelope::{Envelope, EnvelopeError, Kind, parse_envelope};
+use std::fmt;
+
+pub use envelope::{Envelope, Kind, parse_envelope};
 pub use id::{IdKey, RequestId, id_key_of_raw};
 pub use items::{ItemError, ItemMode, ItemRewriter, ItemRules, ItemSink};
 pub use params::{ParamIndex, param_raw, param_str, param_str_at, progress_token, raw_is_object};
@@ -49,6 +51,28 @@ pub const METHOD_NOT_FOUND: i32 = -32601;
 pub const INVALID_PARAMS: i32 = -32602;
 /// Internal JSON-RPC error.
 pub const INTERNAL_ERROR: i32 = -32603;
+
+/// An envelope that cannot be accepted: the JSON-RPC code and message to answer with, and the
+/// id if one could be read (so the error echoes it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvelopeError {
+    /// [`PARSE_ERROR`], [`INVALID_REQUEST`] or, from the param helpers,
+    /// [`INVALID_PARAMS`].
+    pub code: i32,
+    /// A short fixed description, safe to send back.
+    pub message: &'static str,
+    /// The raw id lexeme when the message had a string or number id; `None` answers with
+    /// `"id": null`.
+    pub id: Option<String>,
+}
+
+impl fmt::Display for EnvelopeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "json-rpc error {}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for EnvelopeError {}
 
 /// The standard message for a JSON-RPC error code (JSON-RPC 2.0 §5.1).
 ///

@@ -18,9 +18,9 @@ use std::borrow::Cow;
 use super::raw::Raw;
 use super::syntax::{Cursor, Syntax};
 
+use super::EnvelopeError;
 use super::INVALID_PARAMS;
-use super::envelope::EnvelopeError;
-use super::id::{is_integer_lexeme, str_lexeme};
+use super::raw::{is_integer_lexeme, str_lexeme};
 use super::scan::plain_run;
 
 /// Reads `params[key]` as a string, e.g. "name", "uri", "protocolVersion".

@@ -35,7 +35,7 @@ impl<'a> Raw<'a> {
     /// The string this value is, decoded (borrowed unless it has escapes); `None` when it is
     /// not a string.
     pub fn as_str(self) -> Option<Cow<'a, str>> {
-        super::id::str_lexeme(self.0)
+        str_lexeme(self.0)
     }
 }
 
@@ -49,4 +49,21 @@ impl fmt::Debug for Raw<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Raw({})", self.0)
     }
+}
+
+/// Decodes a JSON string lexeme, borrowing when it has no escapes; `None` when `text` is not
+/// a string. `text` must be valid JSON (a [`Raw`] or a value slice of one).
+pub(crate) fn str_lexeme(text: &str) -> Option<Cow<'_, str>> {
+    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
+    if !inner.contains('\\') {
+        // A Raw is valid JSON, so an escape-free string body is its own value.
+        return Some(Cow::Borrowed(inner));
+    }
+    serde_json::from_str::<String>(text).ok().map(Cow::Owned)
+}
+
+/// True when a JSON number lexeme is an integer: optional minus, then digits only.
+pub(crate) fn is_integer_lexeme(text: &str) -> bool {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
