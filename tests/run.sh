@@ -14,6 +14,9 @@ echo "== cargo fmt / clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 
+echo "== house plan (every import points down the layers; docs/architecture.md)"
+python3 tests/plan/check.py
+
 echo "== redis-server (the redis store's tests start their own, on ports chosen at run time)"
 bash tests/install-redis.sh
 
