@@ -349,6 +349,28 @@ impl WorkerMetrics {
     }
 }
 
+/// Defines a module's per-worker metrics of type `$t` (which has a `const fn new`): a
+/// thread-local, `with(|m| ...)` to record into it and `snapshot()` for a scrape. Every
+/// binding's metrics module uses it, so each records without a lock or a shared line.
+macro_rules! per_worker {
+    ($t:ty, $what:literal) => {
+        thread_local! {
+            static LOCAL: std::cell::RefCell<$t> = const { std::cell::RefCell::new(<$t>::new()) };
+        }
+
+        #[doc = concat!("Runs `f` on this worker's ", $what, " metrics.")]
+        pub fn with<R>(f: impl FnOnce(&mut $t) -> R) -> R {
+            LOCAL.with(|m| f(&mut m.borrow_mut()))
+        }
+
+        #[doc = concat!("A copy of this worker's ", $what, " metrics, for a scrape.")]
+        pub fn snapshot() -> $t {
+            LOCAL.with(|m| m.borrow().clone())
+        }
+    };
+}
+pub(crate) use per_worker;
+
 thread_local! {
     static LOCAL: RefCell<WorkerMetrics> = RefCell::new(WorkerMetrics::new());
 }

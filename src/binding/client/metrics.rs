@@ -8,7 +8,6 @@
 //! route.
 
 use crate::metrics;
-use std::cell::RefCell;
 
 /// Counters of the upstream-facing `client` bindings.
 #[derive(Clone, Default)]
@@ -231,16 +230,4 @@ impl UpstreamMetrics {
     }
 }
 
-thread_local! {
-    static LOCAL: RefCell<UpstreamMetrics> = const { RefCell::new(UpstreamMetrics::new()) };
-}
-
-/// Runs `f` on this worker's upstream metrics.
-pub fn with<R>(f: impl FnOnce(&mut UpstreamMetrics) -> R) -> R {
-    LOCAL.with(|m| f(&mut m.borrow_mut()))
-}
-
-/// A copy of this worker's upstream metrics, for a scrape.
-pub fn snapshot() -> UpstreamMetrics {
-    LOCAL.with(|m| m.borrow().clone())
-}
+metrics::per_worker!(UpstreamMetrics, "upstream");

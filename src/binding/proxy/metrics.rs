@@ -8,7 +8,6 @@
 use crate::metrics::{self, Outcome};
 use crate::stream::Kind;
 use hdrhistogram::Histogram;
-use std::cell::RefCell;
 use std::fmt::Write;
 use std::time::Duration;
 
@@ -222,19 +221,7 @@ impl ProxyMetrics {
     }
 }
 
-thread_local! {
-    static LOCAL: RefCell<ProxyMetrics> = const { RefCell::new(ProxyMetrics::new()) };
-}
-
-/// Runs `f` on this worker's proxy metrics.
-pub fn with<R>(f: impl FnOnce(&mut ProxyMetrics) -> R) -> R {
-    LOCAL.with(|m| f(&mut m.borrow_mut()))
-}
-
-/// A copy of this worker's proxy metrics, for a scrape.
-pub fn snapshot() -> ProxyMetrics {
-    LOCAL.with(|m| m.borrow().clone())
-}
+metrics::per_worker!(ProxyMetrics, "proxy");
 
 /// The slot of `toolkit` in this worker's per-toolkit metrics, made on first use (a proxy
 /// route asks once, when the worker builds it). Past `TOOLKIT_LABELS_MAX` labels, new ones

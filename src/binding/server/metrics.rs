@@ -6,7 +6,6 @@
 //! request's latency by method and outcome (`record_request`), and its TLS handshakes.
 
 use crate::metrics;
-use std::cell::RefCell;
 
 /// One worker's counters and gauges of the server bindings.
 #[derive(Clone, Default)]
@@ -140,16 +139,4 @@ impl ServerMetrics {
     }
 }
 
-thread_local! {
-    static LOCAL: RefCell<ServerMetrics> = const { RefCell::new(ServerMetrics::new()) };
-}
-
-/// Runs `f` on this worker's server metrics.
-pub fn with<R>(f: impl FnOnce(&mut ServerMetrics) -> R) -> R {
-    LOCAL.with(|m| f(&mut m.borrow_mut()))
-}
-
-/// A copy of this worker's server metrics, for a scrape.
-pub fn snapshot() -> ServerMetrics {
-    LOCAL.with(|m| m.borrow().clone())
-}
+metrics::per_worker!(ServerMetrics, "server");
