@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod demo;
+pub mod methods;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;

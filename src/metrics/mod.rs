@@ -5,17 +5,16 @@
 //! path takes a lock or touches a shared cache line. A scrape asks every worker (over its
 //! cross-worker queue) for a [`WorkerMetrics`] clone and merges them with [`render`].
 //!
-//! This core holds the counters more than one layer writes (`overload_rejections`, the
-//! per-method request latency that the server and client bindings record), the runtime's
+//! This core holds the counters more than one layer writes (`overload_rejections`), the
+//! runtime's
 //! (slots, io_uring flushes, TLS handshakes), the streams' (window grants and stalls), and
 //! the networked stores' ([`store`]). Each binding keeps its own metrics beside it, in the
 //! same per-worker way, registered in `binding/metrics.rs`; they build on the helpers
-//! here: [`histogram`], [`merge_histogram`], [`micros`], the method labels, [`Outcome`],
+//! here: [`histogram`], [`merge_histogram`], [`micros`], [`Outcome`],
 //! [`write_summary`], [`write_counter`] and [`write_gauge`].
 
 pub mod store;
 
-use crate::stream::Kind;
 use hdrhistogram::Histogram;
 use std::cell::RefCell;
 use std::fmt::Write;
@@ -63,11 +62,6 @@ const GRANT_BYTES_MAX: u64 = 1 << 32;
 pub const WINDOW_STALL_SLOW: Duration = Duration::from_millis(1);
 /// Significant figures kept by every histogram.
 const SIGFIGS: u8 = 3;
-/// Method labels: the request kinds plus the methods the server answers itself.
-const LOCAL_METHODS: [&str; 3] = ["initialize", "ping", "other"];
-/// How many method labels there are (the length of a per-method table).
-pub const METHODS: usize = Kind::REQUESTS.len() + LOCAL_METHODS.len();
-
 /// A histogram of values from 1 to `max`, with the precision every metric uses.
 pub fn histogram(max: u64) -> Histogram<u64> {
     // Bounds are constants known to be valid, so construction cannot fail.
@@ -98,11 +92,6 @@ pub fn micros(d: Duration) -> u64 {
 /// them).
 #[derive(Clone)]
 pub struct WorkerMetrics {
-    /// Request latency in µs, per method label and outcome: the server binding's requests,
-    /// and the client binding's upstream `initialize` exchanges.
-    /// Allocated at the first request of that method and outcome: most pairs never occur,
-    /// and a histogram is ~190 KiB that every scrape would otherwise copy.
-    pub requests: Vec<Option<Histogram<u64>>>,
     /// Bytes returned per WINDOW frame on internal streams.
     pub window_grants: Histogram<u64>,
     /// µs a sender waited for credit.
@@ -318,7 +307,6 @@ pub fn record_tls_handshake(
 impl WorkerMetrics {
     fn new() -> Self {
         Self {
-            requests: vec![None; METHODS * Outcome::ALL.len()],
             window_grants: histogram(GRANT_BYTES_MAX),
             window_stalls: histogram(LATENCY_US_MAX),
             window_stalls_slow: 0,
@@ -333,9 +321,6 @@ impl WorkerMetrics {
     }
 
     fn merge(&mut self, other: &WorkerMetrics) {
-        for (a, b) in self.requests.iter_mut().zip(&other.requests) {
-            merge_histogram(a, b.as_ref());
-        }
         let _ = self.window_grants.add(&other.window_grants);
         let _ = self.window_stalls.add(&other.window_stalls);
         self.window_stalls_slow += other.window_stalls_slow;
@@ -383,47 +368,6 @@ pub fn with<R>(f: impl FnOnce(&mut WorkerMetrics) -> R) -> R {
 /// A copy of this worker's metrics, for a scrape.
 pub fn snapshot() -> WorkerMetrics {
     LOCAL.with(|m| m.borrow().clone())
-}
-
-fn method_index(method: &str) -> usize {
-    if let Some(i) = Kind::REQUESTS.iter().position(|k| k.method() == method) {
-        return i;
-    }
-    let local = LOCAL_METHODS
-        .iter()
-        .position(|m| *m == method)
-        .unwrap_or(LOCAL_METHODS.len() - 1);
-    Kind::REQUESTS.len() + local
-}
-
-/// The method label (`method="…"`) of a method label index.
-pub fn method_label(index: usize) -> &'static str {
-    match Kind::REQUESTS.get(index) {
-        Some(k) => k.method(),
-        None => LOCAL_METHODS
-            .get(index - Kind::REQUESTS.len())
-            .copied()
-            .unwrap_or("other"),
-    }
-}
-
-/// The method label index of a stream kind (`other` for the lifecycle and unknown methods).
-pub fn kind_index(kind: Kind) -> usize {
-    match Kind::REQUESTS.iter().position(|k| *k == kind) {
-        Some(i) => i,
-        None => Kind::REQUESTS.len() + LOCAL_METHODS.len() - 1,
-    }
-}
-
-/// Records one finished request.
-pub fn record_request(method: &str, outcome: Outcome, latency: Duration) {
-    let i = method_index(method) * Outcome::ALL.len() + outcome as usize;
-    with(|m| {
-        if let Some(h) = m.requests.get_mut(i) {
-            h.get_or_insert_with(|| histogram(LATENCY_US_MAX))
-                .saturating_record(micros(latency));
-        }
-    });
 }
 
 /// Records one WINDOW grant of `bytes`.
@@ -481,21 +425,6 @@ pub fn render(workers: &[WorkerMetrics], out: &mut String) {
     let mut all = WorkerMetrics::new();
     for w in workers {
         all.merge(w);
-    }
-    out.push_str(
-        "# HELP mcpyard_request_seconds Downstream request latency by method and outcome.\n",
-    );
-    out.push_str("# TYPE mcpyard_request_seconds summary\n");
-    for (i, h) in all.requests.iter().enumerate() {
-        let Some(h) = h.as_ref().filter(|h| !h.is_empty()) else {
-            continue;
-        };
-        let method = method_label(i / Outcome::ALL.len());
-        let outcome = Outcome::ALL
-            .get(i % Outcome::ALL.len())
-            .map_or("ok", |o| o.label());
-        let labels = format!("method=\"{method}\",outcome=\"{outcome}\"");
-        write_summary(out, "mcpyard_request_seconds", &labels, h, 1e6);
     }
     out.push_str(
         "# HELP mcpyard_window_grant_bytes Credit returned per WINDOW on internal streams.\n",
@@ -576,31 +505,10 @@ pub fn render(workers: &[WorkerMetrics], out: &mut String) {
 mod tests {
     use super::*;
 
-    fn record_into(m: &mut WorkerMetrics, us: u64) {
-        m.requests[0]
-            .get_or_insert_with(|| histogram(LATENCY_US_MAX))
-            .saturating_record(us);
-    }
-
     fn rendered(workers: &[WorkerMetrics]) -> String {
         let mut out = String::new();
         render(workers, &mut out);
         out
-    }
-
-    #[test]
-    fn only_methods_seen_hold_a_histogram() {
-        // Runs on its own test thread, so this thread's metrics start empty.
-        assert!(snapshot().requests.iter().all(Option::is_none));
-        record_request("tools/call", Outcome::Ok, Duration::from_micros(50));
-        record_request("tools/call", Outcome::Ok, Duration::from_micros(70));
-        let held: Vec<usize> = snapshot()
-            .requests
-            .iter()
-            .enumerate()
-            .filter_map(|(i, h)| h.as_ref().map(|_| i))
-            .collect();
-        assert_eq!(held, [method_index("tools/call") * Outcome::ALL.len()]);
     }
 
     #[test]
@@ -609,17 +517,10 @@ mod tests {
         let mut b = WorkerMetrics::new();
         a.overload_rejections = 2;
         b.overload_rejections = 3;
-        record_into(&mut a, 100);
-        record_into(&mut b, 300);
         let text = rendered(&[a, b]);
         assert!(
             text.contains("mcpyard_overload_rejections_total 5\n"),
             "{text}"
-        );
-        assert!(
-            text.contains(
-                "mcpyard_request_seconds_count{method=\"tools/list\",outcome=\"ok\"} 2\n"
-            )
         );
         assert!(text.contains("mcpyard_workers 2\n"));
     }
@@ -656,14 +557,5 @@ mod tests {
             assert!(text.contains(line), "{line} in {text}");
         }
         assert!(!text.contains("mcpyard_tls_handshake_seconds_count{side=\"client\"}"));
-    }
-
-    #[test]
-    fn request_labels_round_trip() {
-        for k in Kind::REQUESTS {
-            assert_eq!(method_label(method_index(k.method())), k.method());
-        }
-        assert_eq!(method_label(method_index("initialize")), "initialize");
-        assert_eq!(method_label(method_index("something/else")), "other");
     }
 }

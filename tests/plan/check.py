@@ -39,8 +39,6 @@ LAYERS = [
 # of the same kind fails; an old one that went away must be taken off this list (it fails
 # too), so the list only shrinks.
 KNOWN = {
-    ("metrics", "stream"): "request latency is labelled by stream::Kind's method names; the "
-    "per-method histograms belong with the server binding's metrics",
     ("circle", "binding::proxy::cache ↔ binding::proxy::list ↔ binding::proxy::session"):
     "the cache hydrates through list::collect on its own session, and sessions and lists read "
     "the cache; one room of the proxy binding, still to be laid out in layers",

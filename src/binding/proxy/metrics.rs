@@ -5,6 +5,7 @@
 //!
 //! The proxy also records `overload_rejections` into the core (a full table).
 
+use crate::binding::methods::{METHODS, kind_index, method_label};
 use crate::metrics::{self, Outcome};
 use crate::stream::Kind;
 use hdrhistogram::Histogram;
@@ -31,7 +32,7 @@ impl ToolkitMetrics {
     fn new(toolkit: &str) -> Self {
         ToolkitMetrics {
             toolkit: toolkit.to_owned(),
-            methods: vec![([0; 4], None); metrics::METHODS],
+            methods: vec![([0; 4], None); METHODS],
             hydration: ([0; 4], None),
         }
     }
@@ -242,7 +243,7 @@ pub fn toolkit_slot(toolkit: &str) -> usize {
 /// Records one request a proxy route served (its slot from [`toolkit_slot`]), seen from
 /// the proxy: upstream time included.
 pub fn record_toolkit(slot: usize, kind: Kind, outcome: Outcome, latency: Duration) {
-    let index = metrics::kind_index(kind);
+    let index = kind_index(kind);
     with(|m| {
         let Some((counts, latencies)) = m
             .toolkits
@@ -291,7 +292,7 @@ fn render_toolkits(out: &mut String, toolkits: &[ToolkitMetrics]) {
                         out,
                         "mcpyard_toolkit_requests_total{{toolkit=\"{}\",method=\"{}\",outcome=\"{}\"}} {count}",
                         t.toolkit,
-                        metrics::method_label(i),
+                        method_label(i),
                         outcome.label()
                     );
                 }
@@ -325,11 +326,7 @@ fn render_toolkits(out: &mut String, toolkits: &[ToolkitMetrics]) {
     for t in toolkits {
         for (i, (_, latency)) in t.methods.iter().enumerate() {
             if let Some(h) = latency {
-                let labels = format!(
-                    "toolkit=\"{}\",method=\"{}\"",
-                    t.toolkit,
-                    metrics::method_label(i)
-                );
+                let labels = format!("toolkit=\"{}\",method=\"{}\"", t.toolkit, method_label(i));
                 metrics::write_summary(out, "mcpyard_toolkit_seconds", &labels, h, 1e6);
             }
         }

@@ -14,6 +14,7 @@ use super::session::Session;
 use super::shared::{Link, Write, Written};
 use super::sink::Sink;
 use super::{PROTOCOL_VERSIONS, Server, session_id};
+use crate::binding::server::metrics as server_metrics;
 use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
 use crate::limits::{REQUESTS_PER_SESSION_MAX, SESSIONS_PER_WORKER_MAX};
 use crate::log;
@@ -185,7 +186,7 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
     let reply = match first {
         Some(Frame::Begin(reply)) => reply,
         _ => {
-            metrics::record_request("initialize", Outcome::Error, started.elapsed());
+            server_metrics::record_request("initialize", Outcome::Error, started.elapsed());
             caller.initial.abort();
             return render_reset(sink, id, caller.initial.try_throttle(), None).await;
         }
@@ -229,7 +230,7 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
         ("content-type", b"application/json"),
         ("mcp-session-id", session.id.as_bytes()),
     ];
-    metrics::record_request("initialize", Outcome::Ok, started.elapsed());
+    server_metrics::record_request("initialize", Outcome::Ok, started.elapsed());
     let _ = sink.respond(200, &headers, &body).await;
 }
 
@@ -317,7 +318,7 @@ async fn request(
     if method == "ping" {
         let mut body = BytesMut::with_capacity(64);
         jsonrpc::write_result(id.raw, b"{}", &mut body);
-        metrics::record_request("ping", Outcome::Ok, started.elapsed());
+        server_metrics::record_request("ping", Outcome::Ok, started.elapsed());
         let headers: [(&str, &[u8]); 2] = [
             ("content-type", b"application/json"),
             ("mcp-session-id", session.id.as_bytes()),
@@ -332,7 +333,7 @@ async fn request(
             Kind::Other
         }
         _ => {
-            metrics::record_request("other", Outcome::Rejected, started.elapsed());
+            server_metrics::record_request("other", Outcome::Rejected, started.elapsed());
             return rpc_error(
                 sink,
                 id.raw,
@@ -346,7 +347,7 @@ async fn request(
     let target = match target_of(kind, env.params, &env.index) {
         Ok(target) => target,
         Err(message) => {
-            metrics::record_request(method, Outcome::Rejected, started.elapsed());
+            server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
             return rpc_error(
                 sink,
                 id.raw,
@@ -359,7 +360,7 @@ async fn request(
     };
     if session.request_count() >= REQUESTS_PER_SESSION_MAX {
         metrics::with(|m| m.overload_rejections += 1);
-        metrics::record_request(method, Outcome::Rejected, started.elapsed());
+        server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
         return rpc_error(
             sink,
             id.raw,
@@ -410,7 +411,7 @@ async fn request(
         // waiting on its upstream after the agent left must not hold the session's slot.
         session.unregister(&inflight);
         drop(inflight);
-        metrics::record_request(kind.method(), outcome, started.elapsed());
+        server_metrics::record_request(kind.method(), outcome, started.elapsed());
     };
     // The caller first: its params are queued before the exit looks for them, so the exit
     // writes the upstream request in one piece instead of head, params and tail.

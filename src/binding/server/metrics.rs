@@ -2,10 +2,14 @@
 //! workers, HTTP errors and replay misses, kept per worker like the core's
 //! ([`crate::metrics`]) and registered for scrapes in `binding/metrics.rs`.
 //!
-//! The server also records into the core: `overload_rejections` (a full table), each
-//! request's latency by method and outcome (`record_request`), and its TLS handshakes.
+//! Each agent request's latency by method and outcome (`record_request`,
+//! `mcpyard_request_seconds`) is here too. The server also records into the core:
+//! `overload_rejections` (a full table) and its TLS handshakes.
 
-use crate::metrics;
+use crate::binding::methods::{METHODS, method_index, method_label};
+use crate::metrics::{self, LATENCY_US_MAX, Outcome, histogram, merge_histogram, micros};
+use hdrhistogram::Histogram;
+use std::time::Duration;
 
 /// One worker's counters and gauges of the server bindings.
 #[derive(Clone, Default)]
@@ -31,6 +35,12 @@ pub struct ServerMetrics {
     /// Responses to agents not written because a header value held a control byte
     /// (`http::HeadError`).
     pub heads_refused_downstream: u64,
+    /// Request latency in µs, per method label and outcome (index `method_index *
+    /// Outcome::ALL.len() + outcome`); empty until the first request, then `METHODS *
+    /// Outcome::ALL.len()` long. A histogram is allocated at the first request of its
+    /// method and outcome: most pairs never occur, and a histogram is ~190 KiB that every
+    /// scrape would otherwise copy.
+    pub requests: Vec<Option<Histogram<u64>>>,
 }
 
 impl ServerMetrics {
@@ -49,6 +59,7 @@ impl ServerMetrics {
             http_errors: 0,
             events_replay_missed: 0,
             heads_refused_downstream: 0,
+            requests: Vec::new(),
         }
     }
 
@@ -66,10 +77,31 @@ impl ServerMetrics {
         self.http_errors += o.http_errors;
         self.events_replay_missed += o.events_replay_missed;
         self.heads_refused_downstream += o.heads_refused_downstream;
+        if self.requests.len() < o.requests.len() {
+            self.requests.resize(o.requests.len(), None);
+        }
+        for (a, b) in self.requests.iter_mut().zip(&o.requests) {
+            merge_histogram(a, b.as_ref());
+        }
     }
 
     /// Appends every server series to a scrape (one unlabelled series per family).
     pub fn render(&self, out: &mut String) {
+        out.push_str(
+            "# HELP mcpyard_request_seconds Downstream request latency by method and outcome.\n",
+        );
+        out.push_str("# TYPE mcpyard_request_seconds summary\n");
+        for (i, h) in self.requests.iter().enumerate() {
+            let Some(h) = h.as_ref().filter(|h| !h.is_empty()) else {
+                continue;
+            };
+            let method = method_label(i / Outcome::ALL.len());
+            let outcome = Outcome::ALL
+                .get(i % Outcome::ALL.len())
+                .map_or("ok", |o| o.label());
+            let labels = format!("method=\"{method}\",outcome=\"{outcome}\"");
+            metrics::write_summary(out, "mcpyard_request_seconds", &labels, h, 1e6);
+        }
         let gauges: [(&str, &str, u64); 2] = [
             ("mcpyard_sessions", "Live MCP sessions.", self.sessions),
             (
@@ -140,3 +172,49 @@ impl ServerMetrics {
 }
 
 metrics::per_worker!(ServerMetrics, "server");
+
+/// Records one finished agent request.
+pub fn record_request(method: &str, outcome: Outcome, latency: Duration) {
+    let i = method_index(method) * Outcome::ALL.len() + outcome as usize;
+    with(|m| {
+        if m.requests.is_empty() {
+            m.requests.resize(METHODS * Outcome::ALL.len(), None);
+        }
+        if let Some(h) = m.requests.get_mut(i) {
+            h.get_or_insert_with(|| histogram(LATENCY_US_MAX))
+                .saturating_record(micros(latency));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_methods_seen_hold_a_histogram_and_workers_merge() {
+        // Runs on its own test thread, so this thread's metrics start empty.
+        assert!(snapshot().requests.is_empty());
+        record_request("tools/call", Outcome::Ok, Duration::from_micros(50));
+        record_request("tools/call", Outcome::Ok, Duration::from_micros(70));
+        let held: Vec<usize> = snapshot()
+            .requests
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| h.as_ref().map(|_| i))
+            .collect();
+        assert_eq!(held, [method_index("tools/call") * Outcome::ALL.len()]);
+        // A worker that served nothing merges in, either way round.
+        let mut all = ServerMetrics::new();
+        all.merge(&snapshot());
+        all.merge(&ServerMetrics::new());
+        all.merge(&snapshot());
+        let mut out = String::new();
+        all.render(&mut out);
+        assert!(
+            out.contains("mcpyard_request_seconds_count{method=\"tools/call\",outcome=\"ok\"} 4\n"),
+            "{out}"
+        );
+        assert!(out.contains("# TYPE mcpyard_request_seconds summary\n"));
+    }
+}
