@@ -583,6 +583,14 @@ fn invalid_files_get_exact_messages() {
             "gw.yaml: stores.cache0.tls.key: missing, expected the client certificate's PEM private key beside tls.cert",
         ),
         (
+            "redis tls with an empty ca path",
+            edit(
+                "{ type: memory }",
+                "{ type: redis, url: \"rediss://h\", tls: { ca: \"\" } }",
+            ),
+            "gw.yaml: stores.cache0.tls.ca: found an empty path, expected the path of a PEM file",
+        ),
+        (
             "redis tls key without its cert",
             edit(
                 "{ type: memory }",

@@ -260,12 +260,18 @@ fn validate_redis(path: &str, dir: &Path, raw: RawStore) -> Result<RedisStore, F
 /// A redis store's `tls:`: `ca` alone, `cert` and `key` together, or all three; each file
 /// readable and usable (the key goes with the certificate).
 fn redis_tls(path: &str, dir: &Path, raw: RawTls) -> Result<RedisTls, Fault> {
-    let file = |v: Option<String>| v.filter(|v| !v.is_empty()).map(|v| dir.join(v));
-    let ca = file(raw.ca);
+    let file = |key: &str, v: Option<String>| match v {
+        Some(v) if v.is_empty() => Err(fault(
+            format!("{path}.tls.{key}"),
+            "found an empty path, expected the path of a PEM file",
+        )),
+        v => Ok(v.map(|v| dir.join(v))),
+    };
+    let ca = file("ca", raw.ca)?;
     if let Some(ca) = &ca {
         crate::certs::client_config(Some(ca)).map_err(|e| fault(format!("{path}.tls.ca"), e))?;
     }
-    let identity = match (file(raw.cert), file(raw.key)) {
+    let identity = match (file("cert", raw.cert)?, file("key", raw.key)?) {
         (None, None) => None,
         (Some(cert), Some(key)) => {
             crate::certs::server_config(&cert, &key)

@@ -248,8 +248,9 @@ pub struct RedisStore {
 
 impl RedisStore {
     /// Starts the store named `name`: its thread, which connects (and keeps reconnecting)
-    /// on its own. Returns an error only when the thread or its runtime cannot start; an
-    /// unreachable Redis is not one (the node serves, and the store connects when it can).
+    /// on its own. Returns an error when the thread or its runtime cannot start, or the
+    /// TLS files cannot be read or used; an unreachable Redis is not one (the node serves,
+    /// and the store connects when it can).
     pub fn start(name: &str, config: &RedisConfig) -> Result<RedisStore, String> {
         let client = client(config).map_err(|e| format!("redis store {name}: {e}"))?;
         let shared = Arc::new(Shared {

@@ -286,9 +286,13 @@ pub enum Event {
     Handoff(Bytes),
     /// Reply direction of a lifecycle: the exit is about to open an upstream session of a
     /// shared session at its first use on this node; the caller reads the session's record
-    /// again and answers with one [`Event::Handoff`] on the initial direction (empty when
-    /// the record has none or could not be read).
-    Recheck,
+    /// again and answers with [`Event::Rechecked`] carrying the same `seq` (or a later one)
+    /// from a read that began after this ask.
+    Recheck { seq: u64 },
+    /// Initial direction of a lifecycle: the answer to the exit's rechecks up to `seq`, the
+    /// record's handoff as read (empty when it has none or could not be read). The exit
+    /// treats the handoff as it treats [`Event::Handoff`].
+    Rechecked { seq: u64, handoff: Bytes },
     /// Initial direction of a lifecycle, just before its END: the session lives on at
     /// another node, so the exit lets go of it without ending it upstream (no `DELETE`).
     Detach,

@@ -971,6 +971,41 @@ def test_with_redis_down_sessions_open_and_work_on_their_node_only(upstreams, re
     cluster.run(scenario, timeout_s=60)
 
 
+def test_a_session_opened_while_redis_was_down_survives_its_first_route_after(upstreams, redis, tmp_path):
+    """With a cache, routes open at first use, and a shared session's first opening reads
+    its record again. A session opened on A while Redis was down has no record until A's
+    next write; its first call once Redis is back (before that write) must open the route
+    and go on, not read the missing record as "deleted at another node"."""
+    cluster = Cluster(upstreams, redis, tmp_path, shape="cached", timeout="40s")
+    a, _ = cluster.nodes
+    tool = cluster.tool("upstream_session")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            redis.stop()
+
+            async def disconnected():
+                return a.metric('mcpyard_store_connected{store="shared"}') == 0
+
+            await poll(disconnected, "node A did not notice redis went away")
+            alone = await open_session(client, a)
+            redis.start()
+
+            async def connected():
+                return a.metric('mcpyard_store_connected{store="shared"}') == 1
+
+            await poll(connected, "node A did not reconnect", timeout_s=20, interval_s=0.05)
+            # A's next write of the record comes a quarter of the timeout (10 s) after the
+            # failed one: the record is still missing now.
+            with RedisConn(redis.port) as conn:
+                assert conn("GET", cluster.key(alone.session_id)) is None
+            u = await upstream_session(alone, a, tool)
+            assert await upstream_session(alone, a, tool) == u
+            assert await status_of(alone, a, "ping") == 200
+
+    cluster.run(scenario, timeout_s=60)
+
+
 # --- The official SDK client against the cluster -----------------------------------------
 
 

@@ -155,10 +155,11 @@ pub struct ProxySession {
     /// for that answer now.
     rechecked: Cell<cache::Routes>,
     awaiting_recheck: Cell<cache::Routes>,
-    /// The relay task sends the caller an [`Event::Recheck`].
-    recheck_wanted: Cell<bool>,
-    /// Handoffs the caller sent (each answers the rechecks asked before it).
-    handoffs_heard: Cell<u64>,
+    /// The latest recheck asked (the relay task sends it as [`Event::Recheck`] when it is
+    /// past `recheck_sent`), and the latest the caller answered ([`Event::Rechecked`]).
+    recheck_asked: Cell<u64>,
+    recheck_sent: Cell<u64>,
+    recheck_answered: Cell<u64>,
 }
 
 /// Where a session's lists come from. Decided when the session opens, this is the one
@@ -189,8 +190,9 @@ impl ProxySession {
             shared: hello.shared && lists != Lists::Hydrating,
             rechecked: Cell::new(0),
             awaiting_recheck: Cell::new(0),
-            recheck_wanted: Cell::new(false),
-            handoffs_heard: Cell::new(0),
+            recheck_asked: Cell::new(0),
+            recheck_sent: Cell::new(0),
+            recheck_answered: Cell::new(0),
             id,
             capabilities: hello.capabilities.clone(),
             version: hello.protocol_version,
@@ -358,6 +360,10 @@ impl ProxySession {
             None => Box::pin(self.recheck(index, deadline)).await,
             adopt => adopt,
         };
+        if self.closed.get() {
+            // Closed while the record was read: no upstream session for a dead one.
+            return Err(internal("Session closed"));
+        }
         let hello = ClientHello {
             capabilities: self.capabilities.clone(),
             protocol_version: self.version,
@@ -398,7 +404,17 @@ impl ProxySession {
         };
         let result = match opened {
             Ok(life) if self.closed.get() => {
-                // The agent went away meanwhile: end what was just opened.
+                // The agent went away meanwhile: end what was just opened, or let go of it
+                // when the session lives on at another node (it may be using it).
+                if self.detached.get() {
+                    let detach = Flush {
+                        id: None,
+                        event: Event::Detach,
+                    };
+                    if !life.caller.initial.try_flush(detach) {
+                        metrics::with(|m| m.overload_rejections += 1);
+                    }
+                }
                 life.caller.initial.end();
                 Err(internal("Session closed"))
             }
@@ -448,12 +464,13 @@ impl ProxySession {
             return None;
         }
         self.rechecked.set(self.rechecked.get() | bit);
-        self.awaiting_recheck.set(self.awaiting_recheck.get() | bit);
-        let heard = self.handoffs_heard.get();
-        self.recheck_wanted.set(true);
+        // Cleared however the wait ends, this future dropped included.
+        let _awaiting = Awaiting::set(self, bit);
+        let seq = self.recheck_asked.get() + 1;
+        self.recheck_asked.set(seq);
         self.poke();
         let until = deadline.min(Instant::now() + SHARED_SESSION_RECHECK_WAIT);
-        while self.handoffs_heard.get() == heard && !self.closed.get() {
+        while self.recheck_answered.get() < seq && !self.closed.get() {
             let changed = self.changed.notified();
             if tokio::time::timeout_at(until.into(), changed)
                 .await
@@ -462,8 +479,6 @@ impl ProxySession {
                 break;
             }
         }
-        self.awaiting_recheck
-            .set(self.awaiting_recheck.get() & !bit);
         self.adoptable
             .borrow_mut()
             .get_mut(index)
@@ -675,6 +690,28 @@ impl ProxySession {
 /// A route being opened by [`ProxySession::open`]: if the opening is dropped before it is
 /// done, the route is closed again (with no failure, so it is tried at once) and whoever
 /// waits for it is woken.
+/// Marks a route as waiting for a recheck's answer for as long as it lives.
+struct Awaiting<'a> {
+    session: &'a ProxySession,
+    bit: cache::Routes,
+}
+
+impl<'a> Awaiting<'a> {
+    fn set(session: &'a ProxySession, bit: cache::Routes) -> Awaiting<'a> {
+        session
+            .awaiting_recheck
+            .set(session.awaiting_recheck.get() | bit);
+        Awaiting { session, bit }
+    }
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        let s = self.session;
+        s.awaiting_recheck.set(s.awaiting_recheck.get() & !self.bit);
+    }
+}
+
 struct Opening<'a> {
     session: &'a ProxySession,
     index: usize,
@@ -1193,12 +1230,21 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
             }
             Step::Initial(Some(Frame::Data(piece))) => callee.initial.ack(piece.len() as u32),
             Step::Initial(Some(Frame::Flush(Flush {
-                event: Event::Handoff(raw),
+                event: event @ (Event::Handoff(_) | Event::Rechecked { .. }),
                 ..
             }))) => {
                 // Another node opened routes of this shared session: those closed here
-                // are taken up from it when a request needs them.
-                // Also the answer to a recheck: a route waiting for it takes it up.
+                // are taken up from it when a request needs them, and so are those
+                // waiting for this answer to their recheck.
+                let raw = match event {
+                    Event::Rechecked { seq, handoff } => {
+                        let answered = session.recheck_answered.get().max(seq);
+                        session.recheck_answered.set(answered);
+                        handoff
+                    }
+                    Event::Handoff(handoff) => handoff,
+                    _ => Bytes::new(),
+                };
                 let awaiting = session.awaiting_recheck.get();
                 for (index, handoff) in route_handoffs(proxy, &raw).unwrap_or_default() {
                     let closed = session
@@ -1211,7 +1257,6 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
                         *slot = Some(handoff);
                     }
                 }
-                session.handoffs_heard.set(session.handoffs_heard.get() + 1);
                 session.changed.notify_waiters();
             }
             Step::Initial(Some(Frame::Flush(Flush {
@@ -1261,12 +1306,6 @@ fn pending_flushes(proxy: &Proxy, session: &ProxySession) -> Vec<Flush> {
     if let Some(answer) = round_answer(session) {
         out.push(answer);
     }
-    if session.recheck_wanted.replace(false) {
-        out.push(Flush {
-            id: None,
-            event: Event::Recheck,
-        });
-    }
     if session.handoff_changed.replace(false)
         && session.lists != Lists::Hydrating
         && let Some(handoff) = session.handoff(proxy)
@@ -1274,6 +1313,16 @@ fn pending_flushes(proxy: &Proxy, session: &ProxySession) -> Vec<Flush> {
         out.push(Flush {
             id: None,
             event: Event::Handoff(handoff),
+        });
+    }
+    // After the handoff: the caller records this node's routes before it reads the record
+    // for the recheck, so the read cannot bring back an older handoff over them.
+    let asked = session.recheck_asked.get();
+    if asked > session.recheck_sent.get() {
+        session.recheck_sent.set(asked);
+        out.push(Flush {
+            id: None,
+            event: Event::Recheck { seq: asked },
         });
     }
     let lists = session.list_changed.replace([false; 3]);

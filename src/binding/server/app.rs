@@ -78,7 +78,11 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
             {
                 // Anything else the agent tells the server (roots/list_changed, ...) goes
                 // to the exit on the session's lifecycle stream.
-                let params = env.params.map(|p| req.body.slice_ref(p.get().as_bytes()));
+                // Copied: they may wait in the lifecycle's queue well past this request,
+                // and a slice would keep the connection's whole read buffer with them.
+                let params = env
+                    .params
+                    .map(|p| Bytes::copy_from_slice(p.get().as_bytes()));
                 session.notify_exit(method, params);
             }
             let _ = sink.respond(202, &[], b"").await;

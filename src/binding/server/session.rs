@@ -509,7 +509,8 @@ pub(super) fn render_event(event: &Event) -> Option<BytesMut> {
         Event::Resumable
         | Event::Suspend { .. }
         | Event::Handoff(_)
-        | Event::Recheck
+        | Event::Recheck { .. }
+        | Event::Rechecked { .. }
         | Event::Detach => {
             return None;
         }
@@ -585,7 +586,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             () = tokio::time::sleep_until(check_at.into()) => continue,
             alive = record_changed => {
                 if alive {
-                    recheck(&server, &session, false);
+                    recheck(&server, &session, None);
                 } else {
                     watch = None;
                 }
@@ -602,9 +603,9 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
                 }
             }
             Some(Frame::Flush(Flush {
-                event: Event::Recheck,
+                event: Event::Recheck { seq },
                 ..
-            })) => recheck(&server, &session, true),
+            })) => recheck(&server, &session, Some(seq)),
             Some(Frame::Flush(Flush { id, event })) => {
                 if id.is_some() {
                     session.st.borrow_mut().last_exit_event = id.clone();
@@ -656,23 +657,32 @@ async fn write_record(server: Rc<Server>, session: Rc<Session>) {
 
 /// Reads a shared session's record again, in a task of its own (one at a time per
 /// session): when its watch fired (the record changed at some node), or when the exit
-/// asked (`asked`: [`Event::Recheck`], a route about to open here for the first time).
-/// A record gone lets go of the session here (see [`shared::Looked::Gone`]); a record
-/// whose handoff differs from this node's (another node opened routes) is passed to the
-/// exit, which takes those routes up instead of opening upstream sessions of its own. An
-/// exit that asked always gets one handoff back, empty when there is no news.
-fn recheck(server: &Rc<Server>, session: &Rc<Session>, asked: bool) {
+/// asked (`asked`: [`Event::Recheck`]'s `seq`, a route about to open here for the first
+/// time). A record gone lets go of the session here (see [`shared::Looked::Gone`]), unless
+/// this node never wrote it (the store was down when the session opened: no other node
+/// knows it, and the touch loop writes it); a record whose handoff differs from this
+/// node's (another node opened routes) is passed to the exit, which takes those routes up
+/// instead of opening upstream sessions of its own. Every ask gets an
+/// [`Event::Rechecked`] from a read that began after it, empty when there is no news.
+fn recheck(server: &Rc<Server>, session: &Rc<Session>, asked: Option<u64>) {
     let Some(link) = session.shared.as_ref() else {
         // Not shared: the exit's wait ends at once.
-        if asked {
-            hand_to_exit(session, Bytes::new());
+        if let Some(seq) = asked {
+            to_exit(
+                session,
+                Event::Rechecked {
+                    seq,
+                    handoff: Bytes::new(),
+                },
+            );
         }
         return;
     };
-    link.asked.set(link.asked.get() || asked);
+    if let Some(seq) = asked {
+        link.asked.set(link.asked.get().max(seq));
+    }
     if link.checking.replace(true) {
-        // The read in flight may have started before the change the exit asks about:
-        // the task reads once more (see `asked`).
+        // The read in flight may have begun before this ask: the task reads once more.
         return;
     }
     let (server, session) = (server.clone(), session.clone());
@@ -681,27 +691,44 @@ fn recheck(server: &Rc<Server>, session: &Rc<Session>, asked: bool) {
             let Some(link) = session.shared.as_ref() else {
                 return;
             };
-            let asked = link.asked.replace(false);
+            let asked = link.asked.get();
+            let generation = link.generation.get();
             let looked = shared::look(&server, &session.id).await;
-            match looked {
-                shared::Looked::Gone => {
+            let read = match looked {
+                shared::Looked::Gone if link.recorded() => {
                     link.checking.set(false);
                     end(&server, &session, "deleted at another node", Ending::Detach);
                     return;
                 }
-                shared::Looked::Recorded(Some(handoff))
-                    if link.handoff().as_ref() != Some(&handoff) =>
-                {
-                    link.adopt_handoff(handoff.clone());
-                    hand_to_exit(&session, handoff);
+                shared::Looked::Recorded(Some(handoff)) => Some(handoff),
+                shared::Looked::Gone | shared::Looked::Recorded(None) | shared::Looked::Unknown => {
+                    None
                 }
-                shared::Looked::Recorded(Some(handoff)) if asked => hand_to_exit(&session, handoff),
-                shared::Looked::Recorded(_) | shared::Looked::Unknown if asked => {
-                    hand_to_exit(&session, Bytes::new());
-                }
-                shared::Looked::Recorded(_) | shared::Looked::Unknown => {}
+            };
+            // Another node's routes: this node writes them from now on, unless its own exit
+            // handed off something newer while the store was read.
+            let news = read
+                .as_ref()
+                .filter(|h| link.handoff().as_ref() != Some(*h));
+            if let Some(handoff) = news
+                && link.generation.get() == generation
+            {
+                link.adopt_handoff(handoff.clone());
             }
-            if !link.asked.get() {
+            if asked > link.answered.get() {
+                link.answered.set(asked);
+                let handoff = read.unwrap_or_default();
+                to_exit(
+                    &session,
+                    Event::Rechecked {
+                        seq: asked,
+                        handoff,
+                    },
+                );
+            } else if let Some(handoff) = news {
+                to_exit(&session, Event::Handoff(handoff.clone()));
+            }
+            if link.asked.get() == asked {
                 link.checking.set(false);
                 return;
             }
@@ -709,12 +736,10 @@ fn recheck(server: &Rc<Server>, session: &Rc<Session>, asked: bool) {
     });
 }
 
-/// Sends the exit a handoff read from the record (or an empty one: no news).
-fn hand_to_exit(session: &Session, handoff: Bytes) {
-    let flush = Flush {
-        id: None,
-        event: Event::Handoff(handoff),
-    };
+/// Sends the exit an event on the session's lifecycle (a full lifecycle counts as an
+/// overload, as any dropped flush does).
+fn to_exit(session: &Session, event: Event) {
+    let flush = Flush { id: None, event };
     if !session.lifecycle.initial.try_flush(flush) {
         metrics::with(|m| m.overload_rejections += 1);
     }

@@ -113,9 +113,13 @@ pub struct Link {
     failed_at: Cell<Option<Instant>>,
     /// A read of the record after its watch fired is in flight (one at a time).
     pub(super) checking: Cell<bool>,
-    /// The exit asked for the record to be read again ([`crate::stream::Event::Recheck`]) and
-    /// waits for the answer.
-    pub(super) asked: Cell<bool>,
+    /// The latest recheck the exit asked for ([`crate::stream::Event::Recheck`]'s `seq`),
+    /// and the latest one answered: a read answers the asks made before it began.
+    pub(super) asked: Cell<u64>,
+    pub(super) answered: Cell<u64>,
+    /// Bumped by every handoff of this node's exit ([`Link::set_handoff`]): a read that
+    /// began before one must not replace it with the record's older handoff.
+    pub(super) generation: Cell<u64>,
     /// Wakes the session's task when the record changes at any node; taken by that task.
     pub(super) watch: RefCell<Option<Watch>>,
 }
@@ -135,7 +139,9 @@ impl Link {
             writing: Cell::new(false),
             failed_at: Cell::new(None),
             checking: Cell::new(false),
-            asked: Cell::new(false),
+            asked: Cell::new(0),
+            answered: Cell::new(0),
+            generation: Cell::new(0),
             watch: RefCell::new(None),
         }
     }
@@ -155,6 +161,7 @@ impl Link {
     pub fn set_handoff(&self, handoff: Bytes) {
         *self.handoff.borrow_mut() = Some(handoff);
         self.stale.set(true);
+        self.generation.set(self.generation.get().wrapping_add(1));
     }
 }
 
