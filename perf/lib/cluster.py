@@ -67,7 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from perfkit import loadgen as perfkit_loadgen  # noqa: E402
 from perfkit import (  # noqa: E402
     CLK_TCK, QUIET, RAW, REPO, RESULTS, Fail, Fixture, Procs, add_quiet_args, apt_install, binaries,
-    fmt, free_port, log, loadgen_cmd, machine_info, machine_line, main_guard, median,
+    fmt, free_port, log, loadgen_cmd, machine_info, machine_line, main_guard, median, summarize,
     pgroup_ticks, raise_nofile, rss_kib, scrape, set_quiet, system_ticks, table, wait_for_line,
     wait_quiet, write_report,
 )
@@ -528,26 +528,6 @@ def load_run(a, lg, tag, jobs, scenario, rate, duration, watch, redis_by_name, m
         log(f"{tag}: {res['foreign_busy_pct']:.0f} % of the machine was busy with other work "
             "during the run; running it again")
     return res
-
-
-def summarize(rs):
-    out = {"rounds": rs}
-    for key in ("response_us", "service_us"):
-        out[key] = {q: median([r[key][q] for r in rs]) for q in ("p50", "p90", "p99", "p99_9", "max")}
-        out[key]["p99_min"] = min(r[key]["p99"] for r in rs)
-        out[key]["p99_max"] = max(r[key]["p99"] for r in rs)
-    out["throughput_rps"] = median([r["throughput_rps"] for r in rs])
-    out["throughput_min"] = min(r["throughput_rps"] for r in rs)
-    out["throughput_max"] = max(r["throughput_rps"] for r in rs)
-    out["cpu_us_per_req"] = {k: median([r["cpu_us_per_req"].get(k) for r in rs])
-                             for k in rs[0]["cpu_us_per_req"]}
-    out["foreign_busy_pct"] = max(r["foreign_busy_pct"] for r in rs)
-    out["steal_pct"] = max(r["steal_pct"] for r in rs)
-    out["machine_busy_pct"] = median([r["machine_busy_pct"] for r in rs])
-    out["errors"] = {k: sum(r["errors"][k] for r in rs) for k in rs[0]["errors"]}
-    out["unsent"] = sum(r["unsent"] for r in rs)
-    out["argv"] = rs[-1]["argv"]
-    return out
 
 
 def rate_for(x):
@@ -1245,7 +1225,6 @@ def redis_cpu(s):
 
 def load_tables(d):
     L = []
-    lo = d["load"]
     rows = []
     for sc, x in load_items(d):
         for c in CONFIGS:

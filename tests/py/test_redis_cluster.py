@@ -162,6 +162,16 @@ async def session_on(client: httpx2.AsyncClient, node: Node) -> RawSession:
     return raw
 
 
+async def assert_serves_from_the_store(client: httpx2.AsyncClient, node: Node) -> None:
+    """`node` is connected to its store and serves alpha's 16 tools from the cache there
+    (no list was served live)."""
+    raw = await session_on(client, node)
+    names = await tool_names(raw)
+    assert sum(n.startswith("alpha__") for n in names) == 16
+    assert node.metric('mcpyard_store_connected{store="shared"}') == 1
+    assert node.metric("mcpyard_cache_misses_total") == 0
+
+
 def test_one_node_hydrates_for_the_cluster_and_every_node_serves_its_lists(upstreams, redis, tmp_path):
     cluster = Cluster(upstreams, redis, tmp_path, ttl="2s")
 
@@ -359,11 +369,7 @@ def test_rediss_with_a_password_from_the_environment_and_a_database_index(upstre
 
     async def scenario():
         async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
-            raw = await session_on(client, node)
-            names = await tool_names(raw)
-            assert sum(n.startswith("alpha__") for n in names) == 16
-            assert node.metric('mcpyard_store_connected{store="shared"}') == 1
-            assert node.metric("mcpyard_cache_misses_total") == 0
+            await assert_serves_from_the_store(client, node)
             # The lists are in database 3, under the prefix.
             keys = server.command("KEYS", "tls:*", auth=True, db=3)
             assert b"tls:value:tools/tools" in keys, keys
@@ -418,11 +424,7 @@ def test_rediss_with_a_private_ca_and_a_client_certificate_from_the_config(upstr
 
     async def scenario():
         async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
-            raw = await session_on(client, node)
-            names = await tool_names(raw)
-            assert sum(n.startswith("alpha__") for n in names) == 16
-            assert node.metric('mcpyard_store_connected{store="shared"}') == 1
-            assert node.metric("mcpyard_cache_misses_total") == 0
+            await assert_serves_from_the_store(client, node)
             keys = server.command("KEYS", f"{prefix}*")
             assert f"{prefix}value:tools/tools".encode() in keys, keys
 

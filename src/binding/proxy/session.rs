@@ -404,18 +404,8 @@ impl ProxySession {
         };
         let result = match opened {
             Ok(life) if self.closed.get() => {
-                // The agent went away meanwhile: end what was just opened, or let go of it
-                // when the session lives on at another node (it may be using it).
-                if self.detached.get() {
-                    let detach = Flush {
-                        id: None,
-                        event: Event::Detach,
-                    };
-                    if !life.caller.initial.try_flush(detach) {
-                        metrics::with(|m| m.overload_rejections += 1);
-                    }
-                }
-                life.caller.initial.end();
+                // The agent went away meanwhile: end what was just opened.
+                self.end_route(&life);
                 Err(internal("Session closed"))
             }
             Ok(life) => {
@@ -656,6 +646,21 @@ impl ProxySession {
     /// Ends the session: every open route's lifecycle ends (its upstream session is
     /// deleted, or let be when the caller detached), routes still opening end theirs when
     /// they finish.
+    /// Ends a route's lifecycle, or lets go of it (DETACH first) when this session lives on
+    /// at another node, which may be using the route's upstream session.
+    fn end_route(&self, life: &RouteLife) {
+        if self.detached.get() {
+            let detach = Flush {
+                id: None,
+                event: Event::Detach,
+            };
+            if !life.caller.initial.try_flush(detach) {
+                metrics::with(|m| m.overload_rejections += 1);
+            }
+        }
+        life.caller.initial.end();
+    }
+
     fn close(&self) {
         self.closed.set(true);
         for slot in &self.routes {
@@ -667,18 +672,7 @@ impl ProxySession {
                 },
             );
             match state {
-                RouteState::Open(life) => {
-                    if self.detached.get() {
-                        let detach = Flush {
-                            id: None,
-                            event: Event::Detach,
-                        };
-                        if !life.caller.initial.try_flush(detach) {
-                            metrics::with(|m| m.overload_rejections += 1);
-                        }
-                    }
-                    life.caller.initial.end()
-                }
+                RouteState::Open(life) => self.end_route(&life),
                 RouteState::Opening => *slot.borrow_mut() = RouteState::Opening,
                 RouteState::Closed { .. } => {}
             }

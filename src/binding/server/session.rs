@@ -330,14 +330,16 @@ impl Session {
     /// Passes an agent notification to the exit (FLUSH on the lifecycle's initial
     /// direction). Never waits: a lifecycle whose queue is full drops it, counted.
     pub fn notify_exit(&self, method: &str, params: Option<Bytes>) {
-        let flush = Flush {
-            id: None,
-            event: Event::Notification {
-                method: Rc::from(method),
-                params,
-            },
-        };
-        if !self.lifecycle.initial.try_flush(flush) {
+        self.to_exit(Event::Notification {
+            method: Rc::from(method),
+            params,
+        });
+    }
+
+    /// Sends the exit an event on the lifecycle's initial direction. Never waits: a
+    /// lifecycle whose queue is full drops it, counted as an overload.
+    fn to_exit(&self, event: Event) {
+        if !self.lifecycle.initial.try_flush(Flush { id: None, event }) {
             metrics::with(|m| m.overload_rejections += 1);
         }
     }
@@ -668,13 +670,10 @@ fn recheck(server: &Rc<Server>, session: &Rc<Session>, asked: Option<u64>) {
     let Some(link) = session.shared.as_ref() else {
         // Not shared: the exit's wait ends at once.
         if let Some(seq) = asked {
-            to_exit(
-                session,
-                Event::Rechecked {
-                    seq,
-                    handoff: Bytes::new(),
-                },
-            );
+            session.to_exit(Event::Rechecked {
+                seq,
+                handoff: Bytes::new(),
+            });
         }
         return;
     };
@@ -718,15 +717,12 @@ fn recheck(server: &Rc<Server>, session: &Rc<Session>, asked: Option<u64>) {
             if asked > link.answered.get() {
                 link.answered.set(asked);
                 let handoff = read.unwrap_or_default();
-                to_exit(
-                    &session,
-                    Event::Rechecked {
-                        seq: asked,
-                        handoff,
-                    },
-                );
+                session.to_exit(Event::Rechecked {
+                    seq: asked,
+                    handoff,
+                });
             } else if let Some(handoff) = news {
-                to_exit(&session, Event::Handoff(handoff.clone()));
+                session.to_exit(Event::Handoff(handoff.clone()));
             }
             if link.asked.get() == asked {
                 link.checking.set(false);
@@ -734,15 +730,6 @@ fn recheck(server: &Rc<Server>, session: &Rc<Session>, asked: Option<u64>) {
             }
         }
     });
-}
-
-/// Sends the exit an event on the session's lifecycle (a full lifecycle counts as an
-/// overload, as any dropped flush does).
-fn to_exit(session: &Session, event: Event) {
-    let flush = Flush { id: None, event };
-    if !session.lifecycle.initial.try_flush(flush) {
-        metrics::with(|m| m.overload_rejections += 1);
-    }
 }
 
 /// Answers the exit's server-to-client request `id` for the agent, with a JSON-RPC error,
