@@ -4,13 +4,15 @@
 //! gracefully on SIGINT/SIGTERM.
 
 use crate::binding::client::Client;
+use crate::binding::client::fetch as client_fetch;
 use crate::binding::demo::{Demo, DemoShared};
 use crate::binding::metrics::BindingMetrics;
 use crate::binding::proxy::Proxy;
 use crate::binding::proxy::cache::CacheSetup;
+use crate::binding::server::auth::{Guard, keys};
 use crate::binding::server::{Server, net};
 use crate::binding::{self, Exit};
-use crate::config::{Binding, ClientAuth, Config, ProxyBinding};
+use crate::config::{Binding, ClientAuth, Config, JwksSource, ProxyBinding};
 use crate::limits::{CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE};
 use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task};
 use crate::store::Store;
@@ -21,7 +23,7 @@ use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{mpsc, watch};
@@ -41,6 +43,8 @@ struct WorkerPlan {
     tls: Arc<TlsSetups>,
     /// The `stores:`, shared by every worker.
     stores: Arc<BTreeMap<String, Arc<dyn Store>>>,
+    /// The `auth` guards of the server bindings that have one, by binding name.
+    guards: Arc<BTreeMap<String, Arc<Guard>>>,
 }
 
 /// The TLS configs of the bindings that use TLS, by binding name: built once, shared by
@@ -108,6 +112,15 @@ pub fn run(config: Config) -> Result<(), String> {
         stores.insert(name.clone(), store);
     }
     let stores = Arc::new(stores);
+    let mut guards = BTreeMap::new();
+    for (name, server) in config.servers() {
+        if let Some(auth) = &server.auth {
+            let guard = Guard::new((**auth).clone(), &server.path, server.tls.is_some())
+                .map_err(|e| format!("{}: bindings.{name}.auth: {e}", config.source))?;
+            guards.insert(name.to_owned(), guard);
+        }
+    }
+    let guards = Arc::new(guards);
     let demos: BTreeMap<String, Arc<DemoShared>> = config
         .bindings
         .iter()
@@ -174,6 +187,7 @@ pub fn run(config: Config) -> Result<(), String> {
             registrable,
             tls: tls.clone(),
             stores: stores.clone(),
+            guards: guards.clone(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("mcpyard-w{index}"))
@@ -374,6 +388,67 @@ impl Exits<'_> {
 /// What a hydration waits for a demo route (it answers at once).
 const DEMO_ROUTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Deadline of one read of an `https://` key set, the connection included.
+const JWKS_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Starts a server binding's key reader on this worker (worker 0): it reads the file, or
+/// fetches the URL with the client binding's connections, until the drain.
+fn start_key_reader(
+    name: &str,
+    guard: &Arc<Guard>,
+    backend: Backend,
+    drain: &watch::Receiver<bool>,
+    slots: &Rc<Slots>,
+) {
+    let name = name.to_owned();
+    let drain = drain.clone();
+    let guard = guard.clone();
+    match guard.cfg.jwt.jwks.clone() {
+        JwksSource::File(path) => {
+            tokio::task::spawn_local(async move {
+                let read = || {
+                    let path = path.clone();
+                    async move { crate::jwks::read_file(&path).map(bytes::Bytes::from) }
+                };
+                tokio::select! {
+                    () = keys::run(&name, guard, read) => {}
+                    () = runtime::drained(drain) => {}
+                }
+            });
+        }
+        JwksSource::Url(url) => {
+            let tls = match crate::certs::Upstream::new(&url.host, guard.cfg.jwt.jwks_ca.as_deref())
+            {
+                Ok(tls) => tls,
+                Err(e) => {
+                    log::error(format_args!(
+                        "auth: {name}: cannot set up TLS for the key set: {e}"
+                    ));
+                    return;
+                }
+            };
+            let url = Rc::new(url);
+            let slots = slots.clone();
+            tokio::task::spawn_local(async move {
+                let read = || {
+                    client_fetch::get(
+                        &url,
+                        Some(tls.clone()),
+                        backend,
+                        slots.clone(),
+                        JWKS_FETCH_TIMEOUT,
+                        crate::jwks::JWKS_BYTES_MAX,
+                    )
+                };
+                tokio::select! {
+                    () = keys::run(&name, guard, read) => {}
+                    () = runtime::drained(drain) => {}
+                }
+            });
+        }
+    }
+}
+
 /// One worker: its servers, accept loops and inbox, until the drain signal.
 async fn worker(plan: WorkerPlan) {
     let slots = Rc::new(Slots::new(plan.backend == Backend::Uring, plan.registrable));
@@ -418,6 +493,7 @@ async fn worker(plan: WorkerPlan) {
             crate::binding::server::Common {
                 tls: plan.tls.servers.get(&name).cloned(),
                 sessions,
+                auth: plan.guards.get(&name).cloned(),
             },
         );
         let listener = match std
@@ -445,6 +521,11 @@ async fn worker(plan: WorkerPlan) {
     let proxies = std::mem::take(&mut exits.proxies);
     drop(exits);
     drop(plan.listeners);
+    if plan.index == 0 {
+        for (name, guard) in plan.guards.iter() {
+            start_key_reader(name, guard, plan.backend, &plan.drain, &slots);
+        }
+    }
     tokio::task::spawn_local(runtime::run_inbox(plan.inbox));
     runtime::drained(plan.drain.clone()).await;
     for l in &listeners {

@@ -10,6 +10,7 @@ pub mod fuzzing;
 pub mod gateway;
 pub mod http;
 pub mod jsonrpc;
+pub mod jwks;
 pub mod limits;
 pub mod log;
 pub mod metrics;

@@ -20,6 +20,7 @@
 //! The file layout is documented in `config/quickstart.yaml` and
 //! `config/proxy-example.yaml`, and in the README's configuration table.
 
+mod auth;
 mod duration;
 mod event_prefix;
 mod glob;
@@ -38,13 +39,14 @@ use std::path::Path;
 
 use serde_yaml_ng::Value;
 
+pub use auth::{AUTH_LIMITS_MAX, AUTH_RULES_MAX};
 pub use duration::{format_duration, parse_duration};
 pub use event_prefix::{EVENT_CODE_CHARS, event_code, event_prefixes};
 pub use glob::{ALLOW_LIST_GLOBS_MAX, AllowList, GLOB_BYTES_MAX, Glob};
 pub use model::{
-    Binding, Cache, ClientAuth, ClientBinding, Config, DemoBinding, IoMode, ProxyBinding,
-    RedisStore, RedisTls, RedisUrl, Route, Runtime, Scheme, Secret, ServerBinding, ServerTls,
-    Store, Telemetry, UpstreamUrl,
+    Binding, Cache, ClientAuth, ClientBinding, Config, DemoBinding, IoMode, JwksSource, Jwt, Limit,
+    ProxyBinding, RedisStore, RedisTls, RedisUrl, Route, Rule, Runtime, Scheme, Secret, ServerAuth,
+    ServerBinding, ServerTls, Store, Telemetry, UpstreamUrl,
 };
 
 /// Largest config file read; a config is a few kilobytes, so anything near this is a mistake.

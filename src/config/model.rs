@@ -177,6 +177,9 @@ pub struct ServerBinding {
     /// `sessions.store`: the redis store through which every node of a cluster can serve
     /// this binding's sessions; `None`: sessions live on the node that opened them.
     pub sessions_store: Option<String>,
+    /// `auth`: tokens verified here, rules and rate limits; `None`: nobody is checked.
+    /// Boxed: most servers have none, and it is most of the binding's size.
+    pub auth: Option<Box<ServerAuth>>,
 }
 
 /// `tls:` of a server binding: PEM files, resolved against the config file's directory and
@@ -326,4 +329,99 @@ impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Secret(**redacted**)")
     }
+}
+
+/// A server binding's `auth:` section, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerAuth {
+    /// `resource`: the protected resource's URL as the metadata names it; `None`: built
+    /// from each request's scheme, `Host` and the MCP path.
+    pub resource: Option<String>,
+    /// `authorization_servers`: where clients get tokens; default `[jwt.issuer]`.
+    pub authorization_servers: Vec<String>,
+    /// `scopes`: what every request needs, all of them.
+    pub scopes: Vec<String>,
+    /// How tokens are verified.
+    pub jwt: Jwt,
+    /// First match decides which items a caller sees and may use; empty: everything.
+    pub rules: Vec<Rule>,
+    /// Token buckets every request is counted against.
+    pub limits: Vec<Limit>,
+}
+
+impl ServerAuth {
+    /// `scopes_supported` of the metadata: `scopes`, then the rules' scopes, no repeats.
+    pub fn scopes_supported(&self) -> Vec<&str> {
+        let mut all: Vec<&str> = Vec::new();
+        let rules = self.rules.iter().flat_map(|r| r.scopes.iter());
+        for scope in self.scopes.iter().chain(rules) {
+            if !all.contains(&scope.as_str()) {
+                all.push(scope);
+            }
+        }
+        all
+    }
+}
+
+/// `auth.jwt`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Jwt {
+    /// `iss` must equal this.
+    pub issuer: String,
+    /// `aud` must hold one of these.
+    pub audiences: Vec<String>,
+    /// Where the signing keys come from.
+    pub jwks: JwksSource,
+    /// `https` key sets only: the CA the server's certificate must chain to.
+    pub jwks_ca: Option<std::path::PathBuf>,
+    /// How often the key set is read again.
+    pub refresh: Duration,
+    /// Clock skew allowed on `exp` and `nbf`.
+    pub leeway: Duration,
+    /// Accepted `alg` values (RS, PS, ES and EdDSA; never `none` or HMAC).
+    pub algorithms: Vec<String>,
+    /// The claim holding a caller's groups (a string or an array of strings).
+    pub groups_claim: String,
+}
+
+/// Where a JWK Set is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwksSource {
+    /// A file, resolved against the config file's directory.
+    File(std::path::PathBuf),
+    /// An `https://` URL.
+    Url(UpstreamUrl),
+}
+
+/// One rule: what it covers, and what a caller needs for what it covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Only the items of this proxy toolkit (`<toolkit>__name`, `<toolkit>+uri`).
+    pub toolkit: Option<String>,
+    /// Name globs per family; all three `None`: every item (of the toolkit).
+    pub tools: Option<AllowList>,
+    pub prompts: Option<AllowList>,
+    pub resources: Option<AllowList>,
+    /// The caller needs all of these scopes, ...
+    pub scopes: Vec<String>,
+    /// ... one of these groups (when any are given) ...
+    pub groups: Vec<String>,
+    /// ... and to be one of these subjects (when any are given).
+    pub subjects: Vec<String>,
+}
+
+/// One rate limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    /// The metrics label and the name in the 429 body.
+    pub name: String,
+    /// The claim that tells callers apart.
+    pub per: String,
+    /// Only `tools/call` of these agent-visible names counts; `None`: every request.
+    pub tools: Option<AllowList>,
+    /// `count` requests per `period` refill the bucket.
+    pub count: u32,
+    pub period: Duration,
+    /// The bucket's size.
+    pub burst: u32,
 }

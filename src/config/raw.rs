@@ -124,6 +124,9 @@ pub(super) struct RawBinding {
     // demo
     #[serde(default, deserialize_with = "de_duration")]
     pub progress_interval: Option<Duration>,
+    // server
+    #[serde(default)]
+    pub auth: Option<RawServerAuth>,
 }
 
 /// `bindings.<server>.tls` (`cert`, `key`) or `bindings.<client>.tls` (`ca`): file paths,
@@ -217,6 +220,7 @@ impl Kind {
                 "request_timeout",
                 "sessions",
                 "tls",
+                "auth",
             ],
             Kind::Proxy => &["kind", "cache", "routes"],
             Kind::Client => &[
@@ -509,6 +513,22 @@ impl Globs {
     }
 }
 
+/// An allow-list of tool (`FAMILY` 0), prompt (1) or resource (2) globs, for sections
+/// other than a route's (`auth` rules and limits).
+#[derive(Debug)]
+pub(super) struct RawGlobs<const FAMILY: u8>(pub AllowList);
+
+impl<'de, const FAMILY: u8> Deserialize<'de> for RawGlobs<FAMILY> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let globs = match FAMILY {
+            0 => Globs::Tools,
+            1 => Globs::Prompts,
+            _ => Globs::Resources,
+        };
+        d.deserialize_any(GlobsVisitor(globs)).map(RawGlobs)
+    }
+}
+
 fn de_tool_globs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<AllowList>, D::Error> {
     d.deserialize_any(GlobsVisitor(Globs::Tools)).map(Some)
 }
@@ -716,4 +736,77 @@ pub(super) fn render(value: &Value) -> String {
         Value::Mapping(_) => "a mapping".to_owned(),
         Value::Tagged(tagged) => format!("a value tagged {}", tagged.tag),
     }
+}
+
+/// `auth:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawServerAuth {
+    #[serde(default)]
+    pub resource: Option<Value>,
+    #[serde(default)]
+    pub authorization_servers: Option<Vec<Value>>,
+    #[serde(default)]
+    pub scopes: Option<Vec<Value>>,
+    #[serde(default)]
+    pub jwt: Option<RawJwt>,
+    #[serde(default)]
+    pub rules: Option<Vec<RawRule>>,
+    #[serde(default)]
+    pub limits: Option<Vec<RawLimit>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawJwt {
+    #[serde(default)]
+    pub issuer: Option<Value>,
+    #[serde(default)]
+    pub audiences: Option<Vec<Value>>,
+    #[serde(default)]
+    pub jwks: Option<Value>,
+    #[serde(default)]
+    pub jwks_ca: Option<Value>,
+    #[serde(default)]
+    pub refresh: Option<Value>,
+    #[serde(default)]
+    pub leeway: Option<Value>,
+    #[serde(default)]
+    pub algorithms: Option<Vec<Value>>,
+    #[serde(default)]
+    pub groups_claim: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawRule {
+    #[serde(default)]
+    pub toolkit: Option<Value>,
+    #[serde(default)]
+    pub tools: Option<RawGlobs<0>>,
+    #[serde(default)]
+    pub prompts: Option<RawGlobs<1>>,
+    #[serde(default)]
+    pub resources: Option<RawGlobs<2>>,
+    #[serde(default)]
+    pub scopes: Option<Vec<Value>>,
+    #[serde(default)]
+    pub groups: Option<Vec<Value>>,
+    #[serde(default)]
+    pub subjects: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub(super) struct RawLimit {
+    #[serde(default)]
+    pub name: Option<Value>,
+    #[serde(default)]
+    pub per: Option<Value>,
+    #[serde(default)]
+    pub tools: Option<RawGlobs<0>>,
+    #[serde(default)]
+    pub rate: Option<Value>,
+    #[serde(default)]
+    pub burst: Option<Value>,
 }

@@ -124,7 +124,7 @@ fn invalid_files_get_exact_messages() {
             "key of another binding kind",
             edit("    exit: tools", "    exit: tools\n    routes: []"),
             "gw.yaml: bindings.north.routes: unknown key for a server binding, expected one of: \
-             kind, listen, path, exit, origins, hosts, session_timeout, request_timeout, sessions, tls",
+             kind, listen, path, exit, origins, hosts, session_timeout, request_timeout, sessions, tls, auth",
         ),
         (
             "unknown key of the cache",

@@ -104,6 +104,7 @@ pub(super) fn validate(raw: RawConfig, source: &str) -> Result<Config, Fault> {
         ));
     }
     check_addresses(&config)?;
+    check_rule_toolkits(&config)?;
     Ok(config)
 }
 
@@ -382,6 +383,15 @@ fn validate_server(cx: &Cx<'_>, raw: RawBinding) -> Result<ServerBinding, Fault>
                         ),
                     )),
                 }
+            })
+            .transpose()?,
+        auth: raw
+            .auth
+            .map(|auth| {
+                let cx_auth = super::auth::AuthContext { dir: cx.dir };
+                super::auth::validate(auth, &cx_auth)
+                    .map(Box::new)
+                    .map_err(|(path, message)| fault(cx.key(&format!("auth.{path}")), message))
             })
             .transpose()?,
     })
@@ -756,6 +766,40 @@ fn check_addresses(config: &Config) -> Result<(), Fault> {
 }
 
 /// `proxy, client or demo`.
+/// A server's `auth.rules[].toolkit` names a toolkit of the proxy the server exits to.
+fn check_rule_toolkits(config: &Config) -> Result<(), Fault> {
+    for (name, server) in config.servers() {
+        let Some(auth) = server.auth.as_ref() else {
+            continue;
+        };
+        let toolkits: Vec<&str> = match config.bindings.get(&server.exit) {
+            Some(Binding::Proxy(proxy)) => proxy
+                .routes
+                .iter()
+                .filter_map(|r| r.toolkit.as_deref())
+                .collect(),
+            _ => Vec::new(),
+        };
+        for (i, rule) in auth.rules.iter().enumerate() {
+            let Some(toolkit) = rule.toolkit.as_deref() else {
+                continue;
+            };
+            if !toolkits.contains(&toolkit) {
+                let expected = if toolkits.is_empty() {
+                    "no toolkit: the server does not exit to a proxy with toolkits".to_owned()
+                } else {
+                    format!("one of the proxy's toolkits ({})", toolkits.join(", "))
+                };
+                return Err(fault(
+                    format!("bindings.{name}.auth.rules[{i}].toolkit"),
+                    format!("found {}, expected {expected}", quote(toolkit)),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn kinds_phrase(kinds: &[Kind]) -> String {
     let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     match names.split_last() {

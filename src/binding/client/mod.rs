@@ -19,6 +19,7 @@
 
 pub mod bearer;
 mod exchange;
+pub mod fetch;
 pub mod metrics;
 mod pool;
 mod request;

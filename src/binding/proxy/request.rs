@@ -22,9 +22,6 @@ use bytes::{Bytes, BytesMut};
 use std::rc::Rc;
 use std::time::Instant;
 
-/// JSON-RPC code MCP uses for a resource that does not exist.
-const RESOURCE_NOT_FOUND: i32 = -32002;
-
 /// Serves one request stream.
 pub async fn serve(proxy: Rc<Proxy>, callee: Callee) {
     let found = proxy.sessions.borrow().get(&*callee.begin.session).cloned();
@@ -84,21 +81,8 @@ fn family(begin: &Begin) -> Option<Family> {
 
 /// The error for a target no route serves, as the upstream itself would answer.
 fn unknown(begin: &Begin, target: &str) -> Reset {
-    // Bounded: the name is the agent's, and it goes back in the error message.
-    let mut end = target.len().min(crate::limits::LOG_FIELD_BYTES_MAX);
-    while !target.is_char_boundary(end) {
-        end -= 1;
-    }
-    let shown = target.get(..end).unwrap_or_default();
-    match begin.kind {
-        Kind::ToolsCall => rpc_error(jsonrpc::INVALID_PARAMS, &format!("Unknown tool: {shown}")),
-        Kind::PromptsGet => rpc_error(jsonrpc::INVALID_PARAMS, &format!("Unknown prompt: {shown}")),
-        Kind::CompletionComplete => rpc_error(
-            jsonrpc::INVALID_PARAMS,
-            &format!("Unknown reference: {shown}"),
-        ),
-        _ => rpc_error(RESOURCE_NOT_FOUND, "Resource not found"),
-    }
+    let (code, message) = crate::binding::protocol::unknown_item(begin.kind, target);
+    rpc_error(code, &message)
 }
 
 /// A request naming one item: resolved to its route, renamed, relayed.

@@ -6,6 +6,8 @@
 //! whose events are kept (bounded) for `Last-Event-ID` resume. Result bytes are the
 //! exit's, verbatim, wrapped in an envelope echoing the agent's request id lexeme.
 
+use super::auth::rules::ListFilter;
+use super::auth::{self, Identity};
 use super::edge::{accepts, authorization, http_error, http_error_code, media_type, rpc_error};
 use super::lookup;
 use super::net::Request;
@@ -14,6 +16,7 @@ use super::session::Session;
 use super::shared::{Link, Write, Written};
 use super::sink::Sink;
 use super::{PROTOCOL_VERSIONS, Server, session_id};
+use crate::binding::protocol::unknown_item;
 use crate::binding::server::metrics as server_metrics;
 use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
 use crate::limits::{REQUESTS_PER_SESSION_MAX, SESSIONS_PER_WORKER_MAX};
@@ -27,7 +30,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 /// Handles one POST.
-pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
+pub async fn post(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc<Identity>>) {
     let json_body = req
         .head
         .headers
@@ -55,11 +58,18 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
         Ok(env) => env,
         Err(e) => return http_error_code(sink, 400, e.code, e.message, e.id.as_deref()).await,
     };
+    if env.kind == MsgKind::Request
+        && let (Some(gate), Some(who), Some(id)) = (server.gate.as_ref(), who.as_deref(), env.id)
+        && env.method.as_deref() == Some("initialize")
+        && let Err((limit, secs)) = gate.limit(who, "initialize", None)
+    {
+        return auth::too_many(sink, id.raw, limit, secs).await;
+    }
     if env.kind == MsgKind::Request && env.method.as_deref() == Some("initialize") {
         // Boxed: once per session, and larger than a request's state.
-        return Box::pin(initialize(&server, &req, &env, sink)).await;
+        return Box::pin(initialize(&server, &req, &env, sink, who)).await;
     }
-    let session = match lookup::session_for(&server, &req).await {
+    let session = match lookup::session_for(&server, &req, who.as_deref()).await {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
@@ -99,13 +109,19 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink) {
             }
             let _ = sink.respond(202, &[], b"").await;
         }
-        MsgKind::Request => request(server, session, &req, &env, sink).await,
+        MsgKind::Request => request(server, session, &req, &env, sink, who.as_deref()).await,
     }
 }
 
 /// Negotiates the version, opens the session's lifecycle stream and answers once the exit
 /// has answered it.
-async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink: Sink) {
+async fn initialize(
+    server: &Rc<Server>,
+    req: &Request,
+    env: &Envelope<'_>,
+    sink: Sink,
+    who: Option<Rc<Identity>>,
+) {
     let started = Instant::now();
     let id = env.id.map_or("null", |i| i.raw);
     let Some(params) = env.params.filter(|p| jsonrpc::raw_is_object(*p)) else {
@@ -195,10 +211,11 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
             return render_reset(sink, id, caller.initial.try_throttle(), None).await;
         }
     };
+    let owner = who.map(|w| w.subject.clone());
     let link = server
         .shared
         .as_ref()
-        .map(|_| Link::new(hello_capabilities, reply.handoff.clone()));
+        .map(|_| Link::new(hello_capabilities, reply.handoff.clone(), owner.clone()));
     let session = Session::create(
         server,
         Rc::from(session_id.as_str()),
@@ -206,6 +223,7 @@ async fn initialize(server: &Rc<Server>, req: &Request, env: &Envelope<'_>, sink
         reply.clone(),
         caller,
         link,
+        owner,
     );
     // A shared session is in the store before the agent has its id, so its next request
     // finds it at any node. A store that fails leaves it served by this node only.
@@ -315,6 +333,7 @@ async fn request(
     req: &Request,
     env: &Envelope<'_>,
     sink: Sink,
+    who: Option<&Identity>,
 ) {
     let started = Instant::now();
     let Some(id) = env.id else { return };
@@ -362,6 +381,25 @@ async fn request(
             .await;
         }
     };
+    let gate = server.gate.as_ref().zip(who);
+    if let Some((gate, who)) = gate {
+        // An item the caller may not use is one it does not know of.
+        if let Some((name, at)) = target.as_ref()
+            && let Some(family) = auth::rules::family_of_target(kind, at.uri)
+            && !auth::rules::allows(&gate.guard.cfg.rules, who.admits, family, name)
+        {
+            server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
+            let (code, message) = unknown_item(kind, name);
+            return rpc_error(sink, id.raw, code, &message, Some(&session.id)).await;
+        }
+        let called = target.as_ref().map(|(name, _)| &**name);
+        if let Err((limit, secs)) = gate.limit(who, method, called) {
+            server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
+            return auth::too_many(sink, id.raw, limit, secs).await;
+        }
+    }
+    let filter =
+        gate.and_then(|(gate, who)| ListFilter::new(&gate.guard.cfg.rules, who.admits, kind));
     if session.request_count() >= REQUESTS_PER_SESSION_MAX {
         metrics::with(|m| m.overload_rejections += 1);
         server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
@@ -409,6 +447,7 @@ async fn request(
             sink,
             progress_token.is_some(),
             deadline,
+            filter,
         )
         .await;
         // Done with the caller's end here, not after the exit's work: an exit still

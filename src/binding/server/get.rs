@@ -6,6 +6,7 @@
 //! Invariant: at most one GET stream per session is live; a newer one ends the older.
 
 use super::Server;
+use super::auth::Identity;
 use super::edge::{accepts_sse, http_error};
 use super::lookup::session_for;
 use super::net::Request;
@@ -60,7 +61,7 @@ pub(crate) fn parse_event_id(raw: &[u8]) -> Option<LastEvent<'_>> {
 }
 
 /// GET: opens (or resumes) the session's event stream, or resumes a request's stream.
-pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
+pub async fn get(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc<Identity>>) {
     if !accepts_sse(&req) {
         return http_error(
             sink,
@@ -70,7 +71,7 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink) {
         )
         .await;
     }
-    let session = match session_for(&server, &req).await {
+    let session = match session_for(&server, &req, who.as_deref()).await {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };

@@ -8,13 +8,14 @@
 //! taken up at once per worker; a lifecycle opened to take a session up is never ended in a
 //! way that deletes its upstream sessions (they may be in use at other nodes).
 
+use super::auth::Identity;
 use super::edge::http_error;
 use super::net::Request;
 use super::session::{self, Session};
 use super::shared::{self, Ending, Link, Write, Written, decode, key, store_log_due};
 use super::sink::Sink;
 use super::{Server, session_id};
-use crate::binding::server::metrics as server_metrics;
+use crate::binding::server::metrics::{self as server_metrics, REJECTED_SUBJECT};
 use crate::limits::{SESSIONS_PER_WORKER_MAX, SHARED_SESSION_ADOPTIONS_MAX};
 use crate::runtime::notify::Notify;
 use crate::stream::{self, Begin, ClientHello, Event, Flush, Frame};
@@ -39,11 +40,28 @@ pub fn lookup(server: &Server, req: &Request) -> Result<Rc<Session>, (u16, &'sta
 
 /// The session a request names: held here, or a shared session taken up from the store
 /// (only when this one is not held here, so the request path does not touch the store).
-pub async fn find(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
-    match lookup(server, req) {
+pub async fn find(
+    server: &Rc<Server>,
+    req: &Request,
+    who: Option<&Identity>,
+) -> Result<Rc<Session>, (u16, &'static str)> {
+    let session = match lookup(server, req) {
         Err((404, _)) if server.shared.is_some() => Box::pin(adopt(server, req)).await,
         found => found,
+    }?;
+    // With `auth`, a session is found only by the subject it belongs to: another caller's
+    // valid token gets the answer an unknown id gets.
+    if let Some(who) = who
+        && session.owner.as_deref() != Some(&*who.subject)
+    {
+        server_metrics::with(|m| {
+            if let Some(n) = m.auth_rejected.get_mut(REJECTED_SUBJECT) {
+                *n += 1;
+            }
+        });
+        return Err((404, "Session not found"));
     }
+    Ok(session)
 }
 
 /// The session a request names, checked and marked active: 400 without the session
@@ -51,8 +69,9 @@ pub async fn find(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u1
 pub async fn session_for(
     server: &Rc<Server>,
     req: &Request,
+    who: Option<&Identity>,
 ) -> Result<Rc<Session>, (u16, &'static str)> {
-    let session = find(server, req).await?;
+    let session = find(server, req, who).await?;
     if !Server::version_ok(req) {
         return Err((400, "Bad Request: unsupported MCP-Protocol-Version"));
     }
@@ -61,8 +80,8 @@ pub async fn session_for(
 }
 
 /// DELETE: terminates the session.
-pub async fn delete(server: Rc<Server>, req: Request, sink: Sink) {
-    let session = match find(&server, &req).await {
+pub async fn delete(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc<Identity>>) {
+    let session = match find(&server, &req, who.as_deref()).await {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
@@ -210,11 +229,13 @@ async fn take_up(
         metrics::with(|m| m.overload_rejections += 1);
         return Err((503, "Service Unavailable: session table full"));
     }
+    let owner = record.owner.clone();
     let link = Link::new(
         record.capabilities,
         reply.handoff.clone().or(record.handoff),
+        record.owner,
     );
-    let session = Session::create(server, id, record.version, reply, caller, Some(link));
+    let session = Session::create(server, id, record.version, reply, caller, Some(link), owner);
     server_metrics::with(|m| m.sessions_adopted += 1);
     // The record now names this node's handoff and activity too, unless the session was
     // deleted at another node since it was read: then it is gone here too.

@@ -11,6 +11,12 @@ use crate::metrics::{self, LATENCY_US_MAX, Outcome, histogram, merge_histogram, 
 use hdrhistogram::Histogram;
 use std::time::Duration;
 
+/// Labels of `mcpyard_auth_rejected_total`: why the `auth` check refused a request.
+pub const REJECTION_LABELS: [&str; 6] =
+    ["missing", "invalid", "expired", "scope", "subject", "keys"];
+/// Index of the `subject` label (a request on another subject's session).
+pub const REJECTED_SUBJECT: usize = 4;
+
 /// One worker's counters and gauges of the server bindings.
 #[derive(Clone, Default)]
 pub struct ServerMetrics {
@@ -41,6 +47,16 @@ pub struct ServerMetrics {
     /// method and outcome: most pairs never occur, and a histogram is ~190 KiB that every
     /// scrape would otherwise copy.
     pub requests: Vec<Option<Histogram<u64>>>,
+    /// `auth`: requests refused, by `auth::REJECTION_LABELS`; tokens verified (by a
+    /// signature check, or by the worker's memory of it); key set reads.
+    pub auth_rejected: [u64; 6],
+    pub auth_verified: u64,
+    pub auth_verified_cached: u64,
+    pub jwks_reads_ok: u64,
+    pub jwks_reads_failed: u64,
+    /// Requests refused by a rate limit, by the limit's name (bounded by the config: at
+    /// most `AUTH_LIMITS_MAX` names per server binding).
+    pub rate_limited: Vec<(Box<str>, u64)>,
 }
 
 impl ServerMetrics {
@@ -60,6 +76,12 @@ impl ServerMetrics {
             events_replay_missed: 0,
             heads_refused_downstream: 0,
             requests: Vec::new(),
+            auth_rejected: [0; 6],
+            auth_verified: 0,
+            auth_verified_cached: 0,
+            jwks_reads_ok: 0,
+            jwks_reads_failed: 0,
+            rate_limited: Vec::new(),
         }
     }
 
@@ -77,6 +99,16 @@ impl ServerMetrics {
         self.http_errors += o.http_errors;
         self.events_replay_missed += o.events_replay_missed;
         self.heads_refused_downstream += o.heads_refused_downstream;
+        for (a, b) in self.auth_rejected.iter_mut().zip(&o.auth_rejected) {
+            *a += b;
+        }
+        self.auth_verified += o.auth_verified;
+        self.auth_verified_cached += o.auth_verified_cached;
+        self.jwks_reads_ok += o.jwks_reads_ok;
+        self.jwks_reads_failed += o.jwks_reads_failed;
+        for (name, n) in &o.rate_limited {
+            count_limited(&mut self.rate_limited, name, *n);
+        }
         if self.requests.len() < o.requests.len() {
             self.requests.resize(o.requests.len(), None);
         }
@@ -168,6 +200,61 @@ impl ServerMetrics {
         for (name, help, value) in counters {
             metrics::write_counter(out, name, help, value);
         }
+        self.render_auth(out);
+    }
+
+    /// The `auth` families: one series per label value, every value written (zeros too)
+    /// so dashboards see the family before the first refusal.
+    fn render_auth(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        out.push_str(
+            "# HELP mcpyard_auth_rejected_total Requests refused by the token check, by reason.\n",
+        );
+        out.push_str("# TYPE mcpyard_auth_rejected_total counter\n");
+        for (label, n) in REJECTION_LABELS.iter().zip(&self.auth_rejected) {
+            let _ = writeln!(out, "mcpyard_auth_rejected_total{{reason=\"{label}\"}} {n}");
+        }
+        out.push_str("# HELP mcpyard_auth_verified_total Tokens accepted; cached: the worker's memory of a verified token answered.\n");
+        out.push_str("# TYPE mcpyard_auth_verified_total counter\n");
+        let _ = writeln!(
+            out,
+            "mcpyard_auth_verified_total{{cached=\"false\"}} {}",
+            self.auth_verified
+        );
+        let _ = writeln!(
+            out,
+            "mcpyard_auth_verified_total{{cached=\"true\"}} {}",
+            self.auth_verified_cached
+        );
+        out.push_str(
+            "# HELP mcpyard_jwks_reads_total Reads of token signing key sets, by outcome.\n",
+        );
+        out.push_str("# TYPE mcpyard_jwks_reads_total counter\n");
+        let _ = writeln!(
+            out,
+            "mcpyard_jwks_reads_total{{outcome=\"ok\"}} {}",
+            self.jwks_reads_ok
+        );
+        let _ = writeln!(
+            out,
+            "mcpyard_jwks_reads_total{{outcome=\"failed\"}} {}",
+            self.jwks_reads_failed
+        );
+        out.push_str(
+            "# HELP mcpyard_rate_limited_total Requests refused by a rate limit, by limit name.\n",
+        );
+        out.push_str("# TYPE mcpyard_rate_limited_total counter\n");
+        for (name, n) in &self.rate_limited {
+            let _ = writeln!(out, "mcpyard_rate_limited_total{{limit=\"{name}\"}} {n}");
+        }
+    }
+}
+
+/// Adds `n` to the count of limit `name` (names come from the config: bounded, and label-safe).
+pub fn count_limited(counts: &mut Vec<(Box<str>, u64)>, name: &str, n: u64) {
+    match counts.iter_mut().find(|(k, _)| &**k == name) {
+        Some((_, count)) => *count += n,
+        None => counts.push((Box::from(name), n)),
     }
 }
 

@@ -10,6 +10,7 @@
 //! per worker in [`metrics`].
 
 pub(crate) mod app;
+pub mod auth;
 pub(crate) mod edge;
 pub(crate) mod get;
 pub(crate) mod lookup;
@@ -62,6 +63,8 @@ pub struct Server {
     draining: Cell<bool>,
     /// Agents connect over TLS with the current config (swapped on SIGHUP); `None`: plain.
     pub(crate) tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,
+    /// `auth`: this worker's side of the token check, rules and rate limits.
+    pub(crate) gate: Option<auth::Gate>,
 }
 
 /// What every worker's instance of a binding shares with the others.
@@ -71,6 +74,8 @@ pub struct Common {
     pub tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,
     /// `sessions: { store }`.
     pub sessions: Option<Arc<dyn Store>>,
+    /// `auth`: the config and key set every worker checks tokens with.
+    pub auth: Option<Arc<auth::Guard>>,
 }
 
 thread_local! {
@@ -92,6 +97,7 @@ impl Server {
         let Common {
             tls,
             sessions: shared,
+            auth,
         } = common;
         let loopback = cfg.listen.ip().is_loopback();
         let server = Rc::new(Server {
@@ -107,6 +113,7 @@ impl Server {
             adopting: RefCell::new(FastMap::default()),
             draining: Cell::new(false),
             tls,
+            gate: auth.map(auth::Gate::new),
         });
         SERVERS.with(|s| {
             let mut s = s.borrow_mut();
@@ -131,6 +138,22 @@ impl Server {
         sink: Sink,
         shared: Rc<ConnShared>,
     ) -> Option<impl Future<Output = ()> + 'static> {
+        if let Some(gate) = self.gate.as_ref()
+            && gate.guard.is_metadata_path(req.head.path())
+        {
+            if !self.host_allowed(req.head.headers.get("host")) {
+                let refusal = edge::http_error(sink, 421, "host not allowed", None);
+                tokio::task::spawn_local(refusal);
+                return None;
+            }
+            let server = self.clone();
+            tokio::task::spawn_local(async move {
+                if let Some(gate) = server.gate.as_ref() {
+                    auth::serve_metadata(&gate.guard, &req, sink).await;
+                }
+            });
+            return None;
+        }
         if let Err((status, message)) = self.admit(&req) {
             tokio::task::spawn_local(edge::http_error(sink, status, message, None));
             return None;
@@ -154,10 +177,17 @@ impl Server {
 
     /// Serves a request whose session (if any) lives on this worker.
     async fn serve(self: Rc<Self>, req: Request, sink: Sink) {
+        let who = match self.gate.as_ref() {
+            None => None,
+            Some(gate) => match gate.check(&req).await {
+                Ok(identity) => Some(identity),
+                Err(refusal) => return auth::refuse(&gate.guard, &req, sink, refusal).await,
+            },
+        };
         match req.head.method {
-            Method::Post => app::post(self, req, sink).await,
-            Method::Get => get::get(self, req, sink).await,
-            Method::Delete => lookup::delete(self, req, sink).await,
+            Method::Post => app::post(self, req, sink, who).await,
+            Method::Get => get::get(self, req, sink, who).await,
+            Method::Delete => lookup::delete(self, req, sink, who).await,
             _ => edge::http_error(sink, 405, "method not allowed", None).await,
         }
     }

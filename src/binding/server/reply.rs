@@ -7,6 +7,7 @@
 //! holds at most [`REQUEST_REPLAY_EVENTS_MAX`] events; DATA gathered for one write is
 //! bounded by the stream's credit window.
 
+use super::auth::rules::ListFilter;
 use super::session::{
     AnswerTo, Inflight, Session, data_event, refuse_request, render_event, sse_head,
 };
@@ -86,9 +87,28 @@ struct Render<'a> {
     /// DATA frames gathered for one write (kept to reuse its allocation). Bounded by the
     /// stream's credit window: only frames the exit was given credit for can be queued.
     parts: Vec<Bytes>,
+    /// `auth` rules: a list result loses the items this caller may not see on its way.
+    filter: Option<ListFilter<'a>>,
 }
 
 impl Render<'_> {
+    /// `data` as the agent gets it: filtered when a list filter is on; `None` when the
+    /// exit's result is not a list the filter can read.
+    fn filtered(&mut self, data: Bytes) -> Option<Bytes> {
+        match self.filter.as_mut() {
+            None => Some(data),
+            Some(f) => f.feed(data).ok(),
+        }
+    }
+
+    /// What a list filter has left to write at the result's end (nothing without one).
+    fn filter_end(&mut self) -> Option<Bytes> {
+        match self.filter.as_mut() {
+            None => Some(Bytes::new()),
+            Some(f) => f.finish().ok(),
+        }
+    }
+
     fn event_id(&self, seq: u64) -> String {
         format!("{}.{seq}", self.inflight.stream_no)
     }
@@ -239,13 +259,21 @@ impl Render<'_> {
         // upstream while this one is written (double buffering). Memory stays bounded: one
         // window queued plus the one being written.
         reply.ack(data.len() as u32);
+        let Some(data) = self.filtered(data) else {
+            self.unreadable_list().await;
+            return true;
+        };
         if self.mode == Mode::Undecided {
             // Common case: the whole result is already here; answer in one write, copying
             // the result once, straight after the head.
             if let Some(Frame::End) = peek_end(reply) {
+                let Some(tail) = self.filter_end() else {
+                    self.unreadable_list().await;
+                    return true;
+                };
                 if let Some(sink) = self.sink.take() {
                     let [open, id, member] = jsonrpc::result_prefix_parts(self.id());
-                    let body: [&[u8]; 5] = [open, id, member, &data, jsonrpc::RESULT_SUFFIX];
+                    let body: [&[u8]; 6] = [open, id, member, &data, &tail, jsonrpc::RESULT_SUFFIX];
                     let _ = match &self.session.json_head {
                         Some(fields) => sink.respond_with_fields(fields, &body).await,
                         None => {
@@ -288,9 +316,20 @@ impl Render<'_> {
             match reply.try_next() {
                 Some(Frame::Data(more)) => {
                     reply.ack(more.len() as u32);
+                    let Some(more) = self.filtered(more) else {
+                        self.unreadable_list().await;
+                        return true;
+                    };
                     parts.push(more);
                 }
-                Some(Frame::End) => break true,
+                Some(Frame::End) => {
+                    let Some(tail) = self.filter_end() else {
+                        self.unreadable_list().await;
+                        return true;
+                    };
+                    parts.push(tail);
+                    break true;
+                }
                 Some(other) => {
                     reply.unread(other);
                     break false;
@@ -342,7 +381,25 @@ impl Render<'_> {
     }
 
     async fn on_end(&mut self) {
-        self.end_with(&[]).await;
+        if self.filter.is_none() || !self.result_started {
+            // Without a result there is no list to end: `end_with` renders the error.
+            return self.end_with(&[]).await;
+        }
+        match self.filter_end() {
+            Some(tail) => self.end_with(&[tail]).await,
+            None => self.unreadable_list().await,
+        }
+    }
+
+    /// The exit's list result cannot be read as a list, so it cannot be filtered: an error
+    /// when nothing is written yet, an abort otherwise (never unfiltered items).
+    async fn unreadable_list(&mut self) {
+        self.error(
+            jsonrpc::INTERNAL_ERROR,
+            "Internal error: the list could not be read",
+            None,
+        )
+        .await;
     }
 
     /// The exit's END, after the last `parts` of the result: writes them, the result's
@@ -400,6 +457,7 @@ pub async fn pump(
     sink: Sink,
     progress: bool,
     deadline: Instant,
+    filter: Option<ListFilter<'_>>,
 ) -> Outcome {
     let mut r = Render {
         session,
@@ -411,6 +469,7 @@ pub async fn pump(
         result_started: false,
         writer: None,
         parts: Vec::new(),
+        filter,
     };
     if progress {
         r.start_sse().await;

@@ -116,6 +116,8 @@ pub struct Session {
     pub(super) json_head: Option<Bytes>,
     /// A shared session (`sessions: { store }`): what its record is written from.
     pub(super) shared: Option<Link>,
+    /// `auth`: the subject whose token opened it; only that subject's requests find it.
+    pub owner: Option<Rc<str>>,
 }
 
 /// One request in flight on a session.
@@ -139,6 +141,7 @@ impl Session {
         reply: ReplyBegin,
         lifecycle: Caller,
         shared: Option<Link>,
+        owner: Option<Rc<str>>,
     ) -> Rc<Session> {
         if let (Some(store), Some(link)) = (server.shared.as_ref(), shared.as_ref()) {
             match store.watch(&shared::key(&id)) {
@@ -190,6 +193,7 @@ impl Session {
             )
             .ok(),
             shared,
+            owner,
         });
         server.sessions.borrow_mut().insert(id, session.clone());
         server_metrics::with(|m| {

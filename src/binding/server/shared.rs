@@ -47,6 +47,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The record format this build writes and reads.
@@ -100,6 +101,8 @@ pub fn key(id: &str) -> String {
 pub struct Link {
     /// The agent's raw `capabilities` object.
     capabilities: Bytes,
+    /// `auth`: the subject whose token opened the session (no credential: only who).
+    owner: Option<Rc<str>>,
     /// The exit's latest handoff.
     handoff: RefCell<Option<Bytes>>,
     /// The activity last written to the record (and when it was written): the next write
@@ -130,9 +133,10 @@ impl Link {
         self.written.get().is_some()
     }
 
-    pub fn new(capabilities: Bytes, handoff: Option<Bytes>) -> Link {
+    pub fn new(capabilities: Bytes, handoff: Option<Bytes>, owner: Option<Rc<str>>) -> Link {
         Link {
             capabilities,
+            owner,
             handoff: RefCell::new(handoff),
             written: Cell::new(None),
             stale: Cell::new(true),
@@ -179,6 +183,9 @@ struct RecordJson<'a> {
     touched: u64,
     /// The writing node's tag ([`node_tag`]).
     by: u64,
+    /// `auth`: the subject the session belongs to.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    owner: Option<Cow<'a, str>>,
 }
 
 /// A record read back and checked.
@@ -189,6 +196,7 @@ pub struct Record {
     pub handoff: Option<Bytes>,
     pub touched: u64,
     pub by: u64,
+    pub owner: Option<Rc<str>>,
 }
 
 /// Writes a record; `None` if a part is not JSON (our own values: not expected).
@@ -197,6 +205,7 @@ fn encode(
     capabilities: &[u8],
     handoff: Option<&[u8]>,
     touched: u64,
+    owner: Option<&str>,
 ) -> Option<Bytes> {
     let raw = |bytes: &[u8]| -> Option<Box<RawValue>> {
         RawValue::from_string(std::str::from_utf8(bytes).ok()?.to_owned()).ok()
@@ -213,6 +222,7 @@ fn encode(
         handoff: handoff.as_deref(),
         touched,
         by: node_tag(),
+        owner: owner.map(Cow::Borrowed),
     };
     serde_json::to_vec(&json).ok().map(Bytes::from)
 }
@@ -242,6 +252,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, &'static str> {
         handoff: json.handoff.filter(|h| h.get() != "null").map(bytes_of),
         touched: json.touched,
         by: json.by,
+        owner: json.owner.map(|o| Rc::from(&*o)),
     })
 }
 
@@ -306,6 +317,7 @@ pub async fn write(
         &link.capabilities,
         link.handoff.borrow().as_deref(),
         unix_ms(active),
+        link.owner.as_deref(),
     );
     let Some(record) = record else {
         return Written::Failed;
@@ -473,6 +485,7 @@ mod tests {
             br#"{"roots":{"listChanged":true}}"#,
             Some(br#"{"routes":{"a":{"session":"abc","version":"2025-06-18","caps":5}}}"#),
             1_700_000_000_000,
+            Some("alice \"x\""),
         )
         .expect("our own parts are JSON");
         let text = std::str::from_utf8(&record).expect("JSON text");
@@ -483,7 +496,9 @@ mod tests {
         assert_eq!(back.touched, 1_700_000_000_000);
         assert_eq!(back.by, node_tag());
         assert!(back.handoff.is_some());
-        let none = encode("2025-06-18", b"{}", None, 1).expect("JSON");
+        assert_eq!(back.owner.as_deref(), Some("alice \"x\""));
+        let none = encode("2025-06-18", b"{}", None, 1, None).expect("JSON");
+        assert_eq!(decode(&none).expect("ours").owner, None);
         assert_eq!(decode(&none).expect("ours").handoff, None);
     }
 

@@ -1,0 +1,205 @@
+//! JSON Web Key Sets (RFC 7517): the public keys a token issuer signs with, read from a file
+//! or from the bytes of an HTTPS answer and turned into `jsonwebtoken` decoding keys.
+//!
+//! The config loader reads a file set once to refuse a broken one at start-up; the server
+//! binding's guard reads sets again while running. A set is bounded in bytes
+//! ([`JWKS_BYTES_MAX`]) and keys ([`JWKS_KEYS_MAX`]). Keys mcpyard cannot use (symmetric
+//! `oct` keys, P-521, keys marked for encryption, malformed members) are skipped, not fatal:
+//! an issuer may publish keys for other uses beside its signing keys.
+
+use jsonwebtoken::jwk::{AlgorithmParameters, Jwk, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey};
+use std::io::Read;
+use std::path::Path;
+
+/// Largest key set read: a few dozen RSA keys fit in a tenth of it.
+pub const JWKS_BYTES_MAX: usize = 256 * 1024;
+/// Most keys kept from one set.
+pub const JWKS_KEYS_MAX: usize = 64;
+/// Longest `kid` kept; a longer one cannot match a token's (tokens are bounded too).
+const KID_BYTES_MAX: usize = 256;
+
+/// What signs: the key type a token's `alg` needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Rsa,
+    Ec,
+    Ed,
+}
+
+impl Family {
+    /// The key type `alg` verifies with; `None` for HMAC, which is never accepted.
+    pub fn of(alg: Algorithm) -> Option<Family> {
+        match alg {
+            Algorithm::RS256
+            | Algorithm::RS384
+            | Algorithm::RS512
+            | Algorithm::PS256
+            | Algorithm::PS384
+            | Algorithm::PS512 => Some(Family::Rsa),
+            Algorithm::ES256 | Algorithm::ES384 => Some(Family::Ec),
+            Algorithm::EdDSA => Some(Family::Ed),
+            Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => None,
+        }
+    }
+}
+
+/// One usable public key.
+pub struct Key {
+    /// `kid`, if the set gave one.
+    pub kid: Option<Box<str>>,
+    pub family: Family,
+    pub key: DecodingKey,
+}
+
+/// The usable keys of one set, and a digest of the bytes they came from (a re-read that
+/// brings the same bytes changes nothing).
+pub struct KeySet {
+    pub keys: Vec<Key>,
+    pub digest: u32,
+}
+
+impl std::fmt::Debug for KeySet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kids: Vec<Option<&str>> = self.keys.iter().map(|k| k.kid.as_deref()).collect();
+        f.debug_struct("KeySet")
+            .field("kids", &kids)
+            .field("digest", &self.digest)
+            .finish()
+    }
+}
+
+impl KeySet {
+    /// The keys a token with `kid` and signed by `family` may have used: the one with that
+    /// `kid`, or, for a token without one, every key of the family.
+    pub fn candidates<'a>(
+        &'a self,
+        kid: Option<&'a str>,
+        family: Family,
+    ) -> impl Iterator<Item = &'a Key> + 'a {
+        self.keys.iter().filter(move |k| {
+            k.family == family
+                && match kid {
+                    Some(kid) => k.kid.as_deref() == Some(kid),
+                    None => true,
+                }
+        })
+    }
+
+    /// Whether the set has a key named `kid`.
+    pub fn has_kid(&self, kid: &str) -> bool {
+        self.keys.iter().any(|k| k.kid.as_deref() == Some(kid))
+    }
+}
+
+/// Reads a key set file, refusing one larger than [`JWKS_BYTES_MAX`].
+pub fn read_file(path: &Path) -> Result<Vec<u8>, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read the key set: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(JWKS_BYTES_MAX as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read the key set: {e}"))?;
+    if bytes.len() > JWKS_BYTES_MAX {
+        return Err(format!(
+            "a key set larger than {JWKS_BYTES_MAX} bytes, expected a JWK Set"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Parses a JWK Set (`{"keys":[...]}`); an error when it is not one or holds no usable key.
+pub fn parse(bytes: &[u8]) -> Result<KeySet, String> {
+    if bytes.len() > JWKS_BYTES_MAX {
+        return Err(format!(
+            "a key set larger than {JWKS_BYTES_MAX} bytes, expected a JWK Set"
+        ));
+    }
+    #[derive(serde::Deserialize)]
+    struct Set {
+        keys: Vec<serde_json::Value>,
+    }
+    let set: Set = serde_json::from_slice(bytes)
+        .map_err(|e| format!("not a JWK Set ({e}), expected {{\"keys\":[...]}}"))?;
+    let keys: Vec<Key> = set
+        .keys
+        .into_iter()
+        .filter_map(|value| serde_json::from_value::<Jwk>(value).ok())
+        .filter_map(|jwk| usable(&jwk))
+        .take(JWKS_KEYS_MAX)
+        .collect();
+    if keys.is_empty() {
+        return Err(
+            "a JWK Set without a usable signing key, expected RSA, EC (P-256, P-384) or Ed25519 keys"
+                .to_owned(),
+        );
+    }
+    Ok(KeySet {
+        keys,
+        digest: crc32c::crc32c(bytes),
+    })
+}
+
+/// The decoding key of one JWK, when it is a public signing key mcpyard can use.
+fn usable(jwk: &Jwk) -> Option<Key> {
+    if matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)) {
+        return None;
+    }
+    let family = match &jwk.algorithm {
+        AlgorithmParameters::RSA(_) => Family::Rsa,
+        AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
+            jsonwebtoken::jwk::EllipticCurve::P256 | jsonwebtoken::jwk::EllipticCurve::P384 => {
+                Family::Ec
+            }
+            _ => return None,
+        },
+        AlgorithmParameters::OctetKeyPair(okp) => match okp.curve {
+            jsonwebtoken::jwk::EllipticCurve::Ed25519 => Family::Ed,
+            _ => return None,
+        },
+        AlgorithmParameters::OctetKey(_) => return None,
+    };
+    let key = DecodingKey::from_jwk(jwk).ok()?;
+    let kid = jwk
+        .common
+        .key_id
+        .as_deref()
+        .filter(|k| k.len() <= KID_BYTES_MAX)
+        .map(Box::from);
+    Some(Key { kid, family, key })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unusable_keys_are_skipped_and_a_set_without_any_is_refused() {
+        let oct = br#"{"keys":[{"kty":"oct","k":"c2VjcmV0","kid":"h"}]}"#;
+        assert!(
+            parse(oct)
+                .unwrap_err()
+                .contains("without a usable signing key")
+        );
+        assert!(parse(b"[]").unwrap_err().contains("not a JWK Set"));
+        assert!(parse(b"{\"keys\":[").is_err());
+        let big = vec![b' '; JWKS_BYTES_MAX + 1];
+        assert!(parse(&big).unwrap_err().contains("larger than"));
+    }
+
+    #[test]
+    fn an_ed25519_key_is_found_by_kid_and_family() {
+        // Public key bytes of RFC 8037's example.
+        let set = br#"{"keys":[
+            {"kty":"oct","k":"c2VjcmV0","kid":"h"},
+            {"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo","kid":"ed"},
+            {"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo","kid":"enc","use":"enc"}
+        ]}"#;
+        let set = parse(set).unwrap();
+        assert_eq!(set.keys.len(), 1);
+        assert!(set.has_kid("ed") && !set.has_kid("enc") && !set.has_kid("h"));
+        assert_eq!(set.candidates(Some("ed"), Family::Ed).count(), 1);
+        assert_eq!(set.candidates(Some("ed"), Family::Rsa).count(), 0);
+        assert_eq!(set.candidates(None, Family::Ed).count(), 1);
+        assert_eq!(Family::of(Algorithm::HS256), None);
+    }
+}
