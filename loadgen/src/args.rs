@@ -30,7 +30,7 @@ usage:
                       [--no-initialize] [--request-id N] [--new-connection]
                       [--session-calls N] [--tls-ca PEM] [--tls-resumption on|off]
                       [--json FILE] [--hgrm FILE] [--svg FILE]
-                      [--intervals FILE [--interval D]]
+                      [--intervals FILE [--interval D]] [--header 'NAME: VALUE' ...]
 scenarios: initialize, tools-call (default), tools-call-progress, tools-list,
            idle-sessions, fanout
 durations: 10s, 500ms, 250us, 2m, or plain seconds (1.5)
@@ -44,6 +44,8 @@ durations: 10s, 500ms, 250us, 2m, or plain seconds (1.5)
        exchanges that finished in it (request scenarios)
 https: trusts --tls-ca (else the platform roots), SNI from the URL host; request scenarios
        only; --tls-resumption off makes every new connection a full handshake (default on)
+--header 'NAME: VALUE': sent with every request, e.g. 'authorization: Bearer ...' (at
+       most 8; not one of the headers the generator writes itself)
 tools: echo, big, then tool_00003 ... up to --tools in all (default 2); --page-size 0
        (default) answers tools/list in one page
 `mcpyard-loadgen --url ... [--connections N] [--seconds S]` (no subcommand) is `run`.";
@@ -236,6 +238,9 @@ pub struct Target {
     pub path: String,
     /// `https://`: TLS to the target, the URL's host verified (and sent as SNI).
     pub tls: bool,
+    /// `--header NAME: VALUE`, sent with every request (an `Authorization` for a gateway
+    /// that checks tokens, say). At most `HEADERS_MAX`, each checked by [`parse_header`].
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Target {
@@ -277,6 +282,7 @@ impl Target {
             authority,
             path: path.to_owned(),
             tls,
+            headers: Vec::new(),
         })
     }
 }
@@ -553,7 +559,9 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
         authority: String::new(),
         path: String::new(),
         tls: false,
+        headers: Vec::new(),
     });
+    let mut headers = Vec::new();
     let (mut url, mut rate, mut closed) = (None, None, false);
     let mut flags = Flags {
         words: words.iter(),
@@ -615,11 +623,22 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
                         expected: "on or off".into(),
                     })?;
             }
+            "--header" => {
+                if headers.len() == HEADERS_MAX {
+                    return Err(ArgError::Invalid {
+                        flag: "--header",
+                        value: flags.value("--header")?.to_owned(),
+                        expected: format!("at most {HEADERS_MAX} --header flags"),
+                    });
+                }
+                headers.push(parse_header(flags.value("--header")?)?);
+            }
             "--help" | "-h" => return Err(ArgError::Help),
             other => return Err(ArgError::Unknown(other.to_owned())),
         }
     }
     a.target = url.ok_or(ArgError::Required("--url"))?;
+    a.target.headers = headers;
     a.mode = match (rate, closed) {
         (Some(0), _) | (None, _) => Mode::Closed,
         (Some(rate), false) => Mode::Open { rate },
@@ -633,6 +652,58 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
     };
     check_run(&a)?;
     Ok(a)
+}
+
+/// Most `--header` flags.
+pub const HEADERS_MAX: usize = 8;
+/// Longest `--header` value.
+pub const HEADER_VALUE_BYTES_MAX: usize = 8 * 1024;
+/// Headers the generator writes itself, which `--header` may not replace.
+const OWN_HEADERS: &[&str] = &[
+    "host",
+    "accept",
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "mcp-session-id",
+    "mcp-protocol-version",
+];
+
+/// `NAME: VALUE`: a token name that is not one of the generator's own, and a value of
+/// visible ASCII, spaces and tabs (no CR, LF or NUL can reach the request head).
+fn parse_header(value: &str) -> Result<(&'static str, String), ArgError> {
+    let invalid = |expected: &str| ArgError::Invalid {
+        flag: "--header",
+        value: value.to_owned(),
+        expected: expected.to_owned(),
+    };
+    let (name, field) = value
+        .split_once(':')
+        .ok_or_else(|| invalid("NAME: VALUE"))?;
+    let name = name.trim().to_ascii_lowercase();
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(token) {
+        return Err(invalid(
+            "a header name of letters, digits and - (NAME: VALUE)",
+        ));
+    }
+    if OWN_HEADERS.contains(&name.as_str()) {
+        return Err(invalid("a header the generator does not write itself"));
+    }
+    let field = field.trim();
+    if field.len() > HEADER_VALUE_BYTES_MAX
+        || !field
+            .bytes()
+            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        return Err(invalid(
+            "a value of at most 8 KiB of visible ASCII, spaces and tabs",
+        ));
+    }
+    // The head encoder takes `'static` names; a run parses at most HEADERS_MAX of them,
+    // once, and they live as long as the run.
+    Ok((Box::leak(name.into_boxed_str()), field.to_owned()))
 }
 
 fn parse_mode(value: &str) -> Result<bool, ArgError> {
@@ -853,10 +924,38 @@ mod tests {
                 authority: "example.test:80".into(),
                 path: "/".into(),
                 tls: false,
+                headers: Vec::new(),
             })
         );
         assert!(Target::parse("--url", "ftp://h/mcp").is_err());
         assert!(Target::parse("--url", "http:///mcp").is_err());
+    }
+
+    #[test]
+    fn headers_are_checked_and_bounded() {
+        let mut line = words("run --url http://h:1/mcp --header");
+        line.push("authorization: Bearer t".to_owned());
+        let Ok(Command::Run(a)) = parse(&line) else {
+            panic!("a header parses");
+        };
+        assert_eq!(
+            a.target.headers,
+            vec![("authorization", "Bearer t".to_owned())]
+        );
+        for bad in [
+            "no-colon",
+            "host: x",
+            "bad name: x",
+            "x-a: a\r\nx: y",
+            ": v",
+        ] {
+            assert!(parse_header(bad).is_err(), "{bad:?}");
+        }
+        let many = format!(
+            "run --url http://h:1/mcp{}",
+            " --header x-a:1".repeat(HEADERS_MAX + 1)
+        );
+        assert!(parse(&words(&many)).is_err());
     }
 
     #[test]
@@ -868,6 +967,7 @@ mod tests {
                 authority: "localhost:443".into(),
                 path: "/mcp".into(),
                 tls: true,
+                headers: Vec::new(),
             })
         );
         let line = "run --url https://127.0.0.1:8443/mcp --tls-ca ca.pem --new-connection \

@@ -95,6 +95,9 @@ pub fn encode_request(
         headers.push(("mcp-session-id", session.as_bytes()));
         headers.push(("mcp-protocol-version", PROTOCOL_VERSION.as_bytes()));
     }
+    for (name, value) in &target.headers {
+        headers.push((name, value.as_bytes()));
+    }
     let framing = if method == "POST" {
         BodyFraming::Length(body.len() as u64)
     } else {

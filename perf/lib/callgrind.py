@@ -26,6 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import authkit  # noqa: E402
 from perfkit import (  # noqa: E402
     REPO, RAW, Fail, Fixture, Gateway, add_quiet_args, set_quiet, apt_install, binaries, fmt, loadgen, loadgen_cmd, log,
     machine_info, machine_line, main_guard, table, write_report,
@@ -44,6 +45,8 @@ def parse():
     ap.add_argument("--rate", type=int, default=400, help="open-loop rate under valgrind (400/s)")
     ap.add_argument("--result-bytes", type=int, default=1024, help="fixture result (1024)")
     ap.add_argument("--top", type=int, default=30, help="functions listed (30)")
+    ap.add_argument("--auth", action="store_true",
+                    help="the server binding checks a bearer token (auth: with an RS256 JWKS file)")
     ap.add_argument("--proxy", action="store_true",
                     help="mcpyard as server -> proxy (routes a, b; both clients of the fixture) -> "
                          "client, calling a__echo; writes callgrind-proxy.{md,json}")
@@ -253,9 +256,12 @@ def run(procs):
     fx = Fixture(procs, lg, "callgrind-fixture", ["--result-bytes", str(a.result_bytes)], workers=1)
     wrapper = [valgrind, "--tool=callgrind", f"--callgrind-out-file={prefix}.%p"]
     routes = [("a", fx.url), ("b", fx.url)] if a.proxy else None
+    auth_yaml, tool = None, ["--tool", "a__echo"] if a.proxy else []
+    if a.auth:
+        _, token, auth_yaml = authkit.make(RAW)
+        tool += ["--header", f"authorization: Bearer {token}"]
     g = Gateway(procs, gw, "callgrind-mcpyard", None if a.proxy else fx.url, workers=1, io="epoll",
-                wrapper=wrapper, routes=routes)
-    tool = ["--tool", "a__echo"] if a.proxy else []
+                wrapper=wrapper, routes=routes, auth=auth_yaml)
     pid = g.pid
     prefix = f"{prefix}.{pid}"
     seen = set(glob.glob(prefix + ".*")) | {prefix}
@@ -312,7 +318,7 @@ def run(procs):
     procs.stop(fx.p)
     data = {
         "machine": info, "valgrind": vg_version, "io": "epoll", "workers": 1, "rate": a.rate,
-        "proxy": a.proxy,
+        "proxy": a.proxy, "auth": a.auth,
         "result_bytes": a.result_bytes, "warmup_requests": a.warmup_requests,
         "idle": {"ir": idle_ir, "seconds": idle_s, "ir_per_s": idle_rate},
         "phases": phases, "ir_per_call": {
@@ -321,7 +327,7 @@ def run(procs):
         "utf8_callers": utf8_callers, "malloc_callers": malloc_callers, "exit_code": exit_code,
         "stages": stage_rows, "allocations": allocs,
     }
-    write_report(NAME + ("-proxy" if a.proxy else ""), report(data, a), data)
+    write_report(NAME + ("-proxy" if a.proxy else "") + ("-auth" if a.auth else ""), report(data, a), data)
 
 
 def report(d, a):

@@ -254,12 +254,12 @@ class Gateway:
     `cache` (a TTL such as "5m") too, that proxy serves its lists from a memory store."""
 
     def __init__(self, procs, gw, name, upstream_url, workers=1, io="uring", wrapper=None,
-                 routes=None, cache=None, certs=None):
+                 routes=None, cache=None, certs=None, auth=None):
         self.name = name
         self.workers = workers
         self.io = io
         cfg = os.path.join(RAW, f"{name}.yaml")
-        self.config_text = gateway_config(upstream_url, workers, io, routes, cache, certs)
+        self.config_text = gateway_config(upstream_url, workers, io, routes, cache, certs, auth)
         with open(cfg, "w") as f:
             f.write(self.config_text)
         self.config = cfg
@@ -277,14 +277,17 @@ class Gateway:
         return scrape(self.metrics_url)
 
 
-def gateway_config(upstream_url, workers, io, routes=None, cache=None, certs=None):
+def gateway_config(upstream_url, workers, io, routes=None, cache=None, certs=None, auth=None):
     """The YAML config `Gateway` runs mcpyard with (see there). With `certs` the server
-    binding terminates TLS and an https:// upstream is trusted through `certs.ca`."""
+    binding terminates TLS and an https:// upstream is trusted through `certs.ca`; `auth`
+    is the server's `auth:` mapping as YAML text (`authkit.make`)."""
     text = (f"runtime: {{ workers: {workers}, io: {io} }}\n"
             "telemetry: { metrics: 127.0.0.1:0 }\n")
     if routes and cache:
         text += "stores: { cache0: { type: memory } }\n"
     north_tls = f", tls: {{ cert: {certs.cert}, key: {certs.key} }}" if certs else ""
+    if auth:
+        north_tls += f", {auth}"
     up_tls = (f", tls: {{ ca: {certs.ca} }}"
               if certs and upstream_url and upstream_url.startswith("https://") else "")
     text += ("bindings:\n"

@@ -293,6 +293,7 @@ mod tests {
                 authority: "127.0.0.1:1".into(),
                 path: "/mcp".into(),
                 tls: false,
+                headers: Vec::new(),
             },
             scenario: Scenario::ToolsCall,
             mode,
