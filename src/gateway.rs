@@ -117,6 +117,13 @@ pub fn run(config: Config) -> Result<(), String> {
         if let Some(auth) = &server.auth {
             let guard = Guard::new((**auth).clone(), &server.path, server.tls.is_some())
                 .map_err(|e| format!("{}: bindings.{name}.auth: {e}", config.source))?;
+            if auth.resource.is_none() && !server.listen.ip().is_loopback() {
+                log::warn(format_args!(
+                    "auth: {name}: no resource is set, so the protected-resource metadata \
+                     names the URL each request's Host gives (set auth.resource to the \
+                     public URL agents use)"
+                ));
+            }
             guards.insert(name.to_owned(), guard);
         }
     }

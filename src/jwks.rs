@@ -71,17 +71,20 @@ impl std::fmt::Debug for KeySet {
 
 impl KeySet {
     /// The keys a token with `kid` and signed by `family` may have used: the one with that
-    /// `kid`, or, for a token without one, every key of the family.
+    /// `kid`; for a `kid` the set does not name, the family's keys without a `kid`; for a
+    /// token without one, every key of the family.
     pub fn candidates<'a>(
         &'a self,
         kid: Option<&'a str>,
         family: Family,
     ) -> impl Iterator<Item = &'a Key> + 'a {
+        let named = kid.filter(|k| self.has_kid(k));
         self.keys.iter().filter(move |k| {
             k.family == family
-                && match kid {
-                    Some(kid) => k.kid.as_deref() == Some(kid),
-                    None => true,
+                && match (kid, named) {
+                    (_, Some(named)) => k.kid.as_deref() == Some(named),
+                    (Some(_), None) => k.kid.is_none(),
+                    (None, _) => true,
                 }
         })
     }
@@ -118,15 +121,27 @@ pub fn parse(bytes: &[u8]) -> Result<KeySet, String> {
     struct Set {
         keys: Vec<serde_json::Value>,
     }
-    let set: Set = serde_json::from_slice(bytes)
-        .map_err(|e| format!("not a JWK Set ({e}), expected {{\"keys\":[...]}}"))?;
+    // The error names where, not what: the bytes may be anyone's, and they go to a log.
+    let set: Set = serde_json::from_slice(bytes).map_err(|e| {
+        format!(
+            "not a JWK Set ({:?} error at line {} column {}), expected {{\"keys\":[...]}}",
+            e.classify(),
+            e.line(),
+            e.column()
+        )
+    })?;
     let keys: Vec<Key> = set
         .keys
         .into_iter()
         .filter_map(|value| serde_json::from_value::<Jwk>(value).ok())
         .filter_map(|jwk| usable(&jwk))
-        .take(JWKS_KEYS_MAX)
+        .take(JWKS_KEYS_MAX + 1)
         .collect();
+    if keys.len() > JWKS_KEYS_MAX {
+        return Err(format!(
+            "a JWK Set of more than {JWKS_KEYS_MAX} usable keys, expected at most {JWKS_KEYS_MAX}"
+        ));
+    }
     if keys.is_empty() {
         return Err(
             "a JWK Set without a usable signing key, expected RSA, EC (P-256, P-384) or Ed25519 keys"
@@ -200,6 +215,11 @@ mod tests {
         assert_eq!(set.candidates(Some("ed"), Family::Ed).count(), 1);
         assert_eq!(set.candidates(Some("ed"), Family::Rsa).count(), 0);
         assert_eq!(set.candidates(None, Family::Ed).count(), 1);
+        // A kid the set does not name is tried only against keys without a kid: none here.
+        assert_eq!(set.candidates(Some("other"), Family::Ed).count(), 0);
+        let kidless = br#"{"keys":[{"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#;
+        let kidless = parse(kidless).unwrap();
+        assert_eq!(kidless.candidates(Some("other"), Family::Ed).count(), 1);
         assert_eq!(Family::of(Algorithm::HS256), None);
     }
 }

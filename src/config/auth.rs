@@ -26,6 +26,13 @@ pub const AUTH_LIST_MAX: usize = 32;
 /// Longest issuer, audience, URL, scope, group or subject in the config.
 pub const AUTH_STRING_BYTES_MAX: usize = 512;
 
+/// Longest claim name (`per`, `groups_claim`) and toolkit name in a rule.
+const CLAIM_NAME_BYTES_MAX: usize = 64;
+/// Longest limit name (a metrics label value).
+const LIMIT_NAME_BYTES_MAX: usize = 32;
+/// Largest `N` of a rate and largest burst.
+const RATE_COUNT_MAX: u32 = 1_000_000;
+
 const JWKS_REFRESH_DEFAULT: Duration = Duration::from_secs(5 * 60);
 const JWKS_REFRESH_MIN: Duration = Duration::from_secs(1);
 const JWKS_REFRESH_MAX: Duration = Duration::from_secs(24 * 60 * 60);
@@ -298,7 +305,7 @@ fn limit(path: &str, raw: RawLimit) -> Result<Limit, Fault> {
         })
         .and_then(|v| {
             let text = v.as_str().unwrap_or_default();
-            let ok = (1..=32).contains(&text.len())
+            let ok = (1..=LIMIT_NAME_BYTES_MAX).contains(&text.len())
                 && text
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
@@ -333,7 +340,7 @@ fn limit(path: &str, raw: RawLimit) -> Result<Limit, Fault> {
         Some(v) => v
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
-            .filter(|n| (1..=1_000_000).contains(n))
+            .filter(|n| (1..=RATE_COUNT_MAX).contains(n))
             .ok_or_else(|| {
                 fault(
                     format!("{path}.burst"),
@@ -362,7 +369,7 @@ fn parse_rate(value: &Value) -> Result<(u32, Duration), String> {
             .trim()
             .parse()
             .ok()
-            .filter(|n| (1..=1_000_000).contains(n))?;
+            .filter(|n| (1..=RATE_COUNT_MAX).contains(n))?;
         let period = match unit.trim() {
             "s" => Duration::from_secs(1),
             "m" => Duration::from_secs(60),
@@ -402,14 +409,14 @@ fn duration(
         .and_then(super::duration::parse_duration)
         .map_err(|e| fault(path, e))?;
     if parsed < min || parsed > max {
+        let expected = if min.is_zero() {
+            format!("at most {}", format_duration(max))
+        } else {
+            format!("from {} to {}", format_duration(min), format_duration(max))
+        };
         return Err(fault(
             path,
-            format!(
-                "found {}, expected from {} to {}",
-                format_duration(parsed),
-                format_duration(min),
-                format_duration(max)
-            ),
+            format!("found {}, expected {expected}", format_duration(parsed)),
         ));
     }
     Ok(parsed)
@@ -484,20 +491,22 @@ fn url_string(path: &str, value: &Value) -> Result<String, Fault> {
     Ok(text)
 }
 
-/// A claim name: 1 to 64 letters, digits, `_`, `-`, `:` or `.`.
+/// A top-level claim name: 1 to [`CLAIM_NAME_BYTES_MAX`] letters, digits, `_`, `-` or
+/// `:`. No `.`: a claim is looked up by its own name, so `realm.roles` would read as a
+/// path into a nested claim that is never looked into.
 fn claim_name(path: &str, value: &Value) -> Result<String, Fault> {
     let text = value.as_str().unwrap_or_default();
-    let ok = (1..=64).contains(&text.len())
+    let ok = (1..=CLAIM_NAME_BYTES_MAX).contains(&text.len())
         && text
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b':' | b'.'));
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b':'));
     if ok {
         Ok(text.to_owned())
     } else {
         Err(fault(
             path,
             format!(
-                "found {}, expected a claim name (letters, digits, _, -, : or .)",
+                "found {}, expected a top-level claim name (letters, digits, _, - or :)",
                 render(value)
             ),
         ))

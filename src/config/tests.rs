@@ -1159,3 +1159,86 @@ fn redis_stores_load_with_the_password_from_the_environment() {
     assert_eq!(redis.prefix, "team-a:");
     assert_eq!(redis.url.shown, "redis://127.0.0.1:6379/0");
 }
+
+/// `BASE` with `auth` (flow YAML) on the server.
+fn with_auth(auth: &str) -> String {
+    edit(
+        "    exit: tools\n",
+        &format!("    exit: tools\n    auth: {auth}\n"),
+    )
+}
+
+#[test]
+fn auth_is_checked_where_it_is_written() {
+    const JWT: &str =
+        "jwt: { issuer: \"https://login.example\", jwks: \"https://login.example/keys\"";
+    let table: Vec<(String, &str)> = vec![
+        (
+            "{ scopes: [mcp] }".to_owned(),
+            "gw.yaml: bindings.north.auth.jwt: missing, expected a mapping with issuer, jwks and audiences",
+        ),
+        (
+            format!("{{ {JWT} }} }}"),
+            "gw.yaml: bindings.north.auth.jwt.audiences: missing, expected the audiences a token's aud may name (needed when resource is not set)",
+        ),
+        (
+            "{ jwt: { issuer: i, audiences: [a], jwks: \"http://login.example/keys\" } }"
+                .to_owned(),
+            "gw.yaml: bindings.north.auth.jwt.jwks: found \"http://login.example/keys\", expected an https:// URL (keys fetched in clear could be swapped on the way)",
+        ),
+        (
+            format!("{{ {JWT}, audiences: [a] }}, rules: [{{ toolkit: nope }}] }}"),
+            "gw.yaml: bindings.north.auth.rules[0].toolkit: found \"nope\", expected one of the proxy's toolkits (github, time)",
+        ),
+        (
+            format!("{{ {JWT}, audiences: [a] }}, limits: [{{ name: x, rate: ten }}] }}"),
+            "gw.yaml: bindings.north.auth.limits[0].rate: found \"ten\", expected a rate such as 10/s, 600/m or 1000/h (1 to 1000000 per unit)",
+        ),
+        (
+            format!(
+                "{{ {JWT}, audiences: [a] }}, limits: [{{ name: x, rate: 1/s }}, {{ name: x, rate: 2/s }}] }}"
+            ),
+            "gw.yaml: bindings.north.auth.limits[1].name: found \"x\" twice, expected unique limit names",
+        ),
+        (
+            format!("{{ {JWT}, audiences: [a] }}, scopes: [\"a b\"] }}"),
+            "gw.yaml: bindings.north.auth.scopes[0]: found \"a b\", expected a scope without spaces",
+        ),
+        (
+            "{ jwt: { issuer: \"i\\\"\", audiences: [a], jwks: \"https://k.example/\" } }"
+                .to_owned(),
+            "gw.yaml: bindings.north.auth.jwt.issuer: found \"i\\\"\", expected 1 to 512 printable ASCII characters without \" or \\",
+        ),
+        (
+            format!("{{ {JWT}, audiences: [a], groups_claim: realm.roles }} }}"),
+            "gw.yaml: bindings.north.auth.jwt.groups_claim: found \"realm.roles\", expected a top-level claim name (letters, digits, _, - or :)",
+        ),
+        (
+            format!("{{ {JWT}, audiences: [a], leeway: 10m }} }}"),
+            "gw.yaml: bindings.north.auth.jwt.leeway: found 10m, expected at most 5m",
+        ),
+    ];
+    for (auth, want) in table {
+        assert_eq!(load_err(&with_auth(&auth)), want, "auth: {auth}");
+    }
+    let config = load_ok(&with_auth(
+        "{ resource: \"https://mcp.example/mcp\", jwt: { issuer: i, jwks: \"https://k.example/keys\" }, \
+           rules: [{ toolkit: time, tools: [\"get_*\"], groups: [ops] }, {}], \
+           limits: [{ name: calls, rate: 600/m }] }",
+    ));
+    let Some(Binding::Server(north)) = config.bindings.get("north") else {
+        panic!("north is a server");
+    };
+    let auth = north.auth.as_ref().expect("auth");
+    assert_eq!(auth.jwt.audiences, ["https://mcp.example/mcp"]);
+    assert_eq!(auth.authorization_servers, ["i"]);
+    assert_eq!(auth.jwt.algorithms, ["RS256", "ES256", "EdDSA"]);
+    assert_eq!(auth.jwt.refresh, std::time::Duration::from_secs(300));
+    assert_eq!(auth.rules.len(), 2);
+    let limit = &auth.limits[0];
+    assert_eq!(
+        (limit.count, limit.period.as_secs(), limit.burst),
+        (600, 60, 600)
+    );
+    assert_eq!(limit.per, "sub");
+}

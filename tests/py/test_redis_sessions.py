@@ -67,6 +67,7 @@ import pytest
 from mcp import ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
 
+import authkit
 import harness
 from helpers import Collector, run, tool_text, unique
 from test_proxy import read_events
@@ -106,12 +107,14 @@ def node_config(
     timeout: str = "30s",
     forward: bool = False,
     extra_stores: str = "",
+    auth: str = "",
 ) -> str:
     """One node's config. `shape` "client": north exits straight to the client `alpha`;
     "proxy": north exits to a proxy routing toolkits `alpha` and `beta` (both in `urls`);
     "cached": the same proxy with a list cache in the store (its routes open at a
     session's first call, not at initialize).
-    `sessions` is the store north's sessions live in (None: no `sessions:`)."""
+    `sessions` is the store north's sessions live in (None: no `sessions:`); `auth` is
+    north's `auth:` mapping as flow YAML (empty: none)."""
     proxied = shape in ("proxy", "cached")
     exit_name = "tools" if proxied else "alpha"
     shared = f"sessions: {{ store: {sessions} }}, " if sessions else ""
@@ -120,7 +123,9 @@ def node_config(
         f"telemetry: {{ metrics: 127.0.0.1:{metrics_port} }}",
         f'stores: {{ shared: {{ type: redis, url: "{redis_url}", prefix: "{prefix}" }}{extra_stores} }}',
         "bindings:",
-        f"  north: {{ kind: server, listen: 127.0.0.1:0, path: /mcp, exit: {exit_name}, {shared}session_timeout: {timeout} }}",
+        f"  north: {{ kind: server, listen: 127.0.0.1:0, path: /mcp, exit: {exit_name}, {shared}session_timeout: {timeout}"
+        + (f", auth: {auth}" if auth else "")
+        + " }",
     ]
     clients = dict(urls) if proxied else {"alpha": urls["alpha"]}
     if proxied:
@@ -1007,6 +1012,55 @@ def test_a_session_opened_while_redis_was_down_survives_its_first_route_after(up
 
 
 # --- The official SDK client against the cluster -----------------------------------------
+
+
+def test_with_auth_a_shared_session_is_taken_up_only_by_its_subject(upstreams, redis, tmp_path):
+    """`auth:` on both nodes: the record names the subject whose token opened the session.
+    Bob's valid token with Alice's session id at B, which never saw it, is 404 like an
+    unknown id, and nothing is taken up: the record is untouched (no new `touched`, no `by`
+    of B), B holds no session. Alice's own token at B then takes it up on the same upstream
+    session. A record without an owner (as a node without `auth` writes it) is no one's."""
+    keys = authkit.make_keys()
+    jwks_path = tmp_path / "jwks.json"
+    jwks_path.write_text(json.dumps(authkit.jwks(*keys.values())))
+    auth = f'{{ jwt: {{ issuer: "{authkit.ISSUER}", audiences: ["{authkit.AUDIENCE}"], jwks: "{jwks_path}" }} }}'
+    cluster = Cluster(upstreams, redis, tmp_path, auth=auth, forward=True)
+    a, b = cluster.nodes
+
+    def bearer(sub: str) -> dict[str, str]:
+        return {"authorization": "Bearer " + keys["ES256"].sign(authkit.claims(sub))}
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            alice = await open_session(client, a, bearer("alice"))
+            first = await upstream_session(alice, a)
+            with RedisConn(redis.port) as conn:
+                _, before = read_record(conn, cluster, alice.session_id)
+                assert before.get("owner") == "alice", before
+                adopted = b.metric("mcpyard_sessions_adopted_total")
+                bob = RawSession(client, b.url, bearer("bob"))
+                bob.session_id = alice.session_id
+                for method in ("ping", "tools/call", "DELETE"):
+                    assert await status_of(bob, b, method) == 404, method
+                _, after = read_record(conn, cluster, alice.session_id)
+                assert after == before, (before, after)
+                assert b.metric("mcpyard_sessions_adopted_total") == adopted
+                assert b.metric('mcpyard_auth_rejected_total{reason="subject"}') >= 3
+                # The owner at B: taken up, the same upstream session.
+                assert await upstream_session(alice, b) == first
+                # A record without an owner: 404 for Alice too, and it is not taken up.
+                orphan = well_formed_id()
+                value = conn("GET", cluster.key(alice.session_id))
+                version, record = parse_record(value)
+                record.pop("owner")
+                stored = f"{version}:{json.dumps(record)}".encode()
+                assert conn("SET", cluster.key(orphan), stored, "PX", 60_000) == "OK"
+                alice_orphan = RawSession(client, b.url, bearer("alice"))
+                alice_orphan.session_id = orphan
+                assert await status_of(alice_orphan, b, "ping") == 404
+                assert conn("GET", cluster.key(orphan)) == stored
+
+    cluster.run(scenario)
 
 
 class RoundRobin(httpx2.AsyncBaseTransport):

@@ -16,7 +16,6 @@ use super::session::Session;
 use super::shared::{Link, Write, Written};
 use super::sink::Sink;
 use super::{PROTOCOL_VERSIONS, Server, session_id};
-use crate::binding::protocol::unknown_item;
 use crate::binding::server::metrics as server_metrics;
 use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
 use crate::limits::{REQUESTS_PER_SESSION_MAX, SESSIONS_PER_WORKER_MAX};
@@ -383,19 +382,17 @@ async fn request(
     };
     let gate = server.gate.as_ref().zip(who);
     if let Some((gate, who)) = gate {
-        // An item the caller may not use is one it does not know of.
-        if let Some((name, at)) = target.as_ref()
-            && let Some(family) = auth::rules::family_of_target(kind, at.uri)
-            && !auth::rules::allows(&gate.guard.cfg.rules, who.admits, family, name)
-        {
-            server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
-            let (code, message) = unknown_item(kind, name);
-            return rpc_error(sink, id.raw, code, &message, Some(&session.id)).await;
-        }
+        // Counted first, so that probing for hidden names costs a caller its rate too.
         let called = target.as_ref().map(|(name, _)| &**name);
         if let Err((limit, secs)) = gate.limit(who, method, called) {
             server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
             return auth::too_many(sink, id.raw, limit, secs).await;
+        }
+        if let Some((code, message)) =
+            auth::rules::refusal(&gate.guard.cfg.rules, who.admits, kind, &target)
+        {
+            server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
+            return rpc_error(sink, id.raw, code, &message, Some(&session.id)).await;
         }
     }
     let filter =

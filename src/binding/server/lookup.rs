@@ -46,7 +46,7 @@ pub async fn find(
     who: Option<&Identity>,
 ) -> Result<Rc<Session>, (u16, &'static str)> {
     let session = match lookup(server, req) {
-        Err((404, _)) if server.shared.is_some() => Box::pin(adopt(server, req)).await,
+        Err((404, _)) if server.shared.is_some() => Box::pin(adopt(server, req, who)).await,
         found => found,
     }?;
     // With `auth`, a session is found only by the subject it belongs to: another caller's
@@ -54,14 +54,19 @@ pub async fn find(
     if let Some(who) = who
         && session.owner.as_deref() != Some(&*who.subject)
     {
-        server_metrics::with(|m| {
-            if let Some(n) = m.auth_rejected.get_mut(REJECTED_SUBJECT) {
-                *n += 1;
-            }
-        });
+        count_subject_refusal();
         return Err((404, "Session not found"));
     }
     Ok(session)
+}
+
+/// Counts a request refused because its session belongs to another subject.
+fn count_subject_refusal() {
+    server_metrics::with(|m| {
+        if let Some(n) = m.auth_rejected.get_mut(REJECTED_SUBJECT) {
+            *n += 1;
+        }
+    });
 }
 
 /// The session a request names, checked and marked active: 400 without the session
@@ -119,7 +124,11 @@ impl Drop for Adopting<'_> {
 
 /// Takes up the session `req` names from the store: 404 if the store has no record of it
 /// (or one that is not ours), 503 when the store cannot be read or too much is in flight.
-pub async fn adopt(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u16, &'static str)> {
+pub async fn adopt(
+    server: &Rc<Server>,
+    req: &Request,
+    who: Option<&Identity>,
+) -> Result<Rc<Session>, (u16, &'static str)> {
     const NOT_FOUND: (u16, &str) = (404, "Session not found");
     let Some(store) = server.shared.as_ref() else {
         return Err(NOT_FOUND);
@@ -158,7 +167,7 @@ pub async fn adopt(server: &Rc<Server>, req: &Request) -> Result<Rc<Session>, (u
         id: id.clone(),
         adoption: adoption.clone(),
     };
-    let result = take_up(server, store.as_ref(), id, req).await;
+    let result = take_up(server, store.as_ref(), id, req, who).await;
     if let Err(failure) = result {
         adoption.failed.set(Some(failure));
     }
@@ -171,6 +180,7 @@ async fn take_up(
     store: &dyn crate::store::Store,
     id: Rc<str>,
     req: &Request,
+    who: Option<&Identity>,
 ) -> Result<Rc<Session>, (u16, &'static str)> {
     const NOT_FOUND: (u16, &str) = (404, "Session not found");
     let record = match store.get(&key(&id)).await {
@@ -197,6 +207,13 @@ async fn take_up(
             return Err(NOT_FOUND);
         }
     };
+    // With `auth`, only the subject the record names takes the session up: another
+    // caller's token must not reach the exit, nor move the record, nor keep it alive. A
+    // record without an owner (written without `auth`) is no one's here.
+    if server.gate.is_some() && record.owner.as_deref() != who.map(|w| &*w.subject) {
+        count_subject_refusal();
+        return Err(NOT_FOUND);
+    }
     if let Some(session) = server.sessions.borrow().get(&id) {
         // Opened here meanwhile (an id from another worker of this node, handed over).
         return Ok(session.clone());

@@ -52,6 +52,10 @@ pub struct ServerMetrics {
     pub auth_rejected: [u64; 6],
     pub auth_verified: u64,
     pub auth_verified_cached: u64,
+    /// Verified tokens a full memory let go of, and rate buckets a full table dropped
+    /// before they had filled up again.
+    pub auth_tokens_evicted: u64,
+    pub rate_buckets_evicted: u64,
     pub jwks_reads_ok: u64,
     pub jwks_reads_failed: u64,
     /// Requests refused by a rate limit, by the limit's name (bounded by the config: at
@@ -79,6 +83,8 @@ impl ServerMetrics {
             auth_rejected: [0; 6],
             auth_verified: 0,
             auth_verified_cached: 0,
+            auth_tokens_evicted: 0,
+            rate_buckets_evicted: 0,
             jwks_reads_ok: 0,
             jwks_reads_failed: 0,
             rate_limited: Vec::new(),
@@ -104,6 +110,8 @@ impl ServerMetrics {
         }
         self.auth_verified += o.auth_verified;
         self.auth_verified_cached += o.auth_verified_cached;
+        self.auth_tokens_evicted += o.auth_tokens_evicted;
+        self.rate_buckets_evicted += o.rate_buckets_evicted;
         self.jwks_reads_ok += o.jwks_reads_ok;
         self.jwks_reads_failed += o.jwks_reads_failed;
         for (name, n) in &o.rate_limited {
@@ -203,8 +211,8 @@ impl ServerMetrics {
         self.render_auth(out);
     }
 
-    /// The `auth` families: one series per label value, every value written (zeros too)
-    /// so dashboards see the family before the first refusal.
+    /// The `auth` families. Fixed label sets are written whole (zeros too), so dashboards
+    /// see the family before the first event; limits appear once one has refused.
     fn render_auth(&self, out: &mut String) {
         use std::fmt::Write as _;
         out.push_str(

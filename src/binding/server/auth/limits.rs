@@ -23,6 +23,8 @@ struct Bucket {
 pub struct Buckets {
     /// Invariant: `len() <= RATE_BUCKETS_PER_WORKER_MAX`.
     map: FastMap<(u8, u64), Bucket>,
+    /// Buckets dropped before they had filled up again (the table was full of live ones).
+    pub evicted: u64,
 }
 
 /// A refused request: which limit, and how long until it would pass.
@@ -104,6 +106,7 @@ impl Buckets {
             let oldest = self.map.iter().min_by_key(|(_, b)| b.at).map(|(k, _)| *k);
             if let Some(oldest) = oldest {
                 self.map.remove(&oldest);
+                self.evicted += 1;
             }
         }
     }

@@ -50,6 +50,10 @@ pub const JWKS_UNKNOWN_KID_WAIT: Duration = Duration::from_secs(2);
 /// JSON-RPC code of a request refused by a rate limit (implementation-defined range).
 pub const RATE_LIMITED: i32 = -32000;
 
+/// Most keys one token is tried against (a token without `kid`, a set with several keys
+/// of its family).
+pub const KEYS_TRIED_MAX: usize = 4;
+
 /// Where the metadata lives: this, then the resource's path (RFC 9728 §3.1).
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 
@@ -65,6 +69,7 @@ pub enum Invalid {
     Algorithm,
     Malformed,
     TooLong,
+    NoSubject,
 }
 
 impl Invalid {
@@ -80,6 +85,7 @@ impl Invalid {
             Invalid::Algorithm => "algorithm not allowed",
             Invalid::Malformed => "malformed token",
             Invalid::TooLong => "token too long",
+            Invalid::NoSubject => "token without subject",
         }
     }
 }
@@ -154,6 +160,8 @@ pub struct Guard {
     started: Instant,
     /// `auth.scopes` joined with spaces, for challenges.
     scopes: String,
+    /// An `https://` key set: the TLS its reads start with (set up, and checked, at start).
+    pub jwks_tls: Option<crate::certs::Upstream>,
 }
 
 impl Guard {
@@ -175,12 +183,16 @@ impl Guard {
                 (alg, v)
             })
             .collect();
-        let keys = match &cfg.jwt.jwks {
+        let (keys, jwks_tls) = match &cfg.jwt.jwks {
             JwksSource::File(path) => {
                 let bytes = crate::jwks::read_file(path)?;
-                Some(Arc::new(crate::jwks::parse(&bytes)?))
+                (Some(Arc::new(crate::jwks::parse(&bytes)?)), None)
             }
-            JwksSource::Url(_) => None,
+            JwksSource::Url(url) => {
+                let tls = crate::certs::Upstream::new(&url.host, cfg.jwt.jwks_ca.as_deref())
+                    .map_err(|e| format!("jwt.jwks: {e}"))?;
+                (None, Some(tls))
+            }
         };
         let scopes = cfg.scopes.join(" ");
         Ok(Arc::new(Guard {
@@ -195,6 +207,7 @@ impl Guard {
             last_read_ms: AtomicU64::new(0),
             started: Instant::now(),
             scopes,
+            jwks_tls,
         }))
     }
 
@@ -318,17 +331,18 @@ impl Guard {
         let Some(keys) = self.keys.load_full() else {
             return Err(Verify::Keys);
         };
-        if let Some(kid) = header.kid.as_deref()
-            && !keys.has_kid(kid)
-        {
+        let kid = header.kid.as_deref();
+        if kid.is_some() && keys.candidates(kid, family).next().is_none() {
             return Err(Verify::UnknownKid);
         }
         let mut outcome = Err(Verify::Invalid(Invalid::UnknownKey));
-        for key in keys.candidates(header.kid.as_deref(), family) {
+        // A signature check per key tried: a token that names no key is tried against a
+        // few of its family, not all of them.
+        for key in keys.candidates(kid, family).take(KEYS_TRIED_MAX) {
             match jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
                 token, &key.key, validation,
             ) {
-                Ok(data) => return Ok(gate.identity(&data.claims, now, generation)),
+                Ok(data) => return gate.identity(&data.claims, now, generation),
                 Err(e) => {
                     outcome = Err(Verify::Invalid(invalid_of(e.kind())));
                     // Without a kid, the next key of the family may be the one.
@@ -436,8 +450,13 @@ impl Gate {
             Err(r) => return refused(r),
         };
         let mut verified = self.guard.verify(token, now, self);
-        if matches!(verified, Err(Verify::UnknownKid)) && self.reread().await {
-            verified = self.guard.verify(token, unix_now(), self);
+        if matches!(verified, Err(Verify::UnknownKid)) {
+            // Whether this ask brought the read or another one finished meanwhile, a set
+            // that changed since the first try is tried again.
+            self.reread().await;
+            if self.guard.generation() != generation {
+                verified = self.guard.verify(token, unix_now(), self);
+            }
         }
         let identity = match verified {
             Ok(identity) => Rc::new(identity),
@@ -482,32 +501,37 @@ impl Gate {
     }
 
     /// Keeps a verified token; a full table first loses its expired entries, then, if
-    /// still full, everything (a worker re-verifies what it still sees).
+    /// still full, the one that expires soonest (counted).
     fn remember(&self, token: &str, identity: Rc<Identity>, now: u64) {
         let mut memory = self.memory.borrow_mut();
         if memory.len() >= VERIFIED_TOKENS_PER_WORKER_MAX {
             memory.retain(|_, id| now <= id.expires);
         }
         if memory.len() >= VERIFIED_TOKENS_PER_WORKER_MAX {
-            memory.clear();
+            let soonest = memory
+                .iter()
+                .min_by_key(|(_, id)| id.expires)
+                .map(|(token, _)| token.clone());
+            if let Some(soonest) = soonest {
+                memory.remove(&soonest);
+                server_metrics::with(|m| m.auth_tokens_evicted += 1);
+            }
         }
         memory.insert(Box::from(token.as_bytes()), identity);
         assert!(memory.len() <= VERIFIED_TOKENS_PER_WORKER_MAX);
     }
 
-    /// Asks the key reader for a read and waits for it (bounded); false when no read can
-    /// happen now or none finished in time.
-    async fn reread(&self) -> bool {
-        if !self.guard.reread_allowed() {
-            return false;
-        }
+    /// Asks the key reader for a read and waits for it (bounded); returns at once when no
+    /// read may happen now.
+    async fn reread(&self) {
         let done = self.guard.read_done.notified();
         tokio::pin!(done);
         done.as_mut().enable();
+        if !self.guard.reread_allowed() {
+            return;
+        }
         self.guard.ask.notify_one();
-        tokio::time::timeout(JWKS_UNKNOWN_KID_WAIT, done)
-            .await
-            .is_ok()
+        let _ = tokio::time::timeout(JWKS_UNKNOWN_KID_WAIT, done).await;
     }
 
     /// The identity of verified `claims`.
@@ -516,9 +540,15 @@ impl Gate {
         claims: &serde_json::Map<String, serde_json::Value>,
         now: u64,
         generation: u64,
-    ) -> Identity {
+    ) -> Result<Identity, Verify> {
         let cfg = &self.guard.cfg;
-        let subject: Rc<str> = Rc::from(claims.get("sub").and_then(|v| v.as_str()).unwrap_or(""));
+        // Sessions belong to their subject: a token that names none cannot own one.
+        let subject = claims
+            .get("sub")
+            .and_then(|v| v.as_str())
+            .filter(|s| !s.is_empty())
+            .ok_or(Verify::Invalid(Invalid::NoSubject))?;
+        let subject: Rc<str> = Rc::from(subject);
         let scopes = claim_strings(claims.get("scope").or_else(|| claims.get("scp")), ' ');
         let groups = claim_strings(claims.get(cfg.jwt.groups_claim.as_str()), '\0');
         let has_scope = |s: &String| scopes.iter().any(|t| t == s);
@@ -538,15 +568,19 @@ impl Gate {
                 self.hasher.hash_one(text.as_str())
             })
             .collect();
-        let exp = claims.get("exp").and_then(|v| v.as_u64()).unwrap_or(now);
-        Identity {
+        // `exp` is required and was checked; a fractional one counts to its whole second.
+        let exp = claims
+            .get("exp")
+            .and_then(|v| v.as_f64())
+            .map_or(now, |e| e.clamp(0.0, u64::MAX as f64) as u64);
+        Ok(Identity {
             subject,
             scoped,
             admits,
             limit_keys,
             expires: exp.saturating_add(cfg.jwt.leeway.as_secs()),
             generation,
-        }
+        })
     }
 }
 
@@ -602,14 +636,14 @@ fn unix_now() -> u64 {
 }
 
 /// The request's `Host`, when it is one a URL may carry: 1 to 255 bytes of letters,
-/// digits, `.`, `-`, `:`, `[` and `]`.
+/// digits, `.`, `-`, `_`, `:`, `[` and `]`.
 pub fn url_host(req: &Request) -> Option<&str> {
     let host = req.head.headers.get("host")?;
     let ok = !host.is_empty()
         && host.len() <= 255
-        && host
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'));
+        && host.iter().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':' | b'[' | b']')
+        });
     if ok {
         std::str::from_utf8(host).ok()
     } else {
@@ -738,7 +772,10 @@ pub async fn serve_metadata(guard: &Guard, req: &Request, sink: Sink) {
         return bad_host(sink).await;
     };
     let body = guard.metadata(host);
-    let _ = sink
-        .respond(200, &[("content-type", b"application/json")], &body)
-        .await;
+    // Built from the request's Host when `resource` is not set: not for shared caches.
+    let headers: [(&str, &[u8]); 2] = [
+        ("content-type", b"application/json"),
+        ("cache-control", b"no-store"),
+    ];
+    let _ = sink.respond(200, &headers, &body).await;
 }

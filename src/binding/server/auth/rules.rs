@@ -9,9 +9,11 @@
 //! exit's result go through the same streaming rewriter the proxy merges lists with, each
 //! item whole, so a list of any length is filtered holding at most one item.
 
+use crate::binding::protocol::unknown_item;
 use crate::config::{AUTH_RULES_MAX, Rule};
 use crate::jsonrpc::{ItemError, ItemMode, ItemRewriter, ItemRules, ItemSink};
-use crate::stream::Kind;
+use crate::limits::LIST_KEY_BYTES_MAX;
+use crate::stream::{Kind, TargetAt};
 use bytes::{Bytes, BytesMut};
 
 /// What kind of item a name is.
@@ -43,6 +45,11 @@ pub fn admitted(rules: &[Rule], subject: &str, scopes: &[String], groups: &[Stri
 pub fn allows(rules: &[Rule], admits: u64, family: Family, name: &str) -> bool {
     if rules.is_empty() {
         return true;
+    }
+    // No list item can be longer (the lists drop longer keys), so no rule needs to look
+    // at a longer name: it bounds the glob work a hostile name costs.
+    if name.len() > LIST_KEY_BYTES_MAX {
+        return false;
     }
     rules
         .iter()
@@ -90,6 +97,37 @@ pub fn family_of_target(kind: Kind, uri: bool) -> Option<Family> {
         }
         Kind::CompletionComplete if uri => Some(Family::Resources),
         Kind::CompletionComplete => Some(Family::Prompts),
+        _ => None,
+    }
+}
+
+/// Why a request may not go on under `rules` (the JSON-RPC error to answer), or `None`:
+/// - an item the caller may not use is answered as an unknown one;
+/// - a method the gateway does not know (forwarded as is) names nothing the rules can
+///   judge, so it is not forwarded;
+/// - a completion without a reference names nothing either.
+pub fn refusal(
+    rules: &[Rule],
+    admits: u64,
+    kind: Kind,
+    target: &Option<(std::rc::Rc<str>, TargetAt)>,
+) -> Option<(i32, String)> {
+    if rules.is_empty() {
+        return None;
+    }
+    match (kind, target) {
+        (Kind::Other, _) => Some((
+            crate::jsonrpc::METHOD_NOT_FOUND,
+            "Method not found".to_owned(),
+        )),
+        (Kind::CompletionComplete, None) => Some((
+            crate::jsonrpc::INVALID_PARAMS,
+            "Invalid params: no item named".to_owned(),
+        )),
+        (_, Some((name, at))) => {
+            let family = family_of_target(kind, at.uri)?;
+            (!allows(rules, admits, family, name)).then(|| unknown_item(kind, name))
+        }
         _ => None,
     }
 }
@@ -227,6 +265,45 @@ mod tests {
         assert!(allows(&rules, nobody, Family::Resources, "a+file:///x"));
         assert!(!allows(&rules, nobody, Family::Resources, "a__file:///x"));
         assert!(allows(&[], 0, Family::Prompts, "anything"));
+    }
+
+    #[test]
+    fn under_rules_unknown_methods_and_unnamed_completions_go_nowhere() {
+        let rules = vec![rule(None, Some(&["echo"]), &[], &[])];
+        let at = TargetAt {
+            start: 0,
+            end: 6,
+            uri: false,
+        };
+        let named = |name: &str| Some((std::rc::Rc::from(name), at));
+        let code = |r: Option<(i32, String)>| r.map(|(code, _)| code);
+        assert_eq!(
+            code(refusal(&rules, 1, Kind::Other, &None)),
+            Some(crate::jsonrpc::METHOD_NOT_FOUND)
+        );
+        assert_eq!(
+            code(refusal(&rules, 1, Kind::CompletionComplete, &None)),
+            Some(crate::jsonrpc::INVALID_PARAMS)
+        );
+        assert_eq!(refusal(&rules, 1, Kind::ToolsCall, &named("echo")), None);
+        assert_eq!(
+            refusal(&rules, 0, Kind::ToolsCall, &named("echo")),
+            Some((
+                crate::jsonrpc::INVALID_PARAMS,
+                "Unknown tool: echo".to_owned()
+            ))
+        );
+        // A name longer than any list item is never covered, even by `*`.
+        let everything = vec![rule(None, Some(&["*"]), &[], &[])];
+        let longest = "e".repeat(crate::limits::LIST_KEY_BYTES_MAX);
+        assert_eq!(
+            refusal(&everything, 1, Kind::ToolsCall, &named(&longest)),
+            None
+        );
+        let long = "e".repeat(crate::limits::LIST_KEY_BYTES_MAX + 1);
+        assert!(refusal(&everything, 1, Kind::ToolsCall, &named(&long)).is_some());
+        // Without rules nothing is refused here.
+        assert_eq!(refusal(&[], 0, Kind::Other, &None), None);
     }
 
     #[test]
