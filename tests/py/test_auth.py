@@ -1015,6 +1015,36 @@ def test_a_caller_over_its_rate_gets_429_and_others_do_not(gateways, keys, enc_k
     assert gw.metric("mcpyard_rate_limited_total", limit="calls") == 2
 
 
+def test_a_limit_holds_under_load_from_the_bundled_generator(gateways, keys, enc_key, tmp_path):
+    """`{name: calls, rate: 100/s, burst: 50}` and mcpyard-loadgen (`--header` carrying the
+    token) calling `echo` closed loop on 4 connections for 2 s, far past the rate: what got
+    through is at least the burst and never more than rate × elapsed time + burst (+ the
+    generator's two session setups); the rest was refused with 429 and counted."""
+    loadgen = harness.ROOT / "target" / "release" / "mcpyard-loadgen"
+    assert loadgen.exists(), f"{loadgen} is missing: cargo build --release --workspace builds it"
+    limits = [{"name": "calls", "rate": "100/s", "burst": 50}]
+    gw = gateways(standard_auth(limits=limits), files=standard_files(keys, enc_key))
+    ok_series = ("mcpyard_request_seconds_count", {"method": "tools/call", "outcome": "ok"})
+    served_before = gw.metric(ok_series[0], **ok_series[1])
+    started = time.monotonic()
+    run_ = subprocess.run(
+        [str(loadgen), "run", "--url", gw.url, "--scenario", "tools-call", "--tool", "echo",
+         "--mode", "closed", "--connections", "4", "--duration", "2s", "--warmup", "0s",
+         "--timeout", "5s", "--header", f"authorization: Bearer {token(keys, sub='loaded')}",
+         "--json", str(tmp_path / "load.json")],
+        capture_output=True, text=True, timeout=60,
+    )
+    elapsed = time.monotonic() - started
+    assert run_.returncode in (0, 1), run_.stderr[-2000:]
+    served = gw.metric(ok_series[0], **ok_series[1]) - served_before
+    refused = gw.metric("mcpyard_rate_limited_total", limit="calls")
+    assert served >= 50, (served, refused)
+    assert served <= 100 * elapsed + 50 + 2, (served, elapsed)
+    assert refused > served, (served, refused)
+    report = json.loads((tmp_path / "load.json").read_text())
+    assert sum(report["errors"].values()) >= refused * 0.9, report["errors"]
+
+
 def test_a_limit_without_tools_counts_every_request_but_ping(gateways, keys, enc_key):
     """A limit without `tools` counts every JSON-RPC request but `ping` (the gateway answers
     it itself, and a refused keep-alive would only break a client): initialize and two

@@ -1,0 +1,133 @@
+"""compare-auth: what `auth:` costs on the hop, side by side in one run.
+
+The same fixture (1 KiB results) behind two mcpyard gateways that differ only in `auth:`
+(1 worker each, the same io): `plain`, and `auth` checking an RS256 bearer token (key and
+token made with openssl, authkit.py) that every request of the load generator carries
+(`--header`). Closed loop, `--connections` connections, rounds alternating plain/auth so
+drift hits both alike; medians of the rounds. Then the rate limit under load: `auth` with
+a limit of `--limit-rate` per second, driven well past it, and what got through.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import authkit  # noqa: E402
+from perfkit import (  # noqa: E402
+    RAW, Fixture, Gateway, add_quiet_args, binaries, fmt, loadgen, loadgen_cmd, log,
+    machine_info, machine_line, main_guard, set_quiet, table, write_report,
+)
+
+NAME = "compare-auth"
+SUB = os.path.join("raw", NAME)  # per-run loadgen reports: raw samples, not committed
+CALLS = 'mcpyard_request_seconds_count{method="tools/call",outcome="ok"}'
+LIMITED = 'mcpyard_rate_limited_total{limit="calls"}'
+
+
+def parse():
+    ap = argparse.ArgumentParser(prog="compare-auth.sh", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--connections", type=int, default=8, help="loadgen connections (8)")
+    ap.add_argument("--duration", default="5s", help="closed-loop run per round (5s)")
+    ap.add_argument("--warmup", default="1s", help="warm-up before every run (1s)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
+    ap.add_argument("--io", default="epoll", choices=["uring", "epoll"], help="mcpyard io (epoll)")
+    ap.add_argument("--limit-rate", type=int, default=1000, help="the limit run's rate per second (1000)")
+    add_quiet_args(ap)
+    return ap.parse_args()
+
+
+def run(procs):
+    a = parse()
+    set_quiet(a)
+    gw, lg = binaries()
+    info = machine_info()
+    _, token, auth_yaml = authkit.make(RAW)
+    header = ["--header", f"authorization: Bearer {token}"]
+    fx = Fixture(procs, lg, "auth-fixture", ["--result-bytes", "1024"], workers=1)
+    gateways = {
+        "plain": Gateway(procs, gw, "auth-plain", fx.url, workers=1, io=a.io),
+        "auth": Gateway(procs, gw, "auth-auth", fx.url, workers=1, io=a.io, auth=auth_yaml),
+    }
+    runs = {name: [] for name in gateways}
+    for r in range(a.rounds):
+        for name, g in gateways.items():
+            log(f"round {r + 1}: {name}")
+            extra = header if name == "auth" else []
+            runs[name].append(loadgen(lg, f"{name}-{r + 1}", g.url, connections=a.connections,
+                                      duration=a.duration, warmup=a.warmup, extra=extra,
+                                      watch={"mcpyard": g.pid}, files=False, subdir=SUB))
+    for g in gateways.values():
+        procs.stop(g.p)
+
+    limit_yaml = auth_yaml[:-1] + f", limits: [{{ name: calls, rate: {a.limit_rate}/s, burst: {a.limit_rate} }}] }}"
+    g = Gateway(procs, gw, "auth-limited", fx.url, workers=1, io=a.io, auth=limit_yaml)
+    m0 = g.scrape()
+    log(f"limit {a.limit_rate}/s: closed loop past it")
+    lim = loadgen(lg, "limited", g.url, connections=a.connections, duration=a.duration,
+                  warmup="0s", extra=header, watch={"mcpyard": g.pid}, files=False, subdir=SUB)
+    m1 = g.scrape()
+    procs.stop(g.p)
+    procs.stop(fx.p)
+    secs = float(a.duration.rstrip("s"))
+    limited = {
+        "served": int(m1.get(CALLS, 0) - m0.get(CALLS, 0)),
+        "refused": int(m1.get(LIMITED, 0) - m0.get(LIMITED, 0)),
+        "allowed_max": a.limit_rate * secs + a.limit_rate + 2,  # rate × time, the burst, the session's setup
+        "loadgen": {k: lim[k] for k in ("throughput_rps", "errors", "requests_ok")},
+    }
+
+    def summary(rs):
+        def med(f):
+            return statistics.median(f(x) for x in rs)
+        return {
+            "rps": med(lambda x: x["throughput_rps"]),
+            "p50_us": med(lambda x: x["response_us"]["p50"]),
+            "p99_us": med(lambda x: x["response_us"]["p99"]),
+            "cpu_us_per_req": med(lambda x: x["cpu_us"]["mcpyard"] / max(1, x["requests_ok"])),
+            "errors": sum(sum(x["errors"].values()) for x in rs),
+        }
+
+    data = {"machine": info, "io": a.io, "connections": a.connections, "rounds": a.rounds,
+            "duration": a.duration, "summary": {k: summary(v) for k, v in runs.items()},
+            "argv": {k: loadgen_cmd(v[0]["argv"]).replace(token, "<token>") for k, v in runs.items()},
+            "limited": limited, "limit_rate": a.limit_rate}
+    write_report(NAME, report(data), data)
+
+
+def report(d):
+    s = d["summary"]
+    L = ["# compare-auth: the cost of `auth:` on the hop\n"]
+    L.append(f"Generated by `perf/compare-auth.sh` — {machine_line(d['machine'])}\n")
+    L.append(f"1 worker each, io {d['io']}, fixture 1 KiB results, closed loop with "
+             f"{d['connections']} connections, {d['rounds']} alternating rounds of {d['duration']} "
+             "(medians). `auth` checks an RS256 bearer token on every request (remembered "
+             "per worker after the first).\n")
+    rows = []
+    for name in ("plain", "auth"):
+        x = s[name]
+        rows.append([name, fmt(x["rps"]), fmt(x["p50_us"]), fmt(x["p99_us"]),
+                     fmt(x["cpu_us_per_req"], 1), x["errors"]])
+    rows.append(["auth / plain", f"{s['auth']['rps'] / s['plain']['rps']:.3f}×",
+                 f"{s['auth']['p50_us'] / s['plain']['p50_us']:.3f}×",
+                 f"{s['auth']['p99_us'] / s['plain']['p99_us']:.3f}×",
+                 f"{s['auth']['cpu_us_per_req'] / s['plain']['cpu_us_per_req']:.3f}×", ""])
+    L.append(table(["gateway", "req/s", "p50 µs", "p99 µs", "mcpyard CPU µs/req", "errors"], rows))
+    L.append("")
+    lim = d["limited"]
+    L.append(f"Rate limit under load: `limits: [{{ name: calls, rate: {d['limit_rate']}/s, burst: "
+             f"{d['limit_rate']} }}]`, driven closed loop for {d['duration']}: "
+             f"{lim['served']:,} calls served (at most {lim['allowed_max']:,.0f} allowed: rate × time + "
+             f"burst + the session's setup), {lim['refused']:,} refused with 429; the generator counted "
+             f"{lim['loadgen']['throughput_rps']:,.0f} successful calls/s.\n")
+    L.append("Commands:\n")
+    for k, v in d["argv"].items():
+        L.append(f"- {k}: `{v}`")
+    L.append("")
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    main_guard("compare-auth.sh", run)
