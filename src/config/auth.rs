@@ -182,31 +182,13 @@ pub(super) fn validate(raw: RawServerAuth, cx: &AuthContext<'_>) -> Result<Serve
         Some(list) => strings("scopes", &list, "a scope", scope_string)?,
         None => Vec::new(),
     };
-    let rules = raw.rules.unwrap_or_default();
-    if rules.len() > AUTH_RULES_MAX {
-        return Err(fault(
-            "rules",
-            format!(
-                "found {} rules, expected at most {AUTH_RULES_MAX}",
-                rules.len()
-            ),
-        ));
-    }
+    let rules = at_most("rules", raw.rules.unwrap_or_default(), AUTH_RULES_MAX)?;
     let rules = rules
         .into_iter()
         .enumerate()
         .map(|(i, r)| rule(&format!("rules[{i}]"), r))
         .collect::<Result<Vec<_>, _>>()?;
-    let limits = raw.limits.unwrap_or_default();
-    if limits.len() > AUTH_LIMITS_MAX {
-        return Err(fault(
-            "limits",
-            format!(
-                "found {} limits, expected at most {AUTH_LIMITS_MAX}",
-                limits.len()
-            ),
-        ));
-    }
+    let limits = at_most("limits", raw.limits.unwrap_or_default(), AUTH_LIMITS_MAX)?;
     let mut checked: Vec<Limit> = Vec::with_capacity(limits.len());
     for (i, raw_limit) in limits.into_iter().enumerate() {
         let path = format!("limits[{i}]");
@@ -239,6 +221,17 @@ pub(super) fn validate(raw: RawServerAuth, cx: &AuthContext<'_>) -> Result<Serve
         rules,
         limits: checked,
     })
+}
+
+/// `list` when it has at most `max` entries (`key` names them: `rules`, `limits`).
+fn at_most<T>(key: &str, list: Vec<T>, max: usize) -> Result<Vec<T>, Fault> {
+    if list.len() > max {
+        return Err(fault(
+            key,
+            format!("found {} {key}, expected at most {max}", list.len()),
+        ));
+    }
+    Ok(list)
 }
 
 fn jwks_source(cx: &AuthContext<'_>, value: Option<&Value>) -> Result<JwksSource, Fault> {

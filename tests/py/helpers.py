@@ -3,6 +3,7 @@ that also records what the transport saw on the wire (session id, GET stream).""
 
 from __future__ import annotations
 
+import socket
 import uuid
 
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -122,3 +123,20 @@ def tool_text(result: types.CallToolResult) -> str:
     block = result.content[0]
     assert isinstance(block, types.TextContent), block
     return block.text
+
+
+def raw_exchange(url: str, request: bytes) -> bytes:
+    """Sends `request` (raw bytes) to `url`'s host and port on a fresh connection and reads
+    until the response head is in, the peer closes, or 5 s pass."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(request)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+                if b"\r\n\r\n" in out:
+                    break
+        except TimeoutError:
+            pass
+        return out

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import time
 import urllib.request
@@ -37,7 +36,7 @@ import authkit
 import harness
 import helpers
 from authkit import AUDIENCE, ISSUER, claims
-from helpers import connect, tool_text
+from helpers import connect, raw_exchange, tool_text
 from rawmcp import ACCEPT, PROTOCOL, RawSession
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
@@ -281,21 +280,6 @@ def assert_refusal(response: httpx2.Response, status: int, www_authenticate: str
 def invalid_token(description: str, prm_url: str) -> str:
     return f'Bearer error="invalid_token", error_description="{description}", resource_metadata="{prm_url}"'
 
-
-def raw_exchange(url: str, request: bytes) -> bytes:
-    """Sends `request` on a fresh connection; reads the head (and what came with it)."""
-    host, port = url.split("//")[1].split("/")[0].split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall(request)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-                if b"\r\n\r\n" in out:
-                    break
-        except TimeoutError:
-            pass
-        return out
 
 
 def raw_initialize(url: str, authorization: bytes) -> bytes:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import json
 import random
-import socket
 from pathlib import Path
 
 import anyio
@@ -38,7 +37,7 @@ import pytest
 
 import harness
 from fault_upstream import Answer, EventStream, FaultUpstream
-from helpers import run
+from helpers import raw_exchange, run
 from rawmcp import PROTOCOL, RawSession, stream_sse
 
 TIMEOUT_S = 10
@@ -256,21 +255,6 @@ def test_an_upstream_protocol_version_that_is_not_one_is_refused(runtime, tmp_pa
         harness.stop_mcpyard(child)
         up.close()
 
-
-def raw_exchange(url: str, request: bytes) -> bytes:
-    """Sends `request` on a fresh connection and reads until the peer closes or 5 s pass."""
-    host, port = url.split("//")[1].split("/")[0].split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall(request)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-                if b"\r\n\r\n" in out:
-                    break
-        except TimeoutError:
-            pass
-        return out
 
 
 @pytest.mark.mcpyard
