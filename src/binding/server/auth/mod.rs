@@ -638,9 +638,16 @@ fn unix_now() -> u64 {
 /// The request's `Host`, when it is one a URL may carry: 1 to 255 bytes of letters,
 /// digits, `.`, `-`, `_`, `:`, `[` and `]`.
 pub fn url_host(req: &Request) -> Option<&str> {
-    let host = req.head.headers.get("host")?;
+    host_for_url(req.head.headers.get("host")?)
+}
+
+/// Longest `Host` written into a metadata URL.
+const URL_HOST_BYTES_MAX: usize = 255;
+
+/// `host` when it may go into a URL, a JSON string and a quoted header parameter as it is.
+fn host_for_url(host: &[u8]) -> Option<&str> {
     let ok = !host.is_empty()
-        && host.len() <= 255
+        && host.len() <= URL_HOST_BYTES_MAX
         && host.iter().all(|b| {
             b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':' | b'[' | b']')
         });
@@ -778,4 +785,105 @@ pub async fn serve_metadata(guard: &Guard, req: &Request, sink: Sink) {
         ("cache-control", b"no-store"),
     ];
     let _ = sink.respond(200, &headers, &body).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard(resource: Option<&str>) -> Arc<Guard> {
+        let resource = resource.map_or(String::new(), |r| format!("resource: \"{r}\", "));
+        let text = format!(
+            "bindings:\n  north:\n    kind: server\n    listen: 127.0.0.1:0\n    exit: d\n    \
+             auth: {{ {resource}scopes: [mcp], jwt: {{ issuer: i, audiences: [a], \
+             jwks: \"https://keys.example/jwks\" }} }}\n  d: {{ kind: demo }}\n"
+        );
+        let config = crate::config::load_str(&text, "t.yaml").expect("a valid config");
+        let Some(crate::config::Binding::Server(north)) = config.bindings.get("north") else {
+            panic!("north is a server");
+        };
+        let auth = north.auth.as_ref().expect("auth");
+        Guard::new((**auth).clone(), "/mcp", false).expect("a guard")
+    }
+
+    #[test]
+    fn hostile_hosts_never_reach_a_url_or_a_header() {
+        for bad in [
+            &b""[..],
+            b"a\"b",
+            b"a\\b",
+            b"a b",
+            b"a\r\nx: y",
+            b"a\0",
+            b"h/x",
+            b"h?x",
+            b"h#x",
+            "h\u{e9}".as_bytes(),
+            &[b'a'; URL_HOST_BYTES_MAX + 1],
+        ] {
+            assert_eq!(host_for_url(bad), None, "{bad:?}");
+        }
+        for good in [
+            "127.0.0.1:8080",
+            "[::1]:7114",
+            "mcp.example",
+            "gw_1.internal",
+        ] {
+            assert_eq!(host_for_url(good.as_bytes()), Some(good));
+        }
+    }
+
+    #[test]
+    fn metadata_urls_insert_the_well_known_path_before_the_resource_path() {
+        let derived = guard(None);
+        assert_eq!(derived.resource("h:1"), "http://h:1/mcp");
+        assert_eq!(
+            derived.metadata_url("h:1"),
+            "http://h:1/.well-known/oauth-protected-resource/mcp"
+        );
+        assert!(derived.is_metadata_path("/.well-known/oauth-protected-resource"));
+        assert!(derived.is_metadata_path("/.well-known/oauth-protected-resource/mcp"));
+        assert!(!derived.is_metadata_path("/.well-known/oauth-protected-resource/other"));
+        assert!(!derived.is_metadata_path("/.well-known/oauth-protected-resourcex"));
+        let configured = guard(Some("https://mcp.example/tenant/mcp?x=1"));
+        assert_eq!(
+            configured.metadata_url("ignored:1"),
+            "https://mcp.example/.well-known/oauth-protected-resource/tenant/mcp"
+        );
+        assert!(configured.is_metadata_path("/.well-known/oauth-protected-resource/tenant/mcp"));
+        assert!(configured.is_metadata_path("/.well-known/oauth-protected-resource/mcp"));
+        let root = guard(Some("https://mcp.example/"));
+        assert_eq!(
+            root.metadata_url(""),
+            "https://mcp.example/.well-known/oauth-protected-resource"
+        );
+        let metadata = String::from_utf8(derived.metadata("h:1")).expect("text");
+        let parsed: serde_json::Value = serde_json::from_str(&metadata).expect("JSON");
+        assert_eq!(parsed["resource"], "http://h:1/mcp");
+        assert_eq!(parsed["authorization_servers"][0], "i");
+        assert_eq!(parsed["scopes_supported"][0], "mcp");
+    }
+
+    #[test]
+    fn bearer_tokens_are_bounded_and_must_look_like_jwts() {
+        assert_eq!(bearer_token(None), Err(Refusal::Missing));
+        assert_eq!(bearer_token(Some(b"Basic abc")), Err(Refusal::Missing));
+        assert_eq!(bearer_token(Some(b"Bearer ")), Err(Refusal::Missing));
+        assert_eq!(bearer_token(Some(b"bearer a.b.c")), Ok(&b"a.b.c"[..]));
+        let long = [b'a'; AUTH_TOKEN_BYTES_MAX + 1];
+        let mut header = b"Bearer ".to_vec();
+        header.extend_from_slice(&long);
+        assert_eq!(
+            bearer_token(Some(&header)),
+            Err(Refusal::Invalid(Invalid::TooLong))
+        );
+        for bad in [&b"a b"[..], b"a\"b", b"a\0b", "\u{e9}".as_bytes()] {
+            assert_eq!(
+                jwt_text(bad),
+                Err(Refusal::Invalid(Invalid::Malformed)),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(jwt_text(b"eyJ.eyJ.sig-_="), Ok("eyJ.eyJ.sig-_="));
+    }
 }
