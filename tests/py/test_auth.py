@@ -498,6 +498,42 @@ def test_rejections_are_counted_by_reason(standard, keys):
     assert {r: after[r] - before[r] for r in after} == {"missing": 1, "invalid": 1, "expired": 1, "scope": 1}, after
 
 
+def test_every_auth_metric_family_is_published_from_the_start(standard):
+    """Each family docs/auth.md names is in the scrape (counters at 0 before any event),
+    so dashboards and alerts can be written against them."""
+    text = standard.metrics()
+    for family in (
+        "mcpyard_auth_rejected_total",
+        "mcpyard_auth_verified_total",
+        "mcpyard_auth_signature_checks_total",
+        "mcpyard_auth_tokens_evicted_total",
+        "mcpyard_rate_buckets_evicted_total",
+        "mcpyard_jwks_reads_total",
+        "mcpyard_rate_limited_total",
+    ):
+        assert f"# TYPE {family} counter" in text, family
+
+
+def test_a_replayed_bad_token_costs_one_signature_check(standard, keys):
+    """A forged signature (a key not in the set, with a kid that is) sent ten times: ten
+    exact 401s, one signature check (`mcpyard_auth_signature_checks_total`); the worker
+    remembers the refusal. A valid token after it is still checked and accepted."""
+    stranger = authkit.new_key("RS256", keys["RS256"].kid)
+    forged = stranger.sign(claims(f"replayer-{uuid.uuid4().hex[:8]}"))
+    before = standard.metric("mcpyard_auth_signature_checks_total")
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            for _ in range(10):
+                response = await post_initialize(client, standard.url, bearer(forged))
+                assert_refusal(response, 401, invalid_token("signature invalid", standard.prm_url))
+            ok = await post_initialize(client, standard.url, bearer(token(keys, sub=f"fresh-{uuid.uuid4().hex[:8]}")))
+            assert ok.status_code == 200, ok.text
+
+    run(scenario)
+    assert standard.metric("mcpyard_auth_signature_checks_total") - before == 2
+
+
 @pytest.mark.parametrize(
     "credential",
     [

@@ -52,6 +52,8 @@ pub struct ServerMetrics {
     pub auth_rejected: [u64; 6],
     pub auth_verified: u64,
     pub auth_verified_cached: u64,
+    /// Signature checks made (a token verified, or refused, for the first time).
+    pub auth_signature_checks: u64,
     /// Verified tokens a full memory let go of, and rate buckets a full table dropped
     /// before they had filled up again.
     pub auth_tokens_evicted: u64,
@@ -83,6 +85,7 @@ impl ServerMetrics {
             auth_rejected: [0; 6],
             auth_verified: 0,
             auth_verified_cached: 0,
+            auth_signature_checks: 0,
             auth_tokens_evicted: 0,
             rate_buckets_evicted: 0,
             jwks_reads_ok: 0,
@@ -110,6 +113,7 @@ impl ServerMetrics {
         }
         self.auth_verified += o.auth_verified;
         self.auth_verified_cached += o.auth_verified_cached;
+        self.auth_signature_checks += o.auth_signature_checks;
         self.auth_tokens_evicted += o.auth_tokens_evicted;
         self.rate_buckets_evicted += o.rate_buckets_evicted;
         self.jwks_reads_ok += o.jwks_reads_ok;
@@ -248,6 +252,26 @@ impl ServerMetrics {
             "mcpyard_jwks_reads_total{{outcome=\"failed\"}} {}",
             self.jwks_reads_failed
         );
+        let counters: [(&str, &str, u64); 3] = [
+            (
+                "mcpyard_auth_signature_checks_total",
+                "Token signature checks (a token met for the first time; replays are answered from memory).",
+                self.auth_signature_checks,
+            ),
+            (
+                "mcpyard_auth_tokens_evicted_total",
+                "Verified tokens a worker's full memory let go of before they expired.",
+                self.auth_tokens_evicted,
+            ),
+            (
+                "mcpyard_rate_buckets_evicted_total",
+                "Rate buckets a worker's full table dropped before they had filled up again.",
+                self.rate_buckets_evicted,
+            ),
+        ];
+        for (name, help, value) in counters {
+            metrics::write_counter(out, name, help, value);
+        }
         out.push_str(
             "# HELP mcpyard_rate_limited_total Requests refused by a rate limit, by limit name.\n",
         );

@@ -50,6 +50,13 @@ pub const JWKS_UNKNOWN_KID_WAIT: Duration = Duration::from_secs(2);
 /// JSON-RPC code of a request refused by a rate limit (implementation-defined range).
 pub const RATE_LIMITED: i32 = -32000;
 
+/// Refused tokens each worker remembers (by a hash of their bytes), so that replaying one
+/// costs a lookup, not a signature check.
+pub const REFUSED_TOKENS_PER_WORKER_MAX: usize = 256;
+/// How long a refusal is remembered (an expired token's, for good reason, forever would
+/// do; the bound keeps the table turning over).
+pub const REFUSED_TOKEN_MEMORY: Duration = Duration::from_secs(60);
+
 /// Most keys one token is tried against (a token without `kid`, a set with several keys
 /// of its family).
 pub const KEYS_TRIED_MAX: usize = 4;
@@ -339,6 +346,7 @@ impl Guard {
         // A signature check per key tried: a token that names no key is tried against a
         // few of its family, not all of them.
         for key in keys.candidates(kid, family).take(KEYS_TRIED_MAX) {
+            server_metrics::with(|m| m.auth_signature_checks += 1);
             match jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
                 token, &key.key, validation,
             ) {
@@ -402,6 +410,9 @@ pub struct Gate {
     /// Verified tokens, by their bytes. Invariant: `len() <= VERIFIED_TOKENS_PER_WORKER_MAX`.
     memory: RefCell<FastMap<Box<[u8]>, Rc<Identity>>>,
     pub(crate) buckets: RefCell<limits::Buckets>,
+    /// Refused tokens, by the hash of their bytes: why, under which key set generation,
+    /// until when. Invariant: `len() <= REFUSED_TOKENS_PER_WORKER_MAX`.
+    refusals: RefCell<FastMap<u64, (Invalid, u64, Instant)>>,
     hasher: foldhash::fast::RandomState,
 }
 
@@ -411,6 +422,7 @@ impl Gate {
             guard,
             memory: RefCell::new(FastMap::default()),
             buckets: RefCell::new(limits::Buckets::default()),
+            refusals: RefCell::new(FastMap::default()),
             hasher: foldhash::fast::RandomState::default(),
         }
     }
@@ -449,6 +461,11 @@ impl Gate {
             Ok(token) => token,
             Err(r) => return refused(r),
         };
+        use std::hash::BuildHasher;
+        let key = self.hasher.hash_one(raw);
+        if let Some(why) = self.refused_before(key, generation) {
+            return refused(Refusal::Invalid(why));
+        }
         let mut verified = self.guard.verify(token, now, self);
         if matches!(verified, Err(Verify::UnknownKid)) {
             // Whether this ask brought the read or another one finished meanwhile, a set
@@ -460,7 +477,12 @@ impl Gate {
         }
         let identity = match verified {
             Ok(identity) => Rc::new(identity),
-            Err(Verify::Invalid(why)) => return refused(Refusal::Invalid(why)),
+            Err(Verify::Invalid(why)) => {
+                self.remember_refusal(key, why, generation);
+                return refused(Refusal::Invalid(why));
+            }
+            // Not remembered: it cost no signature check, and a key published late must
+            // still be found when the same token comes back.
             Err(Verify::UnknownKid) => return refused(Refusal::Invalid(Invalid::UnknownKey)),
             Err(Verify::Keys) => return refused(Refusal::Keys),
         };
@@ -471,6 +493,39 @@ impl Gate {
         } else {
             refused(Refusal::Scope)
         }
+    }
+
+    /// Why the token hashed to `key` was refused before, if that still holds: the same key
+    /// set (an expired token stays expired whatever the keys), within the memory's time.
+    fn refused_before(&self, key: u64, generation: u64) -> Option<Invalid> {
+        let refusals = self.refusals.borrow();
+        let (why, under, until) = refusals.get(&key)?;
+        let holds = (*under == generation || *why == Invalid::Expired) && Instant::now() < *until;
+        holds.then_some(*why)
+    }
+
+    /// Remembers a refusal that a replay would meet again. A token not yet valid will be,
+    /// so it is not remembered.
+    fn remember_refusal(&self, key: u64, why: Invalid, generation: u64) {
+        if why == Invalid::NotYetValid {
+            return;
+        }
+        let now = Instant::now();
+        let mut refusals = self.refusals.borrow_mut();
+        if refusals.len() >= REFUSED_TOKENS_PER_WORKER_MAX {
+            refusals.retain(|_, (_, _, until)| now < *until);
+        }
+        if refusals.len() >= REFUSED_TOKENS_PER_WORKER_MAX {
+            let oldest = refusals
+                .iter()
+                .min_by_key(|(_, (_, _, until))| *until)
+                .map(|(k, _)| *k);
+            if let Some(oldest) = oldest {
+                refusals.remove(&oldest);
+            }
+        }
+        refusals.insert(key, (why, generation, now + REFUSED_TOKEN_MEMORY));
+        assert!(refusals.len() <= REFUSED_TOKENS_PER_WORKER_MAX);
     }
 
     /// Counts a request (`method`, and the tool it calls) against the limits that apply to
