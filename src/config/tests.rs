@@ -908,6 +908,19 @@ fn shipped_example_files_load() {
     };
     assert_eq!(north.sessions_store.as_deref(), Some("shared"));
 
+    let auth = match load(&root.join("config/auth-example.yaml")) {
+        Ok(config) => config,
+        Err(e) => panic!("{e}"),
+    };
+    let Some(Binding::Server(north)) = auth.bindings.get("north") else {
+        panic!("no server north")
+    };
+    let checked = north.auth.as_ref().expect("auth");
+    assert_eq!(checked.jwt.audiences, ["https://mcp.example.com/mcp"]);
+    assert_eq!(checked.rules.len(), 3);
+    assert_eq!(checked.limits.len(), 2);
+    assert_eq!(checked.limits[1].per, "tenant");
+
     let example = match load(&root.join("config/proxy-example.yaml")) {
         Ok(config) => config,
         Err(e) => panic!("{e}"),
