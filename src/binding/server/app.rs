@@ -57,14 +57,12 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc<I
         Ok(env) => env,
         Err(e) => return http_error_code(sink, 400, e.code, e.message, e.id.as_deref()).await,
     };
-    if env.kind == MsgKind::Request
-        && let (Some(gate), Some(who), Some(id)) = (server.gate.as_ref(), who.as_deref(), env.id)
-        && env.method.as_deref() == Some("initialize")
-        && let Err((limit, secs)) = gate.limit(who, "initialize", None)
-    {
-        return auth::too_many(sink, id.raw, limit, secs).await;
-    }
     if env.kind == MsgKind::Request && env.method.as_deref() == Some("initialize") {
+        if let (Some(gate), Some(who), Some(id)) = (server.gate.as_ref(), who.as_deref(), env.id)
+            && let Err((limit, secs)) = gate.limit(who, "initialize", None)
+        {
+            return auth::too_many(sink, id.raw, limit, secs).await;
+        }
         // Boxed: once per session, and larger than a request's state.
         return Box::pin(initialize(&server, &req, &env, sink, who)).await;
     }

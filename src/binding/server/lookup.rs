@@ -62,11 +62,7 @@ pub async fn find(
 
 /// Counts a request refused because its session belongs to another subject.
 fn count_subject_refusal() {
-    server_metrics::with(|m| {
-        if let Some(n) = m.auth_rejected.get_mut(REJECTED_SUBJECT) {
-            *n += 1;
-        }
-    });
+    server_metrics::count_rejected(REJECTED_SUBJECT);
 }
 
 /// The session a request names, checked and marked active: 400 without the session

@@ -282,6 +282,15 @@ impl ServerMetrics {
     }
 }
 
+/// Counts a request the `auth` check refused, by its index in [`REJECTION_LABELS`].
+pub fn count_rejected(label: usize) {
+    with(|m| {
+        if let Some(n) = m.auth_rejected.get_mut(label) {
+            *n += 1;
+        }
+    });
+}
+
 /// Adds `n` to the count of limit `name` (names come from the config: bounded, and label-safe).
 pub fn count_limited(counts: &mut Vec<(Box<str>, u64)>, name: &str, n: u64) {
     match counts.iter_mut().find(|(k, _)| &**k == name) {

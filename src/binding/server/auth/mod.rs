@@ -430,11 +430,7 @@ impl Gate {
     /// The caller of `req`, or why it is refused.
     pub async fn check(&self, req: &Request) -> Result<Rc<Identity>, Refusal> {
         let refused = |r: Refusal| {
-            server_metrics::with(|m| {
-                if let Some(n) = m.auth_rejected.get_mut(r.label_index()) {
-                    *n += 1;
-                }
-            });
+            server_metrics::count_rejected(r.label_index());
             Err(r)
         };
         let raw = match bearer_token(req.head.headers.get("authorization")) {
@@ -715,10 +711,10 @@ fn host_for_url(host: &[u8]) -> Option<&str> {
 
 /// Answers a refused request: 401/403 with the challenge, or 503 while no keys are loaded.
 pub async fn refuse(guard: &Guard, req: &Request, sink: Sink, refusal: Refusal) {
-    server_metrics::with(|m| m.http_errors += 1);
     let Some(host) = url_host(req).or(guard.cfg.resource.as_ref().map(|_| "")) else {
         return bad_host(sink).await;
     };
+    server_metrics::with(|m| m.http_errors += 1);
     let metadata = guard.metadata_url(host);
     let (status, message, challenge) = match refusal {
         Refusal::Missing => {
@@ -799,18 +795,10 @@ pub async fn too_many(sink: Sink, id: &str, limit: &str, retry_after: u64) {
     let _ = sink.respond(429, &headers, &body).await;
 }
 
+/// The answer to a `Host` that cannot go into the resource's URL.
 async fn bad_host(sink: Sink) {
-    let mut body = BytesMut::with_capacity(96);
-    jsonrpc::write_error(
-        None,
-        jsonrpc::INVALID_REQUEST,
-        "Bad Request: the Host header cannot name this resource",
-        None,
-        &mut body,
-    );
-    let _ = sink
-        .respond(400, &[("content-type", b"application/json")], &body)
-        .await;
+    let message = "Bad Request: the Host header cannot name this resource";
+    super::edge::http_error(sink, 400, message, None).await;
 }
 
 /// Serves `GET` on a metadata path; other methods get 405.
