@@ -578,7 +578,11 @@ async fn accept_loop(
                     tokio::task::spawn_local(net::refuse(conn, server.tls.is_some()));
                     continue;
                 }
-                tokio::task::spawn_local(net::serve(server.clone(), slots.clone(), conn));
+                tokio::task::spawn_local(crate::runtime::pass::run(net::serve(
+                    server.clone(),
+                    slots.clone(),
+                    conn,
+                )));
             }
             Err(e) => {
                 if *drain.borrow() {

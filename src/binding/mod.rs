@@ -46,7 +46,7 @@ pub trait Exit {
     /// Takes one stream and serves it in a task of its own on this worker.
     fn open(&self, callee: Callee) {
         if let Some(serving) = self.serve(callee) {
-            tokio::task::spawn_local(serving);
+            tokio::task::spawn_local(crate::runtime::pass::run(serving));
         }
     }
 }

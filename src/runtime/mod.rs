@@ -13,6 +13,7 @@ pub mod deadline;
 mod handshake;
 pub mod io;
 pub mod notify;
+pub mod pass;
 pub mod slots;
 pub mod submit;
 pub mod tls;

@@ -23,6 +23,7 @@
 //! `Notified` that returned `Pending` and has not completed or been dropped since, so it
 //! never holds more entries than there are futures waiting on this `Notify`.
 
+use super::pass::{self, Mark};
 use slab::Slab;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -41,6 +42,8 @@ pub struct Notify {
     first: RefCell<Option<Option<Waker>>>,
     /// The other futures waiting now, the same way.
     waiters: RefCell<Slab<Option<Waker>>>,
+    /// A wake of the first waiter held back within its task's poll ([`pass`]).
+    mark: Mark,
 }
 
 /// Where a waiting [`Notified`] keeps its waker.
@@ -59,12 +62,15 @@ impl Notify {
     pub fn notify_one(&self) {
         self.permit.set(true);
         let first = self.first.borrow_mut().as_mut().and_then(Option::take);
-        let waker = first.or_else(|| {
-            self.waiters
-                .borrow_mut()
-                .iter_mut()
-                .find_map(|(_, w)| w.take())
-        });
+        if let Some(waker) = first {
+            pass::wake_waker(waker, &self.mark);
+            return;
+        }
+        let waker = self
+            .waiters
+            .borrow_mut()
+            .iter_mut()
+            .find_map(|(_, w)| w.take());
         if let Some(waker) = waker {
             waker.wake();
         }
@@ -81,7 +87,10 @@ impl Notify {
             .iter_mut()
             .filter_map(|(_, w)| w.take())
             .collect();
-        for waker in first.into_iter().chain(wakers) {
+        if let Some(waker) = first {
+            pass::wake_waker(waker, &self.mark);
+        }
+        for waker in wakers {
             waker.wake();
         }
     }
@@ -123,6 +132,9 @@ impl Future for Notified<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         let notify = this.notify;
+        if matches!(this.key, Some(Key::First)) {
+            notify.mark.polled();
+        }
         if notify.epoch.get() != this.epoch || notify.permit.replace(false) {
             this.leave();
             return Poll::Ready(());

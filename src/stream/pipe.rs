@@ -5,6 +5,7 @@ use super::frame::{Begin, Challenge, Flush, Frame, Reset};
 use super::window::Window;
 use crate::limits::{STREAM_FRAMES_MAX, STREAM_WINDOW_BYTES};
 use crate::metrics;
+use crate::runtime::pass::{self, Mark};
 use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -49,6 +50,24 @@ struct Direction {
     /// The sender waiting for a RESET or CHALLENGE (may be another task than the one
     /// waiting for credit, so it has its own slot).
     throttle_waker: Option<Waker>,
+    /// Wakes of the three held back within their task's poll ([`pass`]).
+    recv_mark: Mark,
+    send_mark: Mark,
+    throttle_mark: Mark,
+}
+
+impl Direction {
+    fn wake_recv(&mut self) {
+        pass::wake(&mut self.recv_waker, &self.recv_mark);
+    }
+
+    fn wake_send(&mut self) {
+        pass::wake(&mut self.send_waker, &self.send_mark);
+    }
+
+    fn wake_throttle(&mut self) {
+        pass::wake(&mut self.throttle_waker, &self.throttle_mark);
+    }
 }
 
 /// Both directions of one stream, in one allocation.
@@ -90,13 +109,10 @@ fn direction() -> RefCell<Direction> {
         recv_waker: None,
         send_waker: None,
         throttle_waker: None,
+        recv_mark: Mark::default(),
+        send_mark: Mark::default(),
+        throttle_mark: Mark::default(),
     })
-}
-
-fn wake(waker: &mut Option<Waker>) {
-    if let Some(w) = waker.take() {
-        w.wake();
-    }
 }
 
 /// The sending end of one direction.
@@ -115,8 +131,27 @@ impl Sender {
             assert!(d.half == Half::Open);
             d.window.on_sent(piece.len() as u32);
             d.frames.push_back(Frame::Data(piece));
-            wake(&mut d.recv_waker);
+            d.wake_recv();
         }
+        Ok(())
+    }
+
+    /// Queues as much of `data` as the credit window takes now, without waiting, and
+    /// leaves the rest in `data` (for [`Sender::data`]).
+    pub fn try_data(&self, data: &mut Bytes) -> Result<(), Gone> {
+        let mut d = self.dir.borrow_mut();
+        if d.refused {
+            return Err(Gone);
+        }
+        let credit = d.window.credit() as usize;
+        if data.is_empty() || credit == 0 {
+            return Ok(());
+        }
+        assert!(d.half == Half::Open);
+        let piece = data.split_to(data.len().min(credit));
+        d.window.on_sent(piece.len() as u32);
+        d.frames.push_back(Frame::Data(piece));
+        d.wake_recv();
         Ok(())
     }
 
@@ -125,6 +160,7 @@ impl Sender {
         let mut stalled: Option<Instant> = None;
         let credit = poll_fn(|cx| {
             let mut d = self.dir.borrow_mut();
+            d.send_mark.polled();
             if d.refused {
                 return Poll::Ready(Err(Gone));
             }
@@ -147,6 +183,7 @@ impl Sender {
     async fn push(&self, frame: Frame) -> Result<(), Gone> {
         poll_fn(|cx| {
             let mut d = self.dir.borrow_mut();
+            d.send_mark.polled();
             if d.refused {
                 return Poll::Ready(Err(Gone));
             }
@@ -160,7 +197,7 @@ impl Sender {
         let mut d = self.dir.borrow_mut();
         assert!(d.half == Half::Open);
         d.frames.push_back(frame);
-        wake(&mut d.recv_waker);
+        d.wake_recv();
         Ok(())
     }
 
@@ -182,7 +219,7 @@ impl Sender {
             return false;
         }
         d.frames.push_back(Frame::Flush(flush));
-        wake(&mut d.recv_waker);
+        d.wake_recv();
         true
     }
 
@@ -204,7 +241,7 @@ impl Sender {
         d.half = Half::Closed;
         // END/ABORT may exceed STREAM_FRAMES_MAX by one: a close must never wait.
         d.frames.push_back(frame);
-        wake(&mut d.recv_waker);
+        d.wake_recv();
     }
 
     /// True once END or ABORT was sent.
@@ -222,6 +259,7 @@ impl Sender {
     /// once (one task relaying many streams registers its one waker with each).
     pub fn poll_throttle(&self, cx: &mut Context<'_>) -> Poll<Option<Throttle>> {
         let mut d = self.dir.borrow_mut();
+        d.throttle_mark.polled();
         if let Some(t) = d.throttles.pop_front() {
             return Poll::Ready(Some(t));
         }
@@ -247,12 +285,15 @@ impl Drop for Sender {
     fn drop(&mut self) {
         let mut d = self.dir.borrow_mut();
         d.sender_dropped = true;
+        // No one is left to send: an ack or a reset must not wake a future that waited here.
+        d.send_waker = None;
+        d.throttle_waker = None;
         if d.half == Half::Open {
             // A sender that vanished without closing aborted: say so to the receiver.
             d.half = Half::Closed;
             d.frames.push_back(Frame::Abort);
         }
-        wake(&mut d.recv_waker);
+        d.wake_recv();
     }
 }
 
@@ -271,9 +312,10 @@ impl Receiver {
     /// [`Receiver::next`] as a poll, for a task that waits on several directions at once.
     pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Frame>> {
         let mut d = self.dir.borrow_mut();
+        d.recv_mark.polled();
         if let Some(f) = d.frames.pop_front() {
             // The sender may be waiting for queue room.
-            wake(&mut d.send_waker);
+            d.wake_send();
             return Poll::Ready(Some(f));
         }
         if d.half == Half::Closed || d.sender_dropped {
@@ -288,7 +330,7 @@ impl Receiver {
         let mut d = self.dir.borrow_mut();
         let f = d.frames.pop_front();
         if f.is_some() {
-            wake(&mut d.send_waker);
+            d.wake_send();
         }
         f
     }
@@ -306,7 +348,7 @@ impl Receiver {
         let mut d = self.dir.borrow_mut();
         d.window.on_ack(bytes);
         metrics::record_window_grant(bytes);
-        wake(&mut d.send_waker);
+        d.wake_send();
     }
 
     /// Rejects the direction: the sender's later sends fail and it sees the reset.
@@ -317,8 +359,8 @@ impl Receiver {
         }
         d.refused = true;
         d.throttles.push_back(Throttle::Reset(reset));
-        wake(&mut d.send_waker);
-        wake(&mut d.throttle_waker);
+        d.wake_send();
+        d.wake_throttle();
     }
 
     /// Sends a CHALLENGE to the sender (bounded: ignored past the frame limit, which only
@@ -329,7 +371,7 @@ impl Receiver {
             return Err(Gone);
         }
         d.throttles.push_back(Throttle::Challenge(challenge));
-        wake(&mut d.throttle_waker);
+        d.wake_throttle();
         Ok(())
     }
 }
@@ -339,8 +381,10 @@ impl Drop for Receiver {
         let mut d = self.dir.borrow_mut();
         d.refused = true;
         d.frames.clear();
-        wake(&mut d.send_waker);
-        wake(&mut d.throttle_waker);
+        // No one is left to read: a later send must not wake a future that waited here.
+        d.recv_waker = None;
+        d.wake_send();
+        d.wake_throttle();
     }
 }
 

@@ -15,6 +15,7 @@ use crate::binding::proxy::metrics as proxy_metrics;
 use crate::jsonrpc::{self, ItemMode, ItemRewriter, ItemRules, ItemSink};
 use crate::limits::MESSAGE_BYTES_MAX;
 use crate::metrics::Outcome;
+use crate::runtime::pass;
 use crate::stream::{
     self, Begin, Callee, Caller, Challenge, Flush, Frame, Kind, Reset, TargetAt, Throttle,
 };
@@ -179,12 +180,15 @@ async fn relay(
         };
         proxy_metrics::record_toolkit(route.metrics, callee.begin.kind, outcome, started.elapsed());
     };
-    // The relay first, so the route finds the params queued (see `server::app`).
-    tokio::join!(biased; relaying, async {
+    // The relay first, so the route finds the params queued; polled again after the route
+    // when the route woke it, so what the route answers in a poll is relayed in that poll
+    // (see `runtime::pass`).
+    let serving = async {
         if let Some(serving) = serving {
             serving.await;
         }
-    });
+    };
+    pass::join_in_order(std::pin::pin!(relaying), std::pin::pin!(serving)).await;
 }
 
 /// One request relayed to one route.

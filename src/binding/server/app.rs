@@ -433,9 +433,16 @@ async fn request(
     // The exit's work runs in this task, beside the caller's end: no task per request.
     let serving = server.exit.serve(callee);
     let inflight = session.register(id.key(), req.body.slice_ref(id.raw.as_bytes()), caller);
+    // The params are queued before the exit looks for them (as far as the window takes
+    // them, which is all of them but for a large request), so the exit writes the upstream
+    // request in one piece instead of head, params and tail.
+    let mut params = params;
+    let _ = inflight.caller.initial.try_data(&mut params);
     let calling = async {
         // If the exit refuses the params (Gone) its RESET is rendered from the reply below.
-        let _ = inflight.caller.initial.data(params).await;
+        if !params.is_empty() {
+            let _ = inflight.caller.initial.data(params).await;
+        }
         let outcome = reply::pump(
             &session,
             &inflight,
@@ -451,13 +458,14 @@ async fn request(
         drop(inflight);
         server_metrics::record_request(kind.method(), outcome, started.elapsed());
     };
-    // The caller first: its params are queued before the exit looks for them, so the exit
-    // writes the upstream request in one piece instead of head, params and tail.
-    tokio::join!(biased; calling, async {
+    // The exit first, the reply pump after it: what the exit sends in a poll is rendered
+    // to the agent in the same poll (its wake of the pump is then dropped, see
+    // `runtime::pass`).
+    tokio::join!(biased; async {
         if let Some(serving) = serving {
             serving.await;
         }
-    });
+    }, calling);
 }
 
 /// The name or uri a request acts on, decoded, and where its raw lexeme sits in `params`:

@@ -37,7 +37,7 @@ use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::binding::protocol::HEADER_VERSIONS;
 pub use crate::binding::protocol::PROTOCOL_VERSIONS;
@@ -201,7 +201,7 @@ impl Server {
             let server = SERVERS.with(|s| s.borrow().get(index).cloned());
             if let Some(server) = server {
                 let sink = Sink::from_channel(tx, keep_alive);
-                tokio::task::spawn_local(server.serve(req, sink));
+                tokio::task::spawn_local(crate::runtime::pass::run(server.serve(req, sink)));
             }
         });
         if self.inboxes.send(owner, task).is_err() {
@@ -343,9 +343,6 @@ fn is_loopback_name(name: &str) -> bool {
     let bare = name.trim_start_matches('[').trim_end_matches(']');
     bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
-
-/// Kept so `oneshot` stays a dependency of this module's public surface.
-pub type Done = oneshot::Receiver<bool>;
 
 #[cfg(test)]
 mod tests {

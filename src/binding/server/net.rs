@@ -23,7 +23,7 @@ use crate::limits::{
 };
 use crate::log;
 use crate::runtime::notify::Notify;
-use crate::runtime::{Conn, ReadBuf, Slots, tls};
+use crate::runtime::{Conn, ReadBuf, Slots, pass, tls};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -168,11 +168,7 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
         m.connections_accepted += 1;
     });
     let link = Rc::new(Link {
-        shared: Rc::new(ConnShared {
-            conn,
-            peer_closed: Cell::new(false),
-            closed: Notify::new(),
-        }),
+        shared: Rc::new(ConnShared::new(conn)),
         queue: RefCell::new(VecDeque::with_capacity(2)),
         queued: Notify::new(),
         taken: Notify::new(),
@@ -197,13 +193,16 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
         return;
     }
     // One task for both halves (a task per half would cost a second task cell per
-    // connection); neither future is ever dropped before it completes.
+    // connection); neither future is ever dropped before it completes. The reader is
+    // polled first in every pass, so a request it queues is taken by the dispatcher in the
+    // same pass (and the wake it made is dropped: see `runtime::pass`).
     let dispatching = async {
         dispatch(&server, &link).await;
         // The read loop ends once the shutdown completes its pending read.
         link.shared.conn.shutdown();
     };
-    tokio::join!(dispatching, read_loop(&link, &slots));
+    let reading = read_loop(&link, &slots);
+    pass::join_in_order(std::pin::pin!(reading), std::pin::pin!(dispatching)).await;
     LIVE.with(|l| l.borrow_mut().try_remove(key));
     server_metrics::with(|m| m.connections -= 1);
 }
@@ -249,6 +248,7 @@ async fn next_item(link: &Link, timer: &mut Pin<&mut Sleep>) -> Item {
             timer.as_mut().reset(deadline.into());
         }
         tokio::select! {
+            biased;
             () = notified => {}
             // Fired: maybe early (the deadline moved later meanwhile); the loop re-checks.
             () = timer.as_mut() => {}
@@ -264,7 +264,9 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
             Item::Request(req) => {
                 link.busy.set(true);
                 let keep_alive = req.head.keep_alive() && !server.draining();
-                let (sink, mut done) = Sink::local(link.shared.clone(), keep_alive);
+                let sink = Sink::local(link.shared.clone(), keep_alive);
+                let done = link.shared.response_done();
+                tokio::pin!(done);
                 // Boxed before any await: the connection's task must keep no per-request
                 // state while it idles (an unboxed future held by the `match` below would
                 // widen every connection's task by the size of a request's future).
@@ -283,15 +285,15 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
                                 // Freed before waiting out the response: a GET's stream
                                 // runs in a task of its own and can last for hours.
                                 drop(serving);
-                                done.await.unwrap_or(false)
+                                done.await
                             }
                             kept = &mut done => {
-                                tokio::task::spawn_local(serving);
-                                kept.unwrap_or(false)
+                                tokio::task::spawn_local(pass::run(serving));
+                                kept
                             }
                         }
                     }
-                    None => done.await.unwrap_or(false),
+                    None => done.await,
                 };
                 link.busy.set(false);
                 link.last_activity.set(Instant::now());
@@ -366,10 +368,12 @@ async fn read_loop(link: &Link, slots: &Slots) {
                 break 'read;
             }
         }
-        link.last_activity.set(Instant::now());
+        // One clock read per read: the request deadlines are whole seconds.
+        let now = Instant::now();
+        link.last_activity.set(now);
         let was_partial = link.partial_since.get().is_some();
         if !was_partial {
-            link.partial_since.set(Some(Instant::now()));
+            link.partial_since.set(Some(now));
         }
         loop {
             match decoder.decode(&mut buf) {
@@ -399,11 +403,8 @@ async fn read_loop(link: &Link, slots: &Slots) {
                             }),
                         );
                     }
-                    link.partial_since.set(if buf.is_empty() {
-                        None
-                    } else {
-                        Some(Instant::now())
-                    });
+                    link.partial_since
+                        .set(if buf.is_empty() { None } else { Some(now) });
                 }
                 Ok(None) => break,
                 Err(e) => {

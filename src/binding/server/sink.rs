@@ -9,10 +9,12 @@ use crate::binding::server::metrics as server_metrics;
 use crate::http::{self, BodyFraming};
 use crate::runtime::Conn;
 use crate::runtime::notify::Notify;
+use crate::runtime::pass::{self, Mark};
 use bytes::{Bytes, BytesMut};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use tokio::sync::{mpsc, oneshot};
+use std::task::{Poll, Waker};
+use tokio::sync::mpsc;
 
 /// The connection went away (write failed, peer closed, or the forwarding worker quit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,9 +35,52 @@ pub struct ConnShared {
     pub peer_closed: Cell<bool>,
     /// Woken when `peer_closed` turns true.
     pub closed: Notify,
+    /// Set once the response in progress is over: whether the connection may carry another
+    /// request. Reset by the dispatcher before each request (one response at a time).
+    pub done: Cell<Option<bool>>,
+    /// The dispatcher waiting for `done`, and a wake of it held back ([`pass`]).
+    done_waker: RefCell<Option<Waker>>,
+    done_mark: Mark,
 }
 
 impl ConnShared {
+    pub fn new(conn: Conn) -> ConnShared {
+        ConnShared {
+            conn,
+            peer_closed: Cell::new(false),
+            closed: Notify::new(),
+            done: Cell::new(None),
+            done_waker: RefCell::new(None),
+            done_mark: Mark::default(),
+        }
+    }
+
+    /// Waits until the response in progress is over and takes whether the connection may
+    /// carry another request (one waiter: the connection's dispatcher).
+    pub async fn response_done(&self) -> bool {
+        std::future::poll_fn(|cx| {
+            self.done_mark.polled();
+            if let Some(keep_alive) = self.done.take() {
+                *self.done_waker.borrow_mut() = None;
+                return Poll::Ready(keep_alive);
+            }
+            let mut slot = self.done_waker.borrow_mut();
+            if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *slot = Some(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    fn signal_done(&self, keep_alive: bool) {
+        self.done.set(Some(keep_alive));
+        let waker = self.done_waker.borrow_mut().take();
+        if let Some(waker) = waker {
+            pass::wake_waker(waker, &self.done_mark);
+        }
+    }
+
     async fn wait_closed(&self) {
         loop {
             let notified = self.closed.notified();
@@ -50,7 +95,8 @@ impl ConnShared {
 enum Out {
     Local {
         shared: Rc<ConnShared>,
-        done: Option<oneshot::Sender<bool>>,
+        /// The end of the response was not signalled yet.
+        pending: bool,
     },
     Remote(mpsc::Sender<Part>),
 }
@@ -70,19 +116,18 @@ pub struct Sink {
 }
 
 impl Sink {
-    /// A sink writing to a connection on this worker; `done` reports, once the response is
-    /// over, whether the connection may carry another request.
-    pub fn local(shared: Rc<ConnShared>, keep_alive: bool) -> (Sink, oneshot::Receiver<bool>) {
-        let (tx, rx) = oneshot::channel();
-        let sink = Sink {
+    /// A sink writing to a connection on this worker; [`ConnShared::response_done`] tells,
+    /// once the response is over, whether the connection may carry another request.
+    pub fn local(shared: Rc<ConnShared>, keep_alive: bool) -> Sink {
+        shared.done.set(None);
+        Sink {
             out: Out::Local {
                 shared,
-                done: Some(tx),
+                pending: true,
             },
             state: State::Head,
             keep_alive,
-        };
-        (sink, rx)
+        }
     }
 
     /// A sink whose bytes travel to another worker over `tx` (built on the owning worker).
@@ -103,10 +148,10 @@ impl Sink {
     /// Marks a relayed response complete.
     pub fn complete_raw(mut self, keep_alive: bool) {
         self.state = State::Done;
-        if let Out::Local { done, .. } = &mut self.out
-            && let Some(tx) = done.take()
+        if let Out::Local { shared, pending } = &mut self.out
+            && std::mem::take(pending)
         {
-            let _ = tx.send(keep_alive && self.keep_alive);
+            shared.signal_done(keep_alive && self.keep_alive);
         }
     }
 
@@ -299,9 +344,9 @@ impl Sink {
     async fn complete(&mut self) -> Result<(), Gone> {
         let keep_alive = self.keep_alive;
         match &mut self.out {
-            Out::Local { done, .. } => {
-                if let Some(tx) = done.take() {
-                    let _ = tx.send(keep_alive);
+            Out::Local { shared, pending } => {
+                if std::mem::take(pending) {
+                    shared.signal_done(keep_alive);
                 }
                 Ok(())
             }
@@ -321,13 +366,13 @@ impl Sink {
 impl Drop for Sink {
     /// A sink dropped before its response completed aborts the connection.
     fn drop(&mut self) {
-        if let Out::Local { shared, done } = &mut self.out
-            && let Some(tx) = done.take()
+        if let Out::Local { shared, pending } = &mut self.out
+            && std::mem::take(pending)
         {
             if self.state != State::Done {
                 shared.conn.shutdown();
             }
-            let _ = tx.send(false);
+            shared.signal_done(false);
         }
     }
 }

@@ -1,0 +1,293 @@
+//! Wake-ups within one poll of a task: a wake of the task being polled is held back to the
+//! end of that poll, and dropped if the future it was for was polled again meanwhile.
+//!
+//! Why: a request's parts run in one task (the connection's reader and dispatcher, the
+//! server's reply pump and the client's exchange, joined), and hand each other work through
+//! [`super::notify::Notify`] and the internal stream's pipes. Each hand-off wakes the
+//! waiting part, which here means the task that is running: the scheduler then polls the
+//! whole task again, although the part that was woken was polled later in the same pass
+//! and already took what it was woken for. callgrind counted five polls of a connection's
+//! task per `tools/call`, three of them such self-wakes.
+//!
+//! How: [`run`] wraps a task's future. While it is polled, a wake through [`wake`] whose
+//! waker is this task's is not made; the wake site's [`Mark`] records it instead, and the
+//! pass counts it as outstanding. The woken future calls [`Mark::polled`] whenever it is
+//! polled, which settles the mark. When the wrapped poll returns `Pending` with a wake
+//! still outstanding, the task wakes itself once. So a wake is never lost: it is made at
+//! the end of the poll unless the future it was for has been polled since.
+//!
+//! A wake outside a wrapped poll, or of another task, is made at once, as before.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, RawWakerVTable, Waker};
+
+/// The pass being run on this thread.
+struct Pass {
+    /// The polled task's waker, by identity (compared, never used to wake).
+    data: Cell<*const ()>,
+    vtable: Cell<*const RawWakerVTable>,
+    /// Numbers the passes of this thread; 0 is "no pass".
+    id: Cell<u64>,
+    next_id: Cell<u64>,
+    /// Wakes held back in this pass and not settled yet.
+    outstanding: Cell<u32>,
+}
+
+thread_local! {
+    static PASS: Pass = const {
+        Pass {
+            data: Cell::new(std::ptr::null()),
+            vtable: Cell::new(std::ptr::null()),
+            id: Cell::new(0),
+            next_id: Cell::new(1),
+            outstanding: Cell::new(0),
+        }
+    };
+}
+
+/// Where a wake was held back: one per waiting place (a waker slot).
+#[derive(Default)]
+pub struct Mark(Cell<u64>);
+
+impl Mark {
+    /// The future waiting here is being polled: a wake held back for it in this pass is
+    /// no longer needed.
+    pub fn polled(&self) {
+        let held = self.0.get();
+        if held == 0 {
+            return;
+        }
+        self.0.set(0);
+        PASS.with(|p| {
+            if p.id.get() == held {
+                p.outstanding.set(p.outstanding.get().saturating_sub(1));
+            }
+        });
+    }
+}
+
+/// Wakes the waker in `slot` (taking it), or holds the wake back when it is the waker of
+/// the task whose poll is running (see the module docs).
+pub fn wake(slot: &mut Option<Waker>, mark: &Mark) {
+    if let Some(waker) = slot.take() {
+        wake_waker(waker, mark);
+    }
+}
+
+/// [`wake`] for a waker already taken from its slot.
+pub fn wake_waker(waker: Waker, mark: &Mark) {
+    let held = PASS.with(|p| {
+        let id = p.id.get();
+        if id == 0 || waker.data() != p.data.get() || !std::ptr::eq(waker.vtable(), p.vtable.get())
+        {
+            return false;
+        }
+        if mark.0.get() != id {
+            mark.0.set(id);
+            p.outstanding.set(p.outstanding.get() + 1);
+        }
+        true
+    });
+    if !held {
+        waker.wake();
+    }
+}
+
+/// Runs `fut` with wakes of its own task held back within each poll.
+pub fn run<F: Future>(fut: F) -> Run<F> {
+    Run { fut }
+}
+
+/// The future of [`run`].
+pub struct Run<F> {
+    fut: F,
+}
+
+impl<F: Future> Future for Run<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: a structural projection; `fut` is never moved out of the pinned `Run`,
+        // and `Run` has no `Drop` or `Unpin` impl of its own.
+        let fut = unsafe { self.map_unchecked_mut(|r| &mut r.fut) };
+        let waker = cx.waker();
+        let saved = PASS.with(|p| {
+            let saved = (
+                p.data.get(),
+                p.vtable.get(),
+                p.id.get(),
+                p.outstanding.get(),
+            );
+            let id = p.next_id.get();
+            p.next_id.set(id + 1);
+            p.data.set(waker.data());
+            p.vtable.set(waker.vtable());
+            p.id.set(id);
+            p.outstanding.set(0);
+            saved
+        });
+        let result = fut.poll(cx);
+        let outstanding = PASS.with(|p| {
+            let outstanding = p.outstanding.get();
+            p.data.set(saved.0);
+            p.vtable.set(saved.1);
+            p.id.set(saved.2);
+            p.outstanding.set(saved.3);
+            outstanding
+        });
+        if result.is_pending() && outstanding > 0 {
+            waker.wake_by_ref();
+        }
+        result
+    }
+}
+
+/// Runs `a` and `b` to completion together, `a` first in every poll, and `a` once more
+/// after `b` when `b`'s poll held back a wake (most likely of `a`: `a` hands work to `b`
+/// and takes its answers, as a relay does with the exit it joins, and as a connection's
+/// reader does with its dispatcher, which frees room for more). What one hands the other
+/// within a poll is so taken in that poll. Returns `a`'s output once both are done.
+/// The two are pinned by the caller, so their states are not copied into this future.
+pub fn join_in_order<'f, A: Future, B: Future<Output = ()>>(
+    mut a: Pin<&'f mut A>,
+    mut b: Pin<&'f mut B>,
+) -> impl Future<Output = A::Output> + 'f {
+    let mut a_out = None;
+    let mut b_done = false;
+    std::future::poll_fn(move |cx| {
+        if a_out.is_none()
+            && let Poll::Ready(out) = a.as_mut().poll(cx)
+        {
+            a_out = Some(out);
+        }
+        if !b_done {
+            let before = outstanding();
+            b_done = b.as_mut().poll(cx).is_ready();
+            if a_out.is_none()
+                && outstanding() > before
+                && let Poll::Ready(out) = a.as_mut().poll(cx)
+            {
+                a_out = Some(out);
+            }
+        }
+        match (b_done, a_out.take()) {
+            (true, Some(out)) => Poll::Ready(out),
+            (_, out) => {
+                a_out = out;
+                Poll::Pending
+            }
+        }
+    })
+}
+
+/// Wakes held back and not settled in the pass running now (0 outside a pass).
+fn outstanding() -> u32 {
+    PASS.with(|p| p.outstanding.get())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A future that, on its first poll, stores its waker in `slot` and calls `then`.
+    fn polled_with(waker: &Waker, f: impl FnOnce()) -> Poll<()> {
+        let mut once = Some(f);
+        let mut fut = std::pin::pin!(run(std::future::poll_fn(move |_cx| {
+            if let Some(f) = once.take() {
+                f();
+            }
+            Poll::<()>::Pending
+        })));
+        fut.as_mut().poll(&mut Context::from_waker(waker))
+    }
+
+    #[test]
+    fn a_self_wake_settled_in_the_same_poll_is_not_made() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mark = Mark::default();
+        let mut slot = Some(waker.clone());
+        let _ = polled_with(&waker, || {
+            wake(&mut slot, &mark);
+            mark.polled();
+        });
+        assert_eq!(count.0.load(Ordering::Relaxed), 0);
+        assert!(slot.is_none());
+    }
+
+    #[test]
+    fn a_self_wake_not_settled_is_made_once_at_the_end_of_the_poll() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let (a, b) = (Mark::default(), Mark::default());
+        let mut slots = (Some(waker.clone()), Some(waker.clone()));
+        let _ = polled_with(&waker, || {
+            wake(&mut slots.0, &a);
+            wake(&mut slots.1, &b);
+            a.polled();
+        });
+        assert_eq!(count.0.load(Ordering::Relaxed), 1);
+        // A mark left from an earlier pass settles nothing in a later one.
+        b.polled();
+        assert_eq!(PASS.with(|p| p.outstanding.get()), 0);
+    }
+
+    #[test]
+    fn another_tasks_wake_and_a_wake_outside_a_pass_are_made_at_once() {
+        let ours = Arc::new(Count(AtomicUsize::new(0)));
+        let theirs = Arc::new(Count(AtomicUsize::new(0)));
+        let (our_waker, their_waker) = (Waker::from(ours.clone()), Waker::from(theirs.clone()));
+        let mark = Mark::default();
+        let mut slot = Some(their_waker.clone());
+        let _ = polled_with(&our_waker, || wake(&mut slot, &mark));
+        assert_eq!(theirs.0.load(Ordering::Relaxed), 1);
+        assert_eq!(ours.0.load(Ordering::Relaxed), 0);
+        let mut slot = Some(our_waker.clone());
+        wake(&mut slot, &mark);
+        assert_eq!(ours.0.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn join_in_order_polls_the_first_again_when_the_second_woke_it() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let answered = std::cell::Cell::new(false);
+        let slot = std::cell::RefCell::new(None);
+        let mark = Mark::default();
+        let (a_polls, b_polls) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        let a = std::future::poll_fn(|cx| {
+            a_polls.set(a_polls.get() + 1);
+            mark.polled();
+            if answered.get() {
+                return Poll::Ready(7);
+            }
+            *slot.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        });
+        let b = std::future::poll_fn(|_| {
+            b_polls.set(b_polls.get() + 1);
+            answered.set(true);
+            wake(&mut slot.borrow_mut(), &mark);
+            Poll::Ready(())
+        });
+        let (a, b) = (std::pin::pin!(a), std::pin::pin!(b));
+        let mut joined = std::pin::pin!(run(join_in_order(a, b)));
+        let out = joined.as_mut().poll(&mut Context::from_waker(&waker));
+        assert_eq!(out, Poll::Ready(7));
+        assert_eq!((a_polls.get(), b_polls.get()), (2, 1));
+        assert_eq!(count.0.load(Ordering::Relaxed), 0);
+    }
+}
