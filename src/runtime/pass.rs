@@ -17,6 +17,11 @@
 //! the end of the poll unless the future it was for has been polled since.
 //!
 //! A wake outside a wrapped poll, or of another task, is made at once, as before.
+//!
+//! The rule for a waiting place (a waker slot and its mark): one future waits there at a
+//! time, and it calls [`Mark::polled`] at the start of every poll and then checks what it
+//! waits for, returning `Ready` or storing its waker again. Two futures of one task
+//! waiting in one slot at once could settle each other's wakes; no slot is used so.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -33,6 +38,8 @@ struct Pass {
     next_id: Cell<u64>,
     /// Wakes held back in this pass and not settled yet.
     outstanding: Cell<u32>,
+    /// Wakes held back on this thread, ever (tells [`join_in_order`] that one was).
+    held: Cell<u64>,
 }
 
 thread_local! {
@@ -43,6 +50,7 @@ thread_local! {
             id: Cell::new(0),
             next_id: Cell::new(1),
             outstanding: Cell::new(0),
+            held: Cell::new(0),
         }
     };
 }
@@ -88,6 +96,7 @@ pub fn wake_waker(waker: Waker, mark: &Mark) {
             mark.0.set(id);
             p.outstanding.set(p.outstanding.get() + 1);
         }
+        p.held.set(p.held.get().wrapping_add(1));
         true
     });
     if !held {
@@ -113,7 +122,25 @@ impl<F: Future> Future for Run<F> {
         // and `Run` has no `Drop` or `Unpin` impl of its own.
         let fut = unsafe { self.map_unchecked_mut(|r| &mut r.fut) };
         let waker = cx.waker();
-        let saved = PASS.with(|p| {
+        let entered = Entered::new(waker);
+        let result = fut.poll(cx);
+        let outstanding = entered.leave();
+        if result.is_pending() && outstanding > 0 {
+            waker.wake_by_ref();
+        }
+        result
+    }
+}
+
+/// The pass of one [`Run::poll`]: entered with the task's waker, and left (the outer pass,
+/// if any, restored) when it is dropped, also when the wrapped poll panics.
+struct Entered {
+    saved: (*const (), *const RawWakerVTable, u64, u32),
+}
+
+impl Entered {
+    fn new(waker: &Waker) -> Entered {
+        PASS.with(|p| {
             let saved = (
                 p.data.get(),
                 p.vtable.get(),
@@ -126,21 +153,25 @@ impl<F: Future> Future for Run<F> {
             p.vtable.set(waker.vtable());
             p.id.set(id);
             p.outstanding.set(0);
-            saved
+            Entered { saved }
+        })
+    }
+
+    /// Leaves the pass; the wakes it held back and nothing settled.
+    fn leave(self) -> u32 {
+        PASS.with(|p| p.outstanding.get())
+        // `self` drops here and restores the outer pass.
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        PASS.with(|p| {
+            p.data.set(self.saved.0);
+            p.vtable.set(self.saved.1);
+            p.id.set(self.saved.2);
+            p.outstanding.set(self.saved.3);
         });
-        let result = fut.poll(cx);
-        let outstanding = PASS.with(|p| {
-            let outstanding = p.outstanding.get();
-            p.data.set(saved.0);
-            p.vtable.set(saved.1);
-            p.id.set(saved.2);
-            p.outstanding.set(saved.3);
-            outstanding
-        });
-        if result.is_pending() && outstanding > 0 {
-            waker.wake_by_ref();
-        }
-        result
     }
 }
 
@@ -163,10 +194,10 @@ pub fn join_in_order<'f, A: Future, B: Future<Output = ()>>(
             a_out = Some(out);
         }
         if !b_done {
-            let before = outstanding();
+            let before = held();
             b_done = b.as_mut().poll(cx).is_ready();
             if a_out.is_none()
-                && outstanding() > before
+                && held() != before
                 && let Poll::Ready(out) = a.as_mut().poll(cx)
             {
                 a_out = Some(out);
@@ -182,9 +213,9 @@ pub fn join_in_order<'f, A: Future, B: Future<Output = ()>>(
     })
 }
 
-/// Wakes held back and not settled in the pass running now (0 outside a pass).
-fn outstanding() -> u32 {
-    PASS.with(|p| p.outstanding.get())
+/// Wakes held back on this thread so far.
+fn held() -> u64 {
+    PASS.with(|p| p.held.get())
 }
 
 #[cfg(test)]
@@ -289,5 +320,23 @@ mod tests {
         assert_eq!(out, Poll::Ready(7));
         assert_eq!((a_polls.get(), b_polls.get()), (2, 1));
         assert_eq!(count.0.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_panic_in_a_wrapped_poll_leaves_no_pass_behind() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut fut = std::pin::pin!(run(std::future::poll_fn(|_| -> Poll<()> {
+                panic!("a task's bug")
+            })));
+            fut.as_mut().poll(&mut Context::from_waker(&waker))
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(PASS.with(|p| p.id.get()), 0);
+        // Outside any pass again: the same waker's wake is made at once.
+        let mut slot = Some(waker.clone());
+        wake(&mut slot, &Mark::default());
+        assert_eq!(count.0.load(Ordering::Relaxed), 1);
     }
 }

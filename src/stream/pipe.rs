@@ -115,6 +115,14 @@ fn direction() -> RefCell<Direction> {
     })
 }
 
+/// Stores the waiting task's waker in `slot`, unless the one there already wakes it (a
+/// waiter polled again without having been woken keeps its slot as it is).
+fn keep(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+        *slot = Some(cx.waker().clone());
+    }
+}
+
 /// The sending end of one direction.
 pub struct Sender {
     dir: Shared,
@@ -169,7 +177,7 @@ impl Sender {
                 return Poll::Ready(Ok(credit));
             }
             stalled.get_or_insert_with(Instant::now);
-            d.send_waker = Some(cx.waker().clone());
+            keep(&mut d.send_waker, cx);
             Poll::Pending
         })
         .await;
@@ -190,7 +198,7 @@ impl Sender {
             if d.frames.len() < STREAM_FRAMES_MAX {
                 return Poll::Ready(Ok(()));
             }
-            d.send_waker = Some(cx.waker().clone());
+            keep(&mut d.send_waker, cx);
             Poll::Pending
         })
         .await?;
@@ -266,7 +274,7 @@ impl Sender {
         if d.refused {
             return Poll::Ready(None);
         }
-        d.throttle_waker = Some(cx.waker().clone());
+        keep(&mut d.throttle_waker, cx);
         Poll::Pending
     }
 
@@ -321,7 +329,7 @@ impl Receiver {
         if d.half == Half::Closed || d.sender_dropped {
             return Poll::Ready(None);
         }
-        d.recv_waker = Some(cx.waker().clone());
+        keep(&mut d.recv_waker, cx);
         Poll::Pending
     }
 
