@@ -401,3 +401,45 @@ def test_terminate_on_close(gateway):
             assert (await raw.post(gateway.url, content=json.dumps(body), headers=headers)).status_code in (400, 404)
 
     run(scenario)
+
+
+# 10. an idle GET stream is kept alive
+
+KEEPALIVE_S = 15  # SSE_KEEPALIVE_INTERVAL in src/limits.rs
+
+
+@pytest.mark.parametrize("gateway", [(1, "epoll")], indirect=True, ids=["w1-epoll"])
+def test_an_idle_get_stream_gets_a_comment_every_keepalive_interval(gateway):
+    """A GET stream with nothing to say gets an SSE comment (`:`) once the keep-alive
+    interval passed since its last write, so proxies in between do not drop it as idle;
+    not sooner, and the stream stays open after it."""
+
+    async def main():
+        import rawmcp
+
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(KEEPALIVE_S * 3)) as c:
+            raw = rawmcp.RawSession(c, gateway.url)
+            await raw.initialize()
+            headers = {**raw.headers(), "accept": "text/event-stream"}
+            async with c.stream("GET", gateway.url, headers=headers) as response:
+                assert response.status_code == 200
+                assert response.headers["content-type"].startswith("text/event-stream")
+                opened = anyio.current_time()
+                seen = b""
+                comment_at = None
+                with anyio.fail_after(KEEPALIVE_S + 8):
+                    async for chunk in response.aiter_raw():
+                        seen += chunk
+                        if b"\n:\n\n" in seen or seen.startswith(b":\n\n"):
+                            comment_at = anyio.current_time() - opened
+                            break
+                assert comment_at is not None
+                assert KEEPALIVE_S - 1 <= comment_at <= KEEPALIVE_S + 5, comment_at
+                # Only the priming event came before it: nothing else was written.
+                before = seen[: seen.index(b":\n\n")]
+                assert before.count(b"id:") <= 1, before
+            # The session still works after the stream.
+            reply = await raw.request("ping")
+            assert reply.status == 200
+
+    run(main)

@@ -272,6 +272,13 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: 
         }
     }
     let mut replaced = false;
+    // One keep-alive timer for the stream's life, moved only when it fires: a timer armed
+    // at every wake would enter tokio's timer wheel and leave it again for each of
+    // thousands of streams at every list change. A comment goes out once
+    // SSE_KEEPALIVE_INTERVAL passed without a write.
+    let mut last_write = Instant::now();
+    let keepalive = tokio::time::sleep(SSE_KEEPALIVE_INTERVAL);
+    tokio::pin!(keepalive);
     while !gone {
         let changed = session.changed.notified();
         let pending: Vec<Bytes> = {
@@ -295,21 +302,32 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: 
         }
         if !pending.is_empty() {
             gone = !Box::pin(write_events(&mut sink, pending)).await;
+            last_write = Instant::now();
         }
         if gone {
             break;
         }
-        let keepalive = tokio::time::sleep(SSE_KEEPALIVE_INTERVAL);
         let step = tokio::select! {
             () = changed => 0,
-            () = keepalive => 1,
+            () = keepalive.as_mut() => 1,
             () = sink.closed() => 2,
         };
         match step {
             1 => {
+                let due = last_write + SSE_KEEPALIVE_INTERVAL;
+                let now = Instant::now();
+                if now < due {
+                    // Written since the timer was set: wait out the rest.
+                    keepalive.as_mut().reset(due.into());
+                    continue;
+                }
                 let mut out = BytesMut::with_capacity(4);
                 sse::encode_comment("", &mut out);
                 gone = Box::pin(sink.body(&out)).await.is_err();
+                last_write = Instant::now();
+                keepalive
+                    .as_mut()
+                    .reset((last_write + SSE_KEEPALIVE_INTERVAL).into());
             }
             2 => gone = true,
             _ => {}
