@@ -177,15 +177,15 @@ impl Drop for Notified<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::rc::Rc;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
 
-    /// A waker that counts its wakes.
-    struct Count(AtomicUsize);
+    /// A waker that counts its wakes (also used by `pass`'s tests).
+    pub(in crate::runtime) struct Count(pub(in crate::runtime) AtomicUsize);
 
     impl Wake for Count {
         fn wake(self: Arc<Self>) {
@@ -193,7 +193,7 @@ mod tests {
         }
     }
 
-    fn counting() -> (Arc<Count>, Waker) {
+    pub(in crate::runtime) fn counting() -> (Arc<Count>, Waker) {
         let count = Arc::new(Count(AtomicUsize::new(0)));
         (count.clone(), Waker::from(count))
     }

@@ -221,17 +221,8 @@ fn held() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::Wake;
-
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+    use crate::runtime::notify::tests::counting;
+    use std::sync::atomic::Ordering;
 
     /// A future that, on its first poll, stores its waker in `slot` and calls `then`.
     fn polled_with(waker: &Waker, f: impl FnOnce()) -> Poll<()> {
@@ -247,8 +238,7 @@ mod tests {
 
     #[test]
     fn a_self_wake_settled_in_the_same_poll_is_not_made() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (count, waker) = counting();
         let mark = Mark::default();
         let mut slot = Some(waker.clone());
         let _ = polled_with(&waker, || {
@@ -261,8 +251,7 @@ mod tests {
 
     #[test]
     fn a_self_wake_not_settled_is_made_once_at_the_end_of_the_poll() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (count, waker) = counting();
         let (a, b) = (Mark::default(), Mark::default());
         let mut slots = (Some(waker.clone()), Some(waker.clone()));
         let _ = polled_with(&waker, || {
@@ -278,9 +267,8 @@ mod tests {
 
     #[test]
     fn another_tasks_wake_and_a_wake_outside_a_pass_are_made_at_once() {
-        let ours = Arc::new(Count(AtomicUsize::new(0)));
-        let theirs = Arc::new(Count(AtomicUsize::new(0)));
-        let (our_waker, their_waker) = (Waker::from(ours.clone()), Waker::from(theirs.clone()));
+        let (ours, our_waker) = counting();
+        let (theirs, their_waker) = counting();
         let mark = Mark::default();
         let mut slot = Some(their_waker.clone());
         let _ = polled_with(&our_waker, || wake(&mut slot, &mark));
@@ -293,8 +281,7 @@ mod tests {
 
     #[test]
     fn join_in_order_polls_the_first_again_when_the_second_woke_it() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (count, waker) = counting();
         let answered = std::cell::Cell::new(false);
         let slot = std::cell::RefCell::new(None);
         let mark = Mark::default();
@@ -324,8 +311,7 @@ mod tests {
 
     #[test]
     fn a_panic_in_a_wrapped_poll_leaves_no_pass_behind() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (count, waker) = counting();
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut fut = std::pin::pin!(run(std::future::poll_fn(|_| -> Poll<()> {
                 panic!("a task's bug")
