@@ -9,18 +9,18 @@
 //! and already took what it was woken for. callgrind counted five polls of a connection's
 //! task per `tools/call`, three of them such self-wakes.
 //!
-//! How: [`run`] wraps a task's future. While it is polled, a wake through [`wake`] whose
-//! waker is this task's is not made; the wake site's [`Mark`] records it instead, and the
-//! pass counts it as outstanding. The woken future calls [`Mark::polled`] whenever it is
-//! polled, which settles the mark. When the wrapped poll returns `Pending` with a wake
+//! How: [`run`] wraps a task's future. While it is polled, a wake through [`Waiter::wake`]
+//! (or [`wake_waker`]) whose waker is this task's is not made; the wake site's [`Mark`]
+//! records it instead, and the pass counts it as outstanding. The woken future calls
+//! [`Mark::polled`] whenever it is polled, which settles the mark. When the wrapped poll returns `Pending` with a wake
 //! still outstanding, the task wakes itself once. So a wake is never lost: it is made at
 //! the end of the poll unless the future it was for has been polled since.
 //!
 //! A wake outside a wrapped poll, or of another task, is made at once, as before.
 //!
-//! The rule for a waiting place (a waker slot and its mark): one future waits there at a
-//! time, and it calls [`Mark::polled`] at the start of every poll and then checks what it
-//! waits for, returning `Ready` or storing its waker again. Two futures of one task
+//! The rule for a waiting place (a [`Waiter`], or a waker slot and its mark): one future
+//! waits there at a time, and it calls [`Mark::polled`] at the start of every poll and then
+//! checks what it waits for, returning `Ready` or storing its waker again. Two futures of one task
 //! waiting in one slot at once could settle each other's wakes; no slot is used so.
 
 use std::cell::Cell;
@@ -76,15 +76,45 @@ impl Mark {
     }
 }
 
-/// Wakes the waker in `slot` (taking it), or holds the wake back when it is the waker of
-/// the task whose poll is running (see the module docs).
-pub fn wake(slot: &mut Option<Waker>, mark: &Mark) {
-    if let Some(waker) = slot.take() {
-        wake_waker(waker, mark);
+/// A waiting place: the waker of the one future waiting there, and the mark of a wake held
+/// back for it (see the module docs for the rule it keeps).
+#[derive(Default)]
+pub struct Waiter {
+    waker: Option<Waker>,
+    mark: Mark,
+}
+
+impl Waiter {
+    /// Called at the start of every poll of the waiting future, before it checks what it
+    /// waits for.
+    pub fn polled(&self) {
+        self.mark.polled();
+    }
+
+    /// Stores the waiting task's waker, unless the one kept already wakes it (a future
+    /// polled again without having been woken keeps its place as it is).
+    pub fn register(&mut self, cx: &Context<'_>) {
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            self.waker = Some(cx.waker().clone());
+        }
+    }
+
+    /// Forgets the waiting future: it has what it waited for, or it is gone.
+    pub fn clear(&mut self) {
+        self.waker = None;
+    }
+
+    /// Wakes the waiting future, if one waits, or holds the wake back when it is the
+    /// waker of the task whose poll is running.
+    pub fn wake(&mut self) {
+        if let Some(waker) = self.waker.take() {
+            wake_waker(waker, &self.mark);
+        }
     }
 }
 
-/// [`wake`] for a waker already taken from its slot.
+/// Wakes `waker`, or holds the wake back when it is the waker of the task whose poll is
+/// running, recording it at `mark` (see the module docs).
 pub fn wake_waker(waker: Waker, mark: &Mark) {
     let held = PASS.with(|p| {
         let id = p.id.get();
@@ -236,27 +266,32 @@ mod tests {
         fut.as_mut().poll(&mut Context::from_waker(waker))
     }
 
+    /// A waiting place holding `waker`.
+    fn waiting(waker: &Waker) -> Waiter {
+        let mut waiter = Waiter::default();
+        waiter.register(&Context::from_waker(waker));
+        waiter
+    }
+
     #[test]
     fn a_self_wake_settled_in_the_same_poll_is_not_made() {
         let (count, waker) = counting();
-        let mark = Mark::default();
-        let mut slot = Some(waker.clone());
+        let mut waiter = waiting(&waker);
         let _ = polled_with(&waker, || {
-            wake(&mut slot, &mark);
-            mark.polled();
+            waiter.wake();
+            waiter.polled();
         });
         assert_eq!(count.0.load(Ordering::Relaxed), 0);
-        assert!(slot.is_none());
+        assert!(waiter.waker.is_none());
     }
 
     #[test]
     fn a_self_wake_not_settled_is_made_once_at_the_end_of_the_poll() {
         let (count, waker) = counting();
-        let (a, b) = (Mark::default(), Mark::default());
-        let mut slots = (Some(waker.clone()), Some(waker.clone()));
+        let (mut a, mut b) = (waiting(&waker), waiting(&waker));
         let _ = polled_with(&waker, || {
-            wake(&mut slots.0, &a);
-            wake(&mut slots.1, &b);
+            a.wake();
+            b.wake();
             a.polled();
         });
         assert_eq!(count.0.load(Ordering::Relaxed), 1);
@@ -269,13 +304,12 @@ mod tests {
     fn another_tasks_wake_and_a_wake_outside_a_pass_are_made_at_once() {
         let (ours, our_waker) = counting();
         let (theirs, their_waker) = counting();
-        let mark = Mark::default();
-        let mut slot = Some(their_waker.clone());
-        let _ = polled_with(&our_waker, || wake(&mut slot, &mark));
+        let mut waiter = waiting(&their_waker);
+        let _ = polled_with(&our_waker, || waiter.wake());
         assert_eq!(theirs.0.load(Ordering::Relaxed), 1);
         assert_eq!(ours.0.load(Ordering::Relaxed), 0);
-        let mut slot = Some(our_waker.clone());
-        wake(&mut slot, &mark);
+        let mut waiter = waiting(&our_waker);
+        waiter.wake();
         assert_eq!(ours.0.load(Ordering::Relaxed), 1);
     }
 
@@ -283,22 +317,21 @@ mod tests {
     fn join_in_order_polls_the_first_again_when_the_second_woke_it() {
         let (count, waker) = counting();
         let answered = std::cell::Cell::new(false);
-        let slot = std::cell::RefCell::new(None);
-        let mark = Mark::default();
+        let waiter = std::cell::RefCell::new(Waiter::default());
         let (a_polls, b_polls) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
         let a = std::future::poll_fn(|cx| {
             a_polls.set(a_polls.get() + 1);
-            mark.polled();
+            waiter.borrow().polled();
             if answered.get() {
                 return Poll::Ready(7);
             }
-            *slot.borrow_mut() = Some(cx.waker().clone());
+            waiter.borrow_mut().register(cx);
             Poll::Pending
         });
         let b = std::future::poll_fn(|_| {
             b_polls.set(b_polls.get() + 1);
             answered.set(true);
-            wake(&mut slot.borrow_mut(), &mark);
+            waiter.borrow_mut().wake();
             Poll::Ready(())
         });
         let (a, b) = (std::pin::pin!(a), std::pin::pin!(b));
@@ -321,8 +354,7 @@ mod tests {
         assert!(panicked.is_err());
         assert_eq!(PASS.with(|p| p.id.get()), 0);
         // Outside any pass again: the same waker's wake is made at once.
-        let mut slot = Some(waker.clone());
-        wake(&mut slot, &Mark::default());
+        waiting(&waker).wake();
         assert_eq!(count.0.load(Ordering::Relaxed), 1);
     }
 }

@@ -5,13 +5,13 @@ use super::frame::{Begin, Challenge, Flush, Frame, Reset};
 use super::window::Window;
 use crate::limits::{STREAM_FRAMES_MAX, STREAM_WINDOW_BYTES};
 use crate::metrics;
-use crate::runtime::pass::{self, Mark};
+use crate::runtime::pass::Waiter;
 use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 /// The other end of a direction is gone (reset, or dropped without a frame).
@@ -44,30 +44,13 @@ struct Direction {
     refused: bool,
     /// The sender was dropped (frames still queued are delivered first).
     sender_dropped: bool,
-    recv_waker: Option<Waker>,
+    /// The receiver waiting for a frame.
+    recv: Waiter,
     /// The sender waiting for credit or queue room.
-    send_waker: Option<Waker>,
+    send: Waiter,
     /// The sender waiting for a RESET or CHALLENGE (may be another task than the one
-    /// waiting for credit, so it has its own slot).
-    throttle_waker: Option<Waker>,
-    /// Wakes of the three held back within their task's poll ([`pass`]).
-    recv_mark: Mark,
-    send_mark: Mark,
-    throttle_mark: Mark,
-}
-
-impl Direction {
-    fn wake_recv(&mut self) {
-        pass::wake(&mut self.recv_waker, &self.recv_mark);
-    }
-
-    fn wake_send(&mut self) {
-        pass::wake(&mut self.send_waker, &self.send_mark);
-    }
-
-    fn wake_throttle(&mut self) {
-        pass::wake(&mut self.throttle_waker, &self.throttle_mark);
-    }
+    /// waiting for credit, so it has its own place).
+    throttle: Waiter,
 }
 
 /// Both directions of one stream, in one allocation.
@@ -106,21 +89,10 @@ fn direction() -> RefCell<Direction> {
         half: Half::Open,
         refused: false,
         sender_dropped: false,
-        recv_waker: None,
-        send_waker: None,
-        throttle_waker: None,
-        recv_mark: Mark::default(),
-        send_mark: Mark::default(),
-        throttle_mark: Mark::default(),
+        recv: Waiter::default(),
+        send: Waiter::default(),
+        throttle: Waiter::default(),
     })
-}
-
-/// Stores the waiting task's waker in `slot`, unless the one there already wakes it (a
-/// waiter polled again without having been woken keeps its slot as it is).
-fn keep(slot: &mut Option<Waker>, cx: &Context<'_>) {
-    if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-        *slot = Some(cx.waker().clone());
-    }
 }
 
 /// The sending end of one direction.
@@ -139,7 +111,7 @@ impl Sender {
             assert!(d.half == Half::Open);
             d.window.on_sent(piece.len() as u32);
             d.frames.push_back(Frame::Data(piece));
-            d.wake_recv();
+            d.recv.wake();
         }
         Ok(())
     }
@@ -159,7 +131,7 @@ impl Sender {
         let piece = data.split_to(data.len().min(credit));
         d.window.on_sent(piece.len() as u32);
         d.frames.push_back(Frame::Data(piece));
-        d.wake_recv();
+        d.recv.wake();
         Ok(())
     }
 
@@ -168,7 +140,7 @@ impl Sender {
         let mut stalled: Option<Instant> = None;
         let credit = poll_fn(|cx| {
             let mut d = self.dir.borrow_mut();
-            d.send_mark.polled();
+            d.send.polled();
             if d.refused {
                 return Poll::Ready(Err(Gone));
             }
@@ -177,7 +149,7 @@ impl Sender {
                 return Poll::Ready(Ok(credit));
             }
             stalled.get_or_insert_with(Instant::now);
-            keep(&mut d.send_waker, cx);
+            d.send.register(cx);
             Poll::Pending
         })
         .await;
@@ -191,21 +163,21 @@ impl Sender {
     async fn push(&self, frame: Frame) -> Result<(), Gone> {
         poll_fn(|cx| {
             let mut d = self.dir.borrow_mut();
-            d.send_mark.polled();
+            d.send.polled();
             if d.refused {
                 return Poll::Ready(Err(Gone));
             }
             if d.frames.len() < STREAM_FRAMES_MAX {
                 return Poll::Ready(Ok(()));
             }
-            keep(&mut d.send_waker, cx);
+            d.send.register(cx);
             Poll::Pending
         })
         .await?;
         let mut d = self.dir.borrow_mut();
         assert!(d.half == Half::Open);
         d.frames.push_back(frame);
-        d.wake_recv();
+        d.recv.wake();
         Ok(())
     }
 
@@ -227,7 +199,7 @@ impl Sender {
             return false;
         }
         d.frames.push_back(Frame::Flush(flush));
-        d.wake_recv();
+        d.recv.wake();
         true
     }
 
@@ -249,7 +221,7 @@ impl Sender {
         d.half = Half::Closed;
         // END/ABORT may exceed STREAM_FRAMES_MAX by one: a close must never wait.
         d.frames.push_back(frame);
-        d.wake_recv();
+        d.recv.wake();
     }
 
     /// True once END or ABORT was sent.
@@ -267,14 +239,14 @@ impl Sender {
     /// once (one task relaying many streams registers its one waker with each).
     pub fn poll_throttle(&self, cx: &mut Context<'_>) -> Poll<Option<Throttle>> {
         let mut d = self.dir.borrow_mut();
-        d.throttle_mark.polled();
+        d.throttle.polled();
         if let Some(t) = d.throttles.pop_front() {
             return Poll::Ready(Some(t));
         }
         if d.refused {
             return Poll::Ready(None);
         }
-        keep(&mut d.throttle_waker, cx);
+        d.throttle.register(cx);
         Poll::Pending
     }
 
@@ -294,14 +266,14 @@ impl Drop for Sender {
         let mut d = self.dir.borrow_mut();
         d.sender_dropped = true;
         // No one is left to send: an ack or a reset must not wake a future that waited here.
-        d.send_waker = None;
-        d.throttle_waker = None;
+        d.send.clear();
+        d.throttle.clear();
         if d.half == Half::Open {
             // A sender that vanished without closing aborted: say so to the receiver.
             d.half = Half::Closed;
             d.frames.push_back(Frame::Abort);
         }
-        d.wake_recv();
+        d.recv.wake();
     }
 }
 
@@ -320,16 +292,16 @@ impl Receiver {
     /// [`Receiver::next`] as a poll, for a task that waits on several directions at once.
     pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Frame>> {
         let mut d = self.dir.borrow_mut();
-        d.recv_mark.polled();
+        d.recv.polled();
         if let Some(f) = d.frames.pop_front() {
             // The sender may be waiting for queue room.
-            d.wake_send();
+            d.send.wake();
             return Poll::Ready(Some(f));
         }
         if d.half == Half::Closed || d.sender_dropped {
             return Poll::Ready(None);
         }
-        keep(&mut d.recv_waker, cx);
+        d.recv.register(cx);
         Poll::Pending
     }
 
@@ -338,7 +310,7 @@ impl Receiver {
         let mut d = self.dir.borrow_mut();
         let f = d.frames.pop_front();
         if f.is_some() {
-            d.wake_send();
+            d.send.wake();
         }
         f
     }
@@ -356,7 +328,7 @@ impl Receiver {
         let mut d = self.dir.borrow_mut();
         d.window.on_ack(bytes);
         metrics::record_window_grant(bytes);
-        d.wake_send();
+        d.send.wake();
     }
 
     /// Rejects the direction: the sender's later sends fail and it sees the reset.
@@ -367,8 +339,8 @@ impl Receiver {
         }
         d.refused = true;
         d.throttles.push_back(Throttle::Reset(reset));
-        d.wake_send();
-        d.wake_throttle();
+        d.send.wake();
+        d.throttle.wake();
     }
 
     /// Sends a CHALLENGE to the sender (bounded: ignored past the frame limit, which only
@@ -379,7 +351,7 @@ impl Receiver {
             return Err(Gone);
         }
         d.throttles.push_back(Throttle::Challenge(challenge));
-        d.wake_throttle();
+        d.throttle.wake();
         Ok(())
     }
 }
@@ -390,9 +362,9 @@ impl Drop for Receiver {
         d.refused = true;
         d.frames.clear();
         // No one is left to read: a later send must not wake a future that waited here.
-        d.recv_waker = None;
-        d.wake_send();
-        d.wake_throttle();
+        d.recv.clear();
+        d.send.wake();
+        d.throttle.wake();
     }
 }
 

@@ -407,7 +407,7 @@ async fn request(
         )
         .await;
     }
-    let params = env
+    let mut params = env
         .params
         .map(|p| req.body.slice_ref(p.get().as_bytes()))
         .unwrap_or_default();
@@ -436,7 +436,6 @@ async fn request(
     // The params are queued before the exit looks for them (as far as the window takes
     // them, which is all of them but for a large request), so the exit writes the upstream
     // request in one piece instead of head, params and tail.
-    let mut params = params;
     let _ = inflight.caller.initial.try_data(&mut params);
     let calling = async {
         // If the exit refuses the params (Gone) its RESET is rendered from the reply below.

@@ -9,11 +9,11 @@ use crate::binding::server::metrics as server_metrics;
 use crate::http::{self, BodyFraming};
 use crate::runtime::Conn;
 use crate::runtime::notify::Notify;
-use crate::runtime::pass::{self, Mark};
+use crate::runtime::pass::Waiter;
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::task::{Poll, Waker};
+use std::task::Poll;
 use tokio::sync::mpsc;
 
 /// The connection went away (write failed, peer closed, or the forwarding worker quit).
@@ -38,9 +38,8 @@ pub struct ConnShared {
     /// Set once the response in progress is over: whether the connection may carry another
     /// request. Reset by the dispatcher before each request (one response at a time).
     pub done: Cell<Option<bool>>,
-    /// The dispatcher waiting for `done`, and a wake of it held back ([`pass`]).
-    done_waker: RefCell<Option<Waker>>,
-    done_mark: Mark,
+    /// The dispatcher waiting for `done`.
+    done_waiter: RefCell<Waiter>,
 }
 
 impl ConnShared {
@@ -50,8 +49,7 @@ impl ConnShared {
             peer_closed: Cell::new(false),
             closed: Notify::new(),
             done: Cell::new(None),
-            done_waker: RefCell::new(None),
-            done_mark: Mark::default(),
+            done_waiter: RefCell::new(Waiter::default()),
         }
     }
 
@@ -59,15 +57,13 @@ impl ConnShared {
     /// carry another request (one waiter: the connection's dispatcher).
     pub async fn response_done(&self) -> bool {
         std::future::poll_fn(|cx| {
-            self.done_mark.polled();
+            let mut waiter = self.done_waiter.borrow_mut();
+            waiter.polled();
             if let Some(keep_alive) = self.done.take() {
-                *self.done_waker.borrow_mut() = None;
+                waiter.clear();
                 return Poll::Ready(keep_alive);
             }
-            let mut slot = self.done_waker.borrow_mut();
-            if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                *slot = Some(cx.waker().clone());
-            }
+            waiter.register(cx);
             Poll::Pending
         })
         .await
@@ -75,10 +71,7 @@ impl ConnShared {
 
     fn signal_done(&self, keep_alive: bool) {
         self.done.set(Some(keep_alive));
-        let waker = self.done_waker.borrow_mut().take();
-        if let Some(waker) = waker {
-            pass::wake_waker(waker, &self.done_mark);
-        }
+        self.done_waiter.borrow_mut().wake();
     }
 
     async fn wait_closed(&self) {
