@@ -305,11 +305,18 @@ where
     // One reservation for the whole chunk: the size line, the data and the CRLF after it,
     // plus room for a last chunk, so ending the body right after never regrows the buffer.
     out.reserve(U64_DIGITS_MAX + len + 4 + LAST_CHUNK.len());
-    put_hex(len as u64, out);
-    out.put_slice(b"\r\n");
+    encode_chunk_size(len as u64, out);
     for part in parts {
         put_bulk(part, out);
     }
+    out.put_slice(b"\r\n");
+}
+
+/// Writes a chunk's size line, `<hex size>\r\n`: the caller writes the `size` bytes of
+/// data after it and then `\r\n` (RFC 9112 §7.1), when the data goes to the socket
+/// without being copied behind the size line.
+pub fn encode_chunk_size(size: u64, out: &mut BytesMut) {
+    put_hex(size, out);
     out.put_slice(b"\r\n");
 }
 

@@ -21,6 +21,10 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 
+/// Parts one `writev` takes on epoll (an array on the stack); more parts take more calls.
+/// Responses written in parts have a handful (head, stored bytes, tail).
+const WRITE_PARTS_MAX: usize = 8;
+
 /// Which event loop a worker runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -94,6 +98,23 @@ impl Socket {
         match self {
             Socket::Uring(s) => super::submit::submitted(s.write_all(data)).await.0,
             Socket::Epoll(s) => epoll_write_all(s, &data).await,
+        }
+    }
+
+    /// Writes `parts` back to back, all of them, with vectored writes (no copy into one
+    /// buffer).
+    pub(super) async fn write_all_parts(&self, mut parts: Vec<Bytes>) -> io::Result<()> {
+        parts.retain(|p| !p.is_empty());
+        match self {
+            Socket::Uring(s) => {
+                while !parts.is_empty() {
+                    let (written, back) = super::submit::submitted(s.writev(parts)).await;
+                    parts = back;
+                    consume(&mut parts, written?)?;
+                }
+                Ok(())
+            }
+            Socket::Epoll(s) => epoll_write_all_parts(s, &mut parts).await,
         }
     }
 
@@ -189,6 +210,20 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Writes `parts` back to back, like [`Conn::write_all`] of them joined, but without
+    /// joining them: large shared bytes (a stored list) reach the socket as they are. TLS
+    /// joins them, since sealing copies every byte anyway.
+    pub async fn write_all_parts(&self, parts: Vec<Bytes>) -> io::Result<()> {
+        if self.tls.is_none() {
+            return self.socket.write_all_parts(parts).await;
+        }
+        let mut joined = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+        for part in &parts {
+            joined.extend_from_slice(part);
+        }
+        self.write_all(joined.freeze()).await
     }
 
     /// Shuts both directions down: a pending read completes with 0 and the peer sees EOF.
@@ -413,6 +448,54 @@ async fn epoll_write_all(s: &AsyncFd<std::net::TcpStream>, mut data: &[u8]) -> i
     Ok(())
 }
 
+/// Like [`epoll_write_all`], for `parts` back to back: one `writev` of up to
+/// [`WRITE_PARTS_MAX`] parts per attempt. Empties `parts`.
+async fn epoll_write_all_parts(
+    s: &AsyncFd<std::net::TcpStream>,
+    parts: &mut Vec<Bytes>,
+) -> io::Result<()> {
+    while !parts.is_empty() {
+        let mut guard = s.writable().await?;
+        let mut slices = [io::IoSlice::new(&[]); WRITE_PARTS_MAX];
+        let count = parts.len().min(WRITE_PARTS_MAX);
+        for (slice, part) in slices.iter_mut().zip(parts.iter()) {
+            *slice = io::IoSlice::new(part);
+        }
+        let offered: usize = parts.iter().take(count).map(Bytes::len).sum();
+        let batch = slices.get(..count).unwrap_or_default();
+        match guard.try_io(|fd| io::Write::write_vectored(&mut fd.get_ref(), batch)) {
+            Ok(Ok(n)) => {
+                if n < offered {
+                    guard.clear_ready();
+                }
+                consume(parts, n)?;
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+    Ok(())
+}
+
+/// Drops the first `written` bytes of `parts` (a write took them); a write that took
+/// nothing of a non-empty list is an error, as for a plain write.
+fn consume(parts: &mut Vec<Bytes>, mut written: usize) -> io::Result<()> {
+    if written == 0 {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    let mut whole = 0;
+    for part in parts.iter_mut() {
+        if written < part.len() {
+            bytes::Buf::advance(part, written);
+            break;
+        }
+        written -= part.len();
+        whole += 1;
+    }
+    parts.drain(..whole);
+    Ok(())
+}
+
 fn shutdown_fd(fd: RawFd, how: libc::c_int) -> io::Result<()> {
     // SAFETY: `fd` is a socket owned by the caller for the duration of the call;
     // shutdown(2) does not take ownership or invalidate it.
@@ -502,3 +585,7 @@ const LISTEN_BACKLOG: i32 = 1024;
 pub fn uring_available() -> Result<(), io::Error> {
     tokio_uring::Runtime::new(&tokio_uring::builder()).map(drop)
 }
+
+#[cfg(test)]
+#[path = "io_tests.rs"]
+mod tests;

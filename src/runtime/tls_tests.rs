@@ -122,6 +122,35 @@ fn bytes_cross_both_ways_and_close_notify_ends_the_stream() {
 }
 
 #[test]
+fn parts_written_over_tls_arrive_joined_in_order() {
+    let (_ca, server, upstream) = localhost("parts");
+    let head = Bytes::from_static(b"HTTP/1.1 200 OK\r\ncontent-length: 65540\r\n\r\n");
+    let stored: Bytes = (0..64 * 1024)
+        .map(|i| (i % 253) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let tail = Bytes::from_static(b"]}}\n");
+    let mut want = Vec::new();
+    for p in [&head, &stored, &tail] {
+        want.extend_from_slice(p);
+    }
+    for backend in backends() {
+        let parts = vec![head.clone(), stored.clone(), Bytes::new(), tail.clone()];
+        block_on(backend, async {
+            let (client, c, accepted, s) = pair(backend, &server, &upstream, SECOND).await;
+            assert!(c.is_ok() && s.is_ok(), "{backend:?}: {c:?} {s:?}");
+            let write = async { accepted.write_all_parts(parts).await.expect("write") };
+            let mut got = BytesMut::new();
+            tokio::join!(write, read_plain(&client, &mut got, want.len()));
+            assert!(got[..] == want[..], "{backend:?}: the parts, joined");
+            accepted.shutdown();
+            client.shutdown();
+        })
+        .expect("runtime");
+    }
+}
+
+#[test]
 fn an_idle_connection_whose_peer_said_close_notify_is_unusable() {
     let (_ca, server, upstream) = localhost("idle");
     for backend in backends() {

@@ -11,7 +11,7 @@ use super::auth::rules::ListFilter;
 use super::session::{
     AnswerTo, Inflight, Session, data_event, refuse_request, render_event, sse_head,
 };
-use super::sink::Sink;
+use super::sink::{Piece, Sink};
 use crate::jsonrpc::{self};
 use crate::limits::REQUEST_REPLAY_EVENTS_MAX;
 use crate::metrics::Outcome;
@@ -255,9 +255,10 @@ impl Render<'_> {
     async fn on_data(&mut self, data: Bytes) -> bool {
         let reply = &self.inflight.caller.reply;
         // Credit goes back before the agent-side write, not after it: `data` is ours now
-        // and is copied into the encoded chunk, so the exit can read the next window from
-        // upstream while this one is written (double buffering). Memory stays bounded: one
-        // window queued plus the one being written.
+        // (copied into the encoded chunk, or, when large, held by the write as it is), so
+        // the exit can read the next window from upstream while this one is written
+        // (double buffering). Memory stays bounded: one window queued plus the one being
+        // written.
         reply.ack(data.len() as u32);
         let Some(data) = self.filtered(data) else {
             self.unreadable_list().await;
@@ -273,7 +274,14 @@ impl Render<'_> {
                 };
                 if let Some(sink) = self.sink.take() {
                     let [open, id, member] = jsonrpc::result_prefix_parts(self.id());
-                    let body: [&[u8]; 6] = [open, id, member, &data, &tail, jsonrpc::RESULT_SUFFIX];
+                    let body = [
+                        Piece::Copy(open),
+                        Piece::Copy(id),
+                        Piece::Copy(member),
+                        Piece::Shared(&data),
+                        Piece::Shared(&tail),
+                        Piece::Copy(jsonrpc::RESULT_SUFFIX),
+                    ];
                     let _ = match &self.session.json_head {
                         Some(fields) => sink.respond_with_fields(fields, &body).await,
                         None => {
@@ -302,7 +310,10 @@ impl Render<'_> {
                 }
             }
             if let Some(sink) = self.sink.as_mut()
-                && sink.body_of([&prefix[..], &data[..]]).await.is_err()
+                && sink
+                    .body_of([Piece::Copy(&prefix), Piece::Shared(&data)])
+                    .await
+                    .is_err()
             {
                 self.sink = None;
             }
@@ -341,7 +352,7 @@ impl Render<'_> {
             self.end_with(&parts).await;
         } else if self.mode == Mode::Json {
             if let Some(sink) = self.sink.as_mut()
-                && sink.body_of(parts.iter().map(|b| &b[..])).await.is_err()
+                && sink.body_of(parts.iter().map(Piece::Shared)).await.is_err()
             {
                 self.sink = None;
             }
@@ -413,7 +424,8 @@ impl Render<'_> {
             }
             Mode::Json => {
                 if let Some(sink) = self.sink.take() {
-                    let all = parts.iter().map(|b| &b[..]).chain([jsonrpc::RESULT_SUFFIX]);
+                    let all = (parts.iter().map(Piece::Shared))
+                        .chain([Piece::Copy(jsonrpc::RESULT_SUFFIX)]);
                     let _ = sink.finish_of(all).await;
                 }
             }
@@ -431,7 +443,7 @@ impl Render<'_> {
                 w.write(jsonrpc::RESULT_SUFFIX, &mut out);
                 w.finish(&mut out);
                 if let Some(sink) = self.sink.take() {
-                    let _ = sink.finish_of([&out[..]]).await;
+                    let _ = sink.finish_of([Piece::Copy(&out)]).await;
                 }
             }
         }

@@ -20,6 +20,86 @@ use tokio::sync::mpsc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gone;
 
+/// Shared bytes at least this long go to the socket as they are, in a vectored write
+/// behind the bytes copied before them (a stored list answered from the cache); shorter
+/// ones are copied, which costs less than a part more in the write.
+pub const SHARED_PIECE_MIN_BYTES: usize = 16 * 1024;
+
+/// One piece of a response body.
+#[derive(Clone, Copy)]
+pub enum Piece<'a> {
+    /// Copied into the write.
+    Copy(&'a [u8]),
+    /// Shared bytes: written as they are from [`SHARED_PIECE_MIN_BYTES`] on, copied below.
+    Shared(&'a Bytes),
+}
+
+impl Piece<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Copy(b) => b.len(),
+            Piece::Shared(b) => b.len(),
+        }
+    }
+
+    /// How many of its bytes a write copies.
+    fn copied(&self) -> usize {
+        match self {
+            Piece::Shared(b) if b.len() >= SHARED_PIECE_MIN_BYTES => 0,
+            piece => piece.len(),
+        }
+    }
+}
+
+/// The bytes of one write, gathered: copied pieces in a buffer, large shared pieces kept
+/// as they are between them.
+struct Gather {
+    /// What comes before the copied bytes in `buf`, in order.
+    parts: Vec<Bytes>,
+    buf: BytesMut,
+}
+
+impl Gather {
+    /// Room for `copied` bytes; sized exactly, a frozen buffer with room left costs one
+    /// allocation more to share.
+    fn new(copied: usize) -> Gather {
+        Gather {
+            parts: Vec::new(),
+            buf: BytesMut::with_capacity(copied),
+        }
+    }
+
+    fn put(&mut self, piece: Piece) {
+        match piece {
+            Piece::Shared(b) if b.len() >= SHARED_PIECE_MIN_BYTES => {
+                if !self.buf.is_empty() {
+                    self.parts.push(self.buf.split().freeze());
+                }
+                self.parts.push(b.clone());
+            }
+            Piece::Shared(b) => self.buf.extend_from_slice(b),
+            Piece::Copy(b) => self.buf.extend_from_slice(b),
+        }
+    }
+
+    fn done(mut self) -> Gathered {
+        if self.parts.is_empty() {
+            return Gathered::One(self.buf.freeze());
+        }
+        if !self.buf.is_empty() {
+            self.parts.push(self.buf.freeze());
+        }
+        Gathered::Parts(self.parts)
+    }
+}
+
+/// What one write of a [`Sink`] sends.
+enum Gathered {
+    One(Bytes),
+    /// Back to back, in one vectored write.
+    Parts(Vec<Bytes>),
+}
+
 /// A response part sent from the session's worker to the connection's worker.
 pub enum Part {
     /// Encoded response bytes to write.
@@ -159,16 +239,32 @@ impl Sink {
     }
 
     async fn write(&mut self, bytes: Bytes) -> Result<(), Gone> {
+        self.write_gathered(Gathered::One(bytes)).await
+    }
+
+    async fn write_gathered(&mut self, gathered: Gathered) -> Result<(), Gone> {
         match &mut self.out {
             Out::Local { shared, .. } => {
-                if shared.conn.write_all(bytes).await.is_err() {
+                let written = match gathered {
+                    Gathered::One(bytes) => shared.conn.write_all(bytes).await,
+                    Gathered::Parts(parts) => shared.conn.write_all_parts(parts).await,
+                };
+                if written.is_err() {
                     shared.peer_closed.set(true);
                     shared.closed.notify_waiters();
                     return Err(Gone);
                 }
                 Ok(())
             }
-            Out::Remote(tx) => tx.send(Part::Bytes(bytes)).await.map_err(|_| Gone),
+            Out::Remote(tx) => match gathered {
+                Gathered::One(bytes) => tx.send(Part::Bytes(bytes)).await.map_err(|_| Gone),
+                Gathered::Parts(parts) => {
+                    for bytes in parts {
+                        tx.send(Part::Bytes(bytes)).await.map_err(|_| Gone)?;
+                    }
+                    Ok(())
+                }
+            },
         }
     }
 
@@ -224,29 +320,29 @@ impl Sink {
         headers: &[(&'static str, &[u8])],
         body: &[u8],
     ) -> Result<(), Gone> {
-        self.respond_of(status, headers, &[body]).await
+        self.respond_of(status, headers, &[Piece::Copy(body)]).await
     }
 
     /// Writes a complete response whose body is `parts` back to back, in one write: the
-    /// parts are copied once, straight after the head.
+    /// parts are copied once, straight after the head (large shared ones not at all).
     pub async fn respond_of(
         mut self,
         status: u16,
         headers: &[(&'static str, &[u8])],
-        parts: &[&[u8]],
+        parts: &[Piece<'_>],
     ) -> Result<(), Gone> {
         assert!(self.state == State::Head);
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let mut out = BytesMut::with_capacity(256 + len);
-        if let Err(e) = self.encode_head(status, headers, BodyFraming::Length(len as u64), &mut out)
-        {
+        let len: usize = parts.iter().map(Piece::len).sum();
+        let mut out = Gather::new(256 + parts.iter().map(Piece::copied).sum::<usize>());
+        let framing = BodyFraming::Length(len as u64);
+        if let Err(e) = self.encode_head(status, headers, framing, &mut out.buf) {
             return self.refused(e).await;
         }
         for part in parts {
-            out.extend_from_slice(part);
+            out.put(*part);
         }
         self.state = State::Done;
-        self.write(out.freeze()).await?;
+        self.write_gathered(out.done()).await?;
         self.complete().await
     }
 
@@ -254,25 +350,28 @@ impl Sink {
     /// fields come ready made: `fields` is from [`http::response_head_fields`] (checked
     /// there). `connection: close` and the length are added here, as the encoder would add
     /// them, so the bytes are the same as `respond_of`'s.
-    pub async fn respond_with_fields(mut self, fields: &[u8], parts: &[&[u8]]) -> Result<(), Gone> {
+    pub async fn respond_with_fields(
+        mut self,
+        fields: &[u8],
+        parts: &[Piece<'_>],
+    ) -> Result<(), Gone> {
         assert!(self.state == State::Head);
         const CLOSE: &[u8] = b"connection: close\r\n";
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        // Sized exactly, so that freezing it takes the buffer as it is (a buffer with room
-        // left would cost an allocation more to share).
+        let len: usize = parts.iter().map(Piece::len).sum();
+        let copied: usize = parts.iter().map(Piece::copied).sum();
         let close = if self.keep_alive { 0 } else { CLOSE.len() };
-        let size = fields.len() + close + http::content_length_bytes(len as u64) + len;
-        let mut out = BytesMut::with_capacity(size);
-        out.extend_from_slice(fields);
+        let size = fields.len() + close + http::content_length_bytes(len as u64) + copied;
+        let mut out = Gather::new(size);
+        out.buf.extend_from_slice(fields);
         if !self.keep_alive {
-            out.extend_from_slice(CLOSE);
+            out.buf.extend_from_slice(CLOSE);
         }
-        http::put_content_length(len as u64, &mut out);
+        http::put_content_length(len as u64, &mut out.buf);
         for part in parts {
-            out.extend_from_slice(part);
+            out.put(*part);
         }
         self.state = State::Done;
-        self.write(out.freeze()).await?;
+        self.write_gathered(out.done()).await?;
         self.complete().await
     }
 
@@ -295,22 +394,20 @@ impl Sink {
 
     /// Writes body bytes (as one chunk).
     pub async fn body(&mut self, data: &[u8]) -> Result<(), Gone> {
-        self.body_of([data]).await
+        self.body_of([Piece::Copy(data)]).await
     }
 
     /// Writes `parts` as one chunk in one write.
     pub async fn body_of<'a, I>(&mut self, parts: I) -> Result<(), Gone>
     where
-        I: IntoIterator<Item = &'a [u8]>,
+        I: IntoIterator<Item = Piece<'a>>,
         I::IntoIter: Clone,
     {
         assert!(matches!(self.state, State::Body { .. }));
-        let mut out = BytesMut::new();
-        http::encode_chunk_of(parts, &mut out);
-        if out.is_empty() {
+        let Some(out) = chunk_of(parts, false) else {
             return Ok(());
-        }
-        self.write(out.freeze()).await
+        };
+        self.write_gathered(out.done()).await
     }
 
     /// Ends a streamed body and hands the connection back.
@@ -322,15 +419,20 @@ impl Sink {
     /// the connection back.
     pub async fn finish_of<'a, I>(mut self, parts: I) -> Result<(), Gone>
     where
-        I: IntoIterator<Item = &'a [u8]>,
+        I: IntoIterator<Item = Piece<'a>>,
         I::IntoIter: Clone,
     {
         assert!(matches!(self.state, State::Body { .. }));
-        let mut out = BytesMut::new();
-        http::encode_chunk_of(parts, &mut out);
-        http::encode_last_chunk(&mut out);
+        let out = match chunk_of(parts, true) {
+            Some(out) => out,
+            None => {
+                let mut out = Gather::new(LAST_CHUNK_BYTES);
+                http::encode_last_chunk(&mut out.buf);
+                out
+            }
+        };
         self.state = State::Done;
-        self.write(out.freeze()).await?;
+        self.write_gathered(out.done()).await?;
         self.complete().await
     }
 
@@ -356,6 +458,38 @@ impl Sink {
     }
 }
 
+/// The last chunk of a chunked body and its empty trailer section, `0\r\n\r\n`.
+const LAST_CHUNK_BYTES: usize = 5;
+
+/// Longest chunk size line, `<16 hex digits>\r\n`.
+const CHUNK_SIZE_LINE_MAX: usize = 18;
+
+/// `parts` as one chunk (and the body's end after it when `last`); `None` when they are
+/// all empty, since an empty chunk would end the body.
+fn chunk_of<'a, I>(parts: I, last: bool) -> Option<Gather>
+where
+    I: IntoIterator<Item = Piece<'a>>,
+    I::IntoIter: Clone,
+{
+    let parts = parts.into_iter();
+    let len: usize = parts.clone().map(|p| p.len()).sum();
+    if len == 0 {
+        return None;
+    }
+    let copied: usize = parts.clone().map(|p| p.copied()).sum();
+    let end = if last { LAST_CHUNK_BYTES } else { 0 };
+    let mut out = Gather::new(CHUNK_SIZE_LINE_MAX + copied + 2 + end);
+    http::encode_chunk_size(len as u64, &mut out.buf);
+    for part in parts {
+        out.put(part);
+    }
+    out.buf.extend_from_slice(b"\r\n");
+    if last {
+        http::encode_last_chunk(&mut out.buf);
+    }
+    Some(out)
+}
+
 impl Drop for Sink {
     /// A sink dropped before its response completed aborts the connection.
     fn drop(&mut self) {
@@ -367,5 +501,64 @@ impl Drop for Sink {
             }
             shared.signal_done(false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn joined(gathered: Gathered) -> (Vec<u8>, usize) {
+        match gathered {
+            Gathered::One(b) => (b.to_vec(), 1),
+            Gathered::Parts(parts) => (parts.concat(), parts.len()),
+        }
+    }
+
+    #[test]
+    fn a_chunk_with_a_large_shared_piece_has_the_same_bytes_and_shares_the_piece() {
+        let stored: Bytes = vec![b'x'; SHARED_PIECE_MIN_BYTES].into();
+        let pieces = [
+            Piece::Copy(b"{\"a\":"),
+            Piece::Shared(&stored),
+            Piece::Copy(b"}"),
+        ];
+        let gathered = chunk_of(pieces, true).expect("not empty").done();
+        if let Gathered::Parts(parts) = &gathered {
+            assert_eq!(
+                parts.len(),
+                3,
+                "size line and prefix, the stored bytes, the rest"
+            );
+            assert_eq!(
+                parts.get(1).map(|p| p.as_ptr()),
+                Some(stored.as_ptr()),
+                "not copied"
+            );
+        } else {
+            panic!("a large shared piece is written as it is");
+        }
+        let mut want = BytesMut::new();
+        http::encode_chunk_of([&b"{\"a\":"[..], &stored, b"}"], &mut want);
+        http::encode_last_chunk(&mut want);
+        assert_eq!(joined(gathered).0, want.to_vec());
+    }
+
+    #[test]
+    fn small_shared_pieces_are_copied_into_one_buffer() {
+        let small: Bytes = vec![b'y'; SHARED_PIECE_MIN_BYTES - 1].into();
+        let gathered = chunk_of([Piece::Shared(&small), Piece::Copy(b"z")], false)
+            .expect("not empty")
+            .done();
+        let (bytes, parts) = joined(gathered);
+        assert_eq!(parts, 1);
+        let mut want = BytesMut::new();
+        http::encode_chunk_of([&small[..], b"z"], &mut want);
+        assert_eq!(bytes, want.to_vec());
+    }
+
+    #[test]
+    fn empty_pieces_make_no_chunk() {
+        assert!(chunk_of([Piece::Copy(b""), Piece::Shared(&Bytes::new())], true).is_none());
     }
 }
