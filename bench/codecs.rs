@@ -246,7 +246,7 @@ fn dense_response_1mib() -> Bytes {
 }
 
 /// Feeds `doc` in slot-sized pieces (as socket reads arrive) and counts result bytes.
-fn scan_in_slots(doc: &Bytes, events: &mut Vec<jsonrpc::ScanEvent>) -> usize {
+fn scan_in_slots(doc: &Bytes, events: &mut jsonrpc::ScanEvents) -> usize {
     let mut scanner = jsonrpc::ResultScanner::new();
     let mut result_bytes = 0;
     for start in (0..doc.len()).step_by(SLOT_BYTES) {
@@ -273,7 +273,7 @@ fn scan_result(c: &mut Criterion) {
         ("scan_result_1mib", text_response_1mib()),
         ("scan_result_1mib_dense", dense_response_1mib()),
     ] {
-        let mut events = Vec::with_capacity(8);
+        let mut events = jsonrpc::ScanEvents::new();
         assert!(scan_in_slots(&doc, &mut events) > doc.len() - 128);
         g.throughput(Throughput::Bytes(doc.len() as u64));
         g.bench_function(name, |b| {

@@ -123,7 +123,7 @@ fn tools_list_answer(n: usize) -> Bytes {
 const CALL: &[u8] = br#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"echo","arguments":{"text":"mcpyard-loadgen-"},"_meta":{"progressToken":42}}}"#;
 
 /// Scans `doc` as one piece (a small answer arrives in one read) and returns the result bytes.
-fn scan_one(doc: &Bytes, events: &mut Vec<jsonrpc::ScanEvent>) -> usize {
+fn scan_one(doc: &Bytes, events: &mut jsonrpc::ScanEvents) -> usize {
     let mut scanner = jsonrpc::ResultScanner::new();
     events.clear();
     if scanner.feed(doc.clone(), events).is_err() || scanner.finish(events).is_err() {
@@ -176,7 +176,7 @@ fn ir_loop(case: &str, n: u64) -> usize {
     let params = jsonrpc::Raw::parse(&params).unwrap_or_else(|| {
         panic!("the CALL constant has object params");
     });
-    let mut events = Vec::with_capacity(8);
+    let mut events = jsonrpc::ScanEvents::new();
     // Built only for its own case, so the other cases' counts do not include building it.
     let listing = case == "list_tools_1000";
     let list = match case {
@@ -222,7 +222,7 @@ fn scanner(c: &mut Criterion) {
         ("structured", structured_answer()),
         ("escaped_1k", escaped_answer()),
     ] {
-        let mut events = Vec::with_capacity(8);
+        let mut events = jsonrpc::ScanEvents::new();
         assert!(scan_one(&doc, &mut events) > 0, "{name} must scan");
         g.throughput(Throughput::Bytes(doc.len() as u64));
         g.bench_function(name, |b| {
@@ -248,7 +248,7 @@ fn list_merge(c: &mut Criterion) {
     // Baseline: the result scanner over the same answer in one piece, which only finds
     // where the result is.
     let answer = tools_list_answer(LIST_TOOLS);
-    let mut events = Vec::with_capacity(8);
+    let mut events = jsonrpc::ScanEvents::new();
     assert!(scan_one(&answer, &mut events) > 0);
     g.throughput(Throughput::Bytes(answer.len() as u64));
     g.bench_function("scan_tools_1000", |b| {

@@ -17,7 +17,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use mcpyard::jsonrpc::{ResultScanner, ScanError, ScanEvent, parse_envelope};
+use mcpyard::jsonrpc::{ResultScanner, ScanError, ScanEvent, ScanEvents, parse_envelope};
 use mcpyard_fuzz::{Input, cut};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -34,7 +34,7 @@ struct Outcome {
 /// the piece just fed, one `Done` comes last, and a failure sticks.
 fn scan(pieces: &[Bytes]) -> Result<Outcome, ScanError> {
     let mut scanner = ResultScanner::new();
-    let mut out = Vec::new();
+    let mut out = ScanEvents::new();
     let mut result = Vec::new();
     let mut done = None;
     for piece in pieces {

@@ -34,7 +34,7 @@ pub use items::{ItemError, ItemMode, ItemRewriter, ItemRules, ItemSink};
 pub use params::{ParamIndex, param_raw, param_str, param_str_at, progress_token, raw_is_object};
 pub use raw::Raw;
 pub use scan::{
-    ERROR_BYTES_MAX, ID_BYTES_MAX, ResultScanner, SCAN_DEPTH_MAX, ScanError, ScanEvent,
+    ERROR_BYTES_MAX, ID_BYTES_MAX, ResultScanner, SCAN_DEPTH_MAX, ScanError, ScanEvent, ScanEvents,
 };
 pub use write::{
     RESULT_SUFFIX, escape_str, result_prefix_parts, write_error, write_notification, write_request,

@@ -239,8 +239,15 @@ struct Cx<'a> {
     /// Offset in `piece` where the kept member value's bytes (not yet handed on) begin.
     /// Invariant: `Some` exactly while `ResultScanner::capturing`.
     mark: Option<usize>,
-    out: &'a mut Vec<ScanEvent>,
+    out: &'a mut ScanEvents,
 }
+
+/// Events of one `feed`, kept inline: a piece completes a few at most (result slices
+/// around the structure it holds, and `Done`), so the usual case allocates nothing.
+pub const SCAN_EVENTS_INLINE: usize = 4;
+
+/// Where [`ResultScanner`] pushes its events.
+pub type ScanEvents = smallvec::SmallVec<[ScanEvent; SCAN_EVENTS_INLINE]>;
 
 /// An incremental scanner for one JSON-RPC response document; see the module docs.
 #[derive(Debug)]
@@ -299,7 +306,7 @@ impl ResultScanner {
     ///
     /// Returns an error when the bytes so far cannot start an acceptable document; events
     /// pushed before the error stay in `out`. Empty pieces are fine.
-    pub fn feed(&mut self, piece: Bytes, out: &mut Vec<ScanEvent>) -> Result<(), ScanError> {
+    pub fn feed(&mut self, piece: Bytes, out: &mut ScanEvents) -> Result<(), ScanError> {
         if let Some(failed) = self.failed {
             return Err(failed);
         }
@@ -313,7 +320,7 @@ impl ResultScanner {
     /// Ends the body: returns `Ok` when the document was complete (so [`ScanEvent::Done`] has
     /// already been pushed by `feed`; nothing more is pushed) and [`ScanError::Truncated`]
     /// otherwise. Calling it again gives the same answer.
-    pub fn finish(&mut self, out: &mut Vec<ScanEvent>) -> Result<(), ScanError> {
+    pub fn finish(&mut self, out: &mut ScanEvents) -> Result<(), ScanError> {
         // Done is pushed at the closing brace; `out` is taken so the signature can grow a
         // late event without breaking callers.
         let _ = out;
@@ -332,7 +339,7 @@ impl ResultScanner {
         self.state == State::End
     }
 
-    fn scan(&mut self, piece: &Bytes, out: &mut Vec<ScanEvent>) -> Result<(), ScanError> {
+    fn scan(&mut self, piece: &Bytes, out: &mut ScanEvents) -> Result<(), ScanError> {
         let bytes: &[u8] = piece;
         let mut cx = Cx {
             piece,
@@ -494,7 +501,7 @@ impl ResultScanner {
         from: usize,
         to: usize,
         last: bool,
-        out: &mut Vec<ScanEvent>,
+        out: &mut ScanEvents,
     ) -> Result<(), ScanError> {
         assert!(from <= to);
         assert!(to <= piece.len());

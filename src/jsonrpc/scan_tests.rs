@@ -19,7 +19,7 @@ struct Outcome {
 /// slices are non-empty, point into the piece they came from, and precede the one Done.
 fn scan_pieces(pieces: &[Bytes]) -> Result<Outcome, ScanError> {
     let mut scanner = ResultScanner::new();
-    let mut out = Vec::new();
+    let mut out = ScanEvents::new();
     let mut result = Vec::new();
     let mut done = None;
     for piece in pieces {
@@ -402,7 +402,7 @@ fn malformed_documents_fail_at_every_split() {
 #[test]
 fn error_stays_after_failure() {
     let mut scanner = ResultScanner::new();
-    let mut out = Vec::new();
+    let mut out = ScanEvents::new();
     let bad = scanner.feed(Bytes::from_static(b"{\"result\":x"), &mut out);
     assert_eq!(bad, Err(ScanError::NotJson("expected a value")));
     let again = scanner.feed(Bytes::from_static(b"1}"), &mut out);
@@ -414,11 +414,11 @@ fn error_stays_after_failure() {
 #[test]
 fn done_comes_at_the_closing_brace_and_only_once() {
     let mut scanner = ResultScanner::new();
-    let mut out = Vec::new();
+    let mut out = ScanEvents::new();
     let fed = scanner.feed(Bytes::from_static(b"{\"id\":1,\"result\":2} "), &mut out);
     assert_eq!(fed, Ok(()));
     assert_eq!(
-        out,
+        out.to_vec(),
         vec![
             ScanEvent::Result(Bytes::from_static(b"2")),
             ScanEvent::Done {
@@ -453,7 +453,7 @@ fn empty_pieces_are_harmless() {
 fn one_piece_yields_one_slice_of_it() {
     let all = Bytes::from_static(b"{\"id\":1, \"result\" : [1, \"x\"] , \"jsonrpc\":\"2.0\"}");
     let mut scanner = ResultScanner::new();
-    let mut out = Vec::new();
+    let mut out = ScanEvents::new();
     assert_eq!(scanner.feed(all.clone(), &mut out), Ok(()));
     let Some(ScanEvent::Result(slice)) = out.first() else {
         panic!("no result event: {out:?}");

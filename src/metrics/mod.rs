@@ -105,6 +105,8 @@ pub struct WorkerMetrics {
     pub slots_registered: u64,
     /// Reads that found the slot pool empty and used a small heap buffer instead.
     pub slot_exhausted: u64,
+    /// Encodes that found no pooled encode buffer free and allocated one.
+    pub encode_buffer_misses: u64,
     /// Requests refused by a full table (sessions, connections, streams, pools), in any
     /// binding.
     pub overload_rejections: u64,
@@ -314,6 +316,7 @@ impl WorkerMetrics {
             slots_total: 0,
             slots_registered: 0,
             slot_exhausted: 0,
+            encode_buffer_misses: 0,
             overload_rejections: 0,
             uring_flushes: 0,
             tls: TlsMetrics::default(),
@@ -328,6 +331,7 @@ impl WorkerMetrics {
         self.slots_total += other.slots_total;
         self.slots_registered += other.slots_registered;
         self.slot_exhausted += other.slot_exhausted;
+        self.encode_buffer_misses += other.encode_buffer_misses;
         self.overload_rejections += other.overload_rejections;
         self.uring_flushes += other.uring_flushes;
         self.tls.merge(&other.tls);
@@ -472,7 +476,7 @@ pub fn render(workers: &[WorkerMetrics], out: &mut String) {
     for (name, help, v) in gauges {
         write_gauge(out, name, help, v);
     }
-    let counters: [(&str, &str, u64); 4] = [
+    let counters: [(&str, &str, u64); 5] = [
         (
             "mcpyard_uring_flushes_total",
             "io_uring_enter calls that submitted a scheduler round's operations at once.",
@@ -487,6 +491,11 @@ pub fn render(workers: &[WorkerMetrics], out: &mut String) {
             "mcpyard_slot_exhausted_total",
             "Reads that found the slot pool empty.",
             all.slot_exhausted,
+        ),
+        (
+            "mcpyard_encode_buffer_misses_total",
+            "Encodes that found no pooled encode buffer free and allocated one.",
+            all.encode_buffer_misses,
         ),
         (
             "mcpyard_overload_rejections_total",

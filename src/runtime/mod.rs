@@ -10,6 +10,7 @@
 //! ([`deadline`]).
 
 pub mod deadline;
+pub mod encode_pool;
 mod handshake;
 pub mod io;
 pub mod notify;

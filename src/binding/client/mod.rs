@@ -33,6 +33,7 @@ use crate::config::{ClientAuth, ClientBinding, UpstreamUrl};
 use crate::http::{self, BodyFraming, ResponseEvent, ResponseHead};
 use crate::jsonrpc;
 use crate::limits::UPSTREAM_COALESCE_BYTES_MAX;
+use crate::runtime::encode_pool::{self, Encoded};
 use crate::runtime::{Backend, Slots};
 use crate::stream::{BearerChallenge, Callee, Kind, Reset};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -176,7 +177,7 @@ impl Client {
         loop {
             let lease = self.pool.take().await.map_err(UpErr::Connect)?;
             let reused = lease.link.reused;
-            let mut head = BytesMut::with_capacity(256);
+            let mut head = encode_pool::take(256);
             self.head(req, &mut head)?;
             let sent =
                 write_known(&lease, head, body, Instant::now() + self.response_timeout).await;
@@ -416,7 +417,7 @@ async fn drain(response: &mut Response) -> Result<(), UpErr> {
 /// `deadline` the connection is closed (which completes a write stuck on a full socket).
 async fn write_known(
     lease: &Lease,
-    mut head: BytesMut,
+    mut head: Encoded,
     body: &[Bytes],
     deadline: Instant,
 ) -> Result<(), UpErr> {

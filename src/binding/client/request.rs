@@ -21,16 +21,21 @@ use super::{Answered, Client, Outgoing, UpErr, check_status, write_bounded, writ
 use crate::binding::client::metrics as client_metrics;
 use crate::config::ClientAuth;
 use crate::http::{Decimal, ResponseEvent};
-use crate::jsonrpc::{self, ResultScanner, ScanError, ScanEvent};
+use crate::jsonrpc::{self, ResultScanner, ScanError, ScanEvent, ScanEvents};
 use crate::limits::{
     MESSAGE_BYTES_MAX, UPSTREAM_COALESCE_BYTES_MAX, UPSTREAM_RESULT_HOLD_BYTES,
     UPSTREAM_RESUME_ATTEMPTS_MAX, UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
 };
+use crate::runtime::encode_pool;
 use crate::stream::{Callee, Challenge, Flush, Frame, ReplyBegin, Throttle};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+/// Result slices of one answer held back inline: a result read in one or two pieces is a
+/// slice or a few, so holding it allocates nothing.
+type HeldResult = smallvec::SmallVec<[Bytes; 4]>;
 
 /// Bytes set aside for an upstream request's head (request line and a handful of short
 /// headers): a guess for the buffer's first size, not a limit (a longer head grows it).
@@ -219,7 +224,7 @@ impl Exchange<'_> {
     async fn write(&mut self, lease: &Lease) -> Result<(), UpErr> {
         let begin = &self.callee.begin;
         let params_len = begin.params_len as usize;
-        let mut prefix = BytesMut::with_capacity(64);
+        let mut prefix = encode_pool::take(64);
         prefix.put_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
         prefix.put_slice(self.id.as_str().as_bytes());
         prefix.put_slice(b",\"method\":");
@@ -233,7 +238,7 @@ impl Exchange<'_> {
         // Room for the head, the prefix and the params coalesced below, so the params'
         // copy does not grow (reallocate and copy) the buffer.
         let coalesced = params_len.min(UPSTREAM_COALESCE_BYTES_MAX) + suffix.len();
-        let mut out = BytesMut::with_capacity(HEAD_BYTES_TYPICAL + prefix.len() + coalesced);
+        let mut out = encode_pool::take(HEAD_BYTES_TYPICAL + prefix.len() + coalesced);
         self.client.head(&req, &mut out)?;
         out.put_slice(&prefix);
         let deadline = Instant::now() + self.client.response_timeout;
@@ -486,12 +491,12 @@ impl Exchange<'_> {
         let timeout = self.client.response_timeout;
         let deadline = (Instant::now() + timeout).min(self.callee.begin.deadline);
         let mut scanner = ResultScanner::new();
-        let mut events = Vec::with_capacity(4);
+        let mut events = ScanEvents::new();
         let mut outcome: Option<Result<(), UpErr>> = None;
         // A small result is held until the document is complete, so an upstream that
         // breaks mid-answer still gets the agent a clean error; past the bound the result
         // streams (committed: a later failure can only cut the answer short).
-        let mut held: Vec<Bytes> = Vec::new();
+        let mut held = HeldResult::new();
         let mut held_len = 0usize;
         let mut committed = false;
         let malformed = |e: ScanError| {
@@ -586,7 +591,7 @@ impl Exchange<'_> {
     }
 
     /// Sends the held result pieces (opening the reply first).
-    async fn relay_held(&self, held: &mut Vec<Bytes>) -> Result<(), UpErr> {
+    async fn relay_held(&self, held: &mut HeldResult) -> Result<(), UpErr> {
         self.open_reply().await?;
         for piece in held.drain(..) {
             self.callee

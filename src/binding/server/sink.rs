@@ -8,6 +8,7 @@
 use crate::binding::server::metrics as server_metrics;
 use crate::http::{self, BodyFraming};
 use crate::runtime::Conn;
+use crate::runtime::encode_pool::{self, Encoded};
 use crate::runtime::notify::Notify;
 use crate::runtime::pass::Waiter;
 use bytes::{Bytes, BytesMut};
@@ -56,16 +57,15 @@ impl Piece<'_> {
 struct Gather {
     /// What comes before the copied bytes in `buf`, in order.
     parts: Vec<Bytes>,
-    buf: BytesMut,
+    buf: Encoded,
 }
 
 impl Gather {
-    /// Room for `copied` bytes; sized exactly, a frozen buffer with room left costs one
-    /// allocation more to share.
+    /// Room for `copied` bytes, from the worker's encode buffers.
     fn new(copied: usize) -> Gather {
         Gather {
             parts: Vec::new(),
-            buf: BytesMut::with_capacity(copied),
+            buf: encode_pool::take(copied),
         }
     }
 
@@ -384,7 +384,7 @@ impl Sink {
         headers: &[(&'static str, &[u8])],
     ) -> Result<(), Gone> {
         assert!(self.state == State::Head);
-        let mut out = BytesMut::with_capacity(256);
+        let mut out = encode_pool::take(256);
         if let Err(e) = self.encode_head(status, headers, BodyFraming::Chunked, &mut out) {
             return self.refused(e).await;
         }
