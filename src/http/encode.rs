@@ -322,7 +322,7 @@ pub fn encode_chunk_size(size: u64, out: &mut BytesMut) {
 
 /// Appends `data`, which may be large, in pieces of at most `COPY_PIECE_BYTES` so that no
 /// single copy takes glibc's `rep movsb` path (see `COPY_PIECE_BYTES`). The caller reserves.
-fn put_bulk(data: &[u8], out: &mut BytesMut) {
+pub fn put_bulk(data: &[u8], out: &mut BytesMut) {
     for piece in data.chunks(COPY_PIECE_BYTES) {
         out.put_slice(piece);
     }

@@ -10,12 +10,18 @@
 //!
 //! Bounds: the pool keeps at most [`ENCODE_BUFFERS_PER_WORKER`] buffers of
 //! [`ENCODE_BUFFER_BYTES`]; a message larger than that gets an allocation of its own, as
-//! does one that finds every pooled buffer busy (counted in
+//! does one that finds the buffers it tries busy (counted in
 //! `mcpyard_encode_buffer_misses_total`); a buffer that grew past its size is not kept.
+//! Buffers tried and found busy move to the back of the queue, and a full pool lets its
+//! oldest go for a new one, so buffers held by slow writes cannot starve the pool. A
+//! write that does not end (an agent that stopped reading) holds its buffer, 16 KiB at
+//! most, beside the socket's own send buffer in the kernel, which is far larger.
 
 use crate::metrics;
 use bytes::{Bytes, BytesMut};
 use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 
 /// Bytes of one pooled encode buffer: a head and a typical JSON-RPC message several times
@@ -30,7 +36,7 @@ pub const ENCODE_BUFFERS_PER_WORKER: usize = 64;
 const TAKE_TRIES_MAX: usize = 4;
 
 thread_local! {
-    static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+    static FREE: RefCell<VecDeque<BytesMut>> = const { RefCell::new(VecDeque::new()) };
 }
 
 /// A buffer being encoded into; derefs to its `BytesMut`.
@@ -38,6 +44,11 @@ pub struct Encoded {
     buf: BytesMut,
     /// From the pool (the rest returns there); otherwise sized for one message.
     pooled: bool,
+    /// Room the buffer had when taken (or after its last split): more means it grew
+    /// into a new allocation, which the pool does not keep.
+    room: usize,
+    /// Stays on its worker: the pool is the worker's own.
+    _local: PhantomData<*const ()>,
 }
 
 impl Deref for Encoded {
@@ -54,15 +65,39 @@ impl DerefMut for Encoded {
 }
 
 impl Encoded {
+    fn new(buf: BytesMut, pooled: bool) -> Encoded {
+        Encoded {
+            room: buf.capacity(),
+            buf,
+            pooled,
+            _local: PhantomData,
+        }
+    }
+
+    /// True while the buffer is still the pooled allocation it was taken as.
+    fn keeps_pooled(&self) -> bool {
+        self.pooled && self.buf.capacity() <= self.room
+    }
+
     /// The bytes written, for a write; the room left returns to the pool.
     pub fn freeze(mut self) -> Bytes {
-        if self.pooled && self.buf.capacity() <= ENCODE_BUFFER_BYTES {
+        if self.keeps_pooled() {
             return self.buf.split().freeze();
         }
         // Sized for one message (or a pooled buffer that grew past its size, which the
         // pool does not keep): frozen whole, no share to track.
         self.pooled = false;
         std::mem::take(&mut self.buf).freeze()
+    }
+
+    /// The bytes written so far, for a write, leaving the room after them to write on.
+    pub fn split_frozen(&mut self) -> Bytes {
+        if !self.keeps_pooled() {
+            self.pooled = false;
+        }
+        let out = self.buf.split().freeze();
+        self.room = self.buf.capacity();
+        out
     }
 }
 
@@ -71,18 +106,21 @@ impl Drop for Encoded {
         if !self.pooled {
             return;
         }
-        let mut buf = std::mem::take(&mut self.buf);
         // A buffer that grew (a message longer than it) is not kept: the pool's memory
         // stays bounded. One with no room left is: it is reclaimed once its writes end.
-        if buf.capacity() > ENCODE_BUFFER_BYTES {
+        if !self.keeps_pooled() {
             return;
         }
+        let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
-        FREE.with(|free| {
+        // `try_with`: a buffer dropped while the thread ends just goes.
+        let _ = FREE.try_with(|free| {
             let mut free = free.borrow_mut();
-            if free.len() < ENCODE_BUFFERS_PER_WORKER {
-                free.push(buf);
+            if free.len() >= ENCODE_BUFFERS_PER_WORKER {
+                // The oldest is the one most likely held by a slow write.
+                free.pop_front();
             }
+            free.push_back(buf);
         });
     }
 }
@@ -91,24 +129,25 @@ impl Drop for Encoded {
 /// otherwise (or when the pool has none free) an allocation of `size` bytes.
 pub fn take(size: usize) -> Encoded {
     if size > ENCODE_BUFFER_BYTES {
-        return Encoded {
-            buf: BytesMut::with_capacity(size),
-            pooled: false,
-        };
+        return Encoded::new(BytesMut::with_capacity(size), false);
     }
     let reused = FREE.with(|free| {
         let mut free = free.borrow_mut();
-        let len = free.len();
-        let found = (len.saturating_sub(TAKE_TRIES_MAX)..len)
-            .rev()
-            .find(|&i| free.get_mut(i).is_some_and(|b| b.try_reclaim(size)))?;
-        Some(free.swap_remove(found))
+        for _ in 0..TAKE_TRIES_MAX.min(free.len()) {
+            let mut buf = free.pop_back()?;
+            if buf.try_reclaim(size) {
+                return Some(buf);
+            }
+            // Busy: to the back of the queue, so the next tries look at others.
+            free.push_front(buf);
+        }
+        None
     });
     let buf = reused.unwrap_or_else(|| {
         metrics::with(|m| m.encode_buffer_misses += 1);
         BytesMut::with_capacity(ENCODE_BUFFER_BYTES)
     });
-    Encoded { buf, pooled: true }
+    Encoded::new(buf, true)
 }
 
 #[cfg(test)]
@@ -165,6 +204,52 @@ mod tests {
             before,
             "a message-sized buffer does not join the pool"
         );
+    }
+
+    #[test]
+    fn bytes_written_but_not_frozen_do_not_reach_the_next_message() {
+        let mut dropped = take(64);
+        dropped.extend_from_slice(b"never sent");
+        drop(dropped);
+        let next = take(64);
+        assert!(next.is_empty(), "the next message starts empty");
+    }
+
+    #[test]
+    fn buffers_held_by_slow_writes_do_not_starve_the_pool() {
+        // Every pooled buffer full and in flight.
+        let held: Vec<Bytes> = (0..ENCODE_BUFFERS_PER_WORKER)
+            .map(|_| {
+                let mut b = take(ENCODE_BUFFER_BYTES);
+                b.extend_from_slice(&[0; ENCODE_BUFFER_BYTES]);
+                b.freeze()
+            })
+            .collect();
+        assert_eq!(free_len(), ENCODE_BUFFERS_PER_WORKER);
+        let misses = metrics::with(|m| m.encode_buffer_misses);
+        let mut first = take(64);
+        first.extend_from_slice(b"one");
+        let one = first.freeze();
+        assert_eq!(
+            metrics::with(|m| m.encode_buffer_misses),
+            misses + 1,
+            "a miss"
+        );
+        assert_eq!(
+            free_len(),
+            ENCODE_BUFFERS_PER_WORKER,
+            "the oldest let go for it"
+        );
+        let mut second = take(64);
+        second.extend_from_slice(b"two");
+        assert_eq!(
+            metrics::with(|m| m.encode_buffer_misses),
+            misses + 1,
+            "the new buffer serves the next message"
+        );
+        assert_eq!(&second.freeze()[..], b"two");
+        assert_eq!(&one[..], b"one");
+        drop(held);
     }
 
     #[test]

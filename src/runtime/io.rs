@@ -463,6 +463,8 @@ async fn epoll_write_all_parts(
         }
         let offered: usize = parts.iter().take(count).map(Bytes::len).sum();
         let batch = slices.get(..count).unwrap_or_default();
+        // A plain writev (no MSG_NOSIGNAL): a peer gone raises SIGPIPE, which the Rust
+        // runtime ignores in every binary, so the write fails with EPIPE as on io_uring.
         match guard.try_io(|fd| io::Write::write_vectored(&mut fd.get_ref(), batch)) {
             Ok(Ok(n)) => {
                 if n < offered {
@@ -487,12 +489,18 @@ fn consume(parts: &mut Vec<Bytes>, mut written: usize) -> io::Result<()> {
     for part in parts.iter_mut() {
         if written < part.len() {
             bytes::Buf::advance(part, written);
+            written = 0;
             break;
         }
         written -= part.len();
         whole += 1;
     }
     parts.drain(..whole);
+    if written > 0 {
+        return Err(io::Error::other(
+            "a write reported more bytes than it was given",
+        ));
+    }
     Ok(())
 }
 

@@ -5,11 +5,12 @@
 use super::*;
 use crate::runtime::{ReadBuf, block_on};
 
-/// epoll always; io_uring where this machine allows it.
+/// epoll always; io_uring where this machine allows it (a skip is said on stderr).
 fn backends() -> Vec<Backend> {
     let mut out = vec![Backend::Epoll];
-    if uring_available().is_ok() {
-        out.push(Backend::Uring);
+    match uring_available() {
+        Ok(()) => out.push(Backend::Uring),
+        Err(e) => eprintln!("io_uring not available here, epoll only: {e}"),
     }
     out
 }
@@ -107,6 +108,47 @@ fn a_short_write_drops_whole_parts_and_advances_into_the_next() {
     assert_eq!(p, vec![Bytes::from_static(b"hi")]);
     consume(&mut p, 2).expect("wrote some");
     assert!(p.is_empty());
+}
+
+#[test]
+fn a_write_that_reports_more_than_it_was_given_is_an_error() {
+    let mut p = vec![Bytes::from_static(b"abc")];
+    assert!(consume(&mut p, 4).is_err());
+}
+
+#[test]
+fn empty_parts_are_skipped_and_all_empty_parts_write_nothing() {
+    for backend in backends() {
+        let got = block_on(backend, async move {
+            let std = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = std.local_addr().expect("addr");
+            let listener = Listener::adopt(std, backend).expect("adopt");
+            let client = Conn::connect(addr, backend).await.expect("connect");
+            let (server, _) = listener.accept().await.expect("accept");
+            client
+                .write_all_parts(vec![Bytes::new(), Bytes::new()])
+                .await
+                .expect("nothing to write is no error");
+            let parts = vec![Bytes::new(), Bytes::from_static(b"ab"), Bytes::new()];
+            client.write_all_parts(parts).await.expect("write");
+            client.shutdown();
+            let mut got = BytesMut::new();
+            loop {
+                let (r, buf) = server.read(ReadBuf::Heap(Vec::with_capacity(64))).await;
+                let n = r.expect("read");
+                if n == 0 {
+                    break;
+                }
+                server
+                    .received(buf.get(..n).unwrap_or_default(), &mut got)
+                    .expect("plain");
+            }
+            server.shutdown();
+            got
+        })
+        .expect("runtime");
+        assert_eq!(&got[..], b"ab", "{backend:?}");
+    }
 }
 
 #[test]

@@ -59,6 +59,47 @@ struct Pair {
     reply: RefCell<Direction>,
 }
 
+/// Emptied frame queues a worker keeps for its next streams, so that a request's two
+/// queues reuse an allocation instead of making one each.
+const FRAME_QUEUES_KEPT: usize = 256;
+
+/// A queue that grew past this many frames is not kept: the kept queues hold at most
+/// `FRAME_QUEUES_KEPT` x this many frames' room.
+const FRAME_QUEUE_KEPT_FRAMES: usize = 8;
+
+thread_local! {
+    static FRAME_QUEUES: RefCell<Vec<VecDeque<Frame>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn frame_queue() -> VecDeque<Frame> {
+    FRAME_QUEUES
+        .try_with(|q| q.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+impl Drop for Pair {
+    /// Keeps both frame queues, emptied, for the next streams (within the bounds above).
+    fn drop(&mut self) {
+        for dir in [&mut self.initial, &mut self.reply] {
+            let mut frames = std::mem::take(&mut dir.get_mut().frames);
+            let room = frames.capacity();
+            if room == 0 || room > FRAME_QUEUE_KEPT_FRAMES {
+                continue;
+            }
+            // Emptied before the pool is touched: dropping a frame may end another stream.
+            frames.clear();
+            let _ = FRAME_QUEUES.try_with(|q| {
+                let mut q = q.borrow_mut();
+                if q.len() < FRAME_QUEUES_KEPT {
+                    q.push(frames);
+                }
+            });
+        }
+    }
+}
+
 /// One direction of a stream, as an end holds it.
 struct Shared {
     pair: Rc<Pair>,
@@ -83,7 +124,7 @@ impl Shared {
 
 fn direction() -> RefCell<Direction> {
     RefCell::new(Direction {
-        frames: VecDeque::new(),
+        frames: frame_queue(),
         throttles: VecDeque::new(),
         window: Window::new(STREAM_WINDOW_BYTES),
         half: Half::Open,
@@ -426,6 +467,65 @@ mod tests {
     }
 
     use crate::testing::run_local as run;
+
+    fn progress() -> Flush {
+        Flush {
+            id: None,
+            event: Event::Progress {
+                params: Bytes::from_static(b"{}"),
+            },
+        }
+    }
+
+    fn kept_queues() -> usize {
+        FRAME_QUEUES.with(|q| q.borrow().len())
+    }
+
+    #[test]
+    fn a_stream_reuses_the_emptied_queues_of_an_ended_one_and_sees_none_of_its_frames() {
+        let (caller, callee) = open(begin());
+        // Frames left unread when the stream ends: they must not reach the next stream.
+        assert!(
+            caller
+                .initial
+                .try_data(&mut Bytes::from_static(b"left"))
+                .is_ok()
+        );
+        assert!(callee.reply.try_flush(progress()));
+        let before = kept_queues();
+        drop((caller, callee));
+        assert_eq!(kept_queues(), before + 2, "both queues kept");
+        let (caller, callee) = open(begin());
+        assert_eq!(kept_queues(), before, "and taken by the next stream");
+        assert!(
+            callee.initial.try_next().is_none(),
+            "no frame of the old stream"
+        );
+        assert!(
+            caller.reply.try_next().is_none(),
+            "no frame of the old stream"
+        );
+        assert!(
+            callee.initial.dir.borrow().frames.capacity() > 0,
+            "an allocation reused"
+        );
+        drop((caller, callee));
+    }
+
+    #[test]
+    fn a_queue_that_grew_is_not_kept() {
+        let (caller, callee) = open(begin());
+        for _ in 0..FRAME_QUEUE_KEPT_FRAMES + 1 {
+            assert!(callee.reply.try_flush(progress()));
+        }
+        let before = kept_queues();
+        drop((caller, callee));
+        // The initial queue holds the ABORT of the sender dropped open: kept. The reply
+        // queue grew to 16 frames' room: not kept.
+        assert_eq!(kept_queues(), before + 1, "only the initial queue");
+        let kept_room = FRAME_QUEUES.with(|q| q.borrow().iter().map(VecDeque::capacity).max());
+        assert!(kept_room.is_some_and(|room| room <= FRAME_QUEUE_KEPT_FRAMES));
+    }
 
     #[test]
     fn data_is_split_at_the_window_and_flows_as_acked() {

@@ -177,7 +177,14 @@ impl Client {
         loop {
             let lease = self.pool.take().await.map_err(UpErr::Connect)?;
             let reused = lease.link.reused;
-            let mut head = encode_pool::take(256);
+            // Room for the body too when `write_known` coalesces it behind the head.
+            let total: usize = body.iter().map(Bytes::len).sum();
+            let coalesced = if total <= UPSTREAM_COALESCE_BYTES_MAX {
+                total
+            } else {
+                0
+            };
+            let mut head = encode_pool::take(256 + coalesced);
             self.head(req, &mut head)?;
             let sent =
                 write_known(&lease, head, body, Instant::now() + self.response_timeout).await;

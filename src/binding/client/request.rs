@@ -241,6 +241,8 @@ impl Exchange<'_> {
         let mut out = encode_pool::take(HEAD_BYTES_TYPICAL + prefix.len() + coalesced);
         self.client.head(&req, &mut out)?;
         out.put_slice(&prefix);
+        // Back to the pool now, not after a wait for the agent's streamed params.
+        drop(prefix);
         let deadline = Instant::now() + self.client.response_timeout;
         if self.params_read == params_len {
             // All params are known (none, or a resend).

@@ -312,6 +312,11 @@ async fn relay(mut rx: mpsc::Receiver<Part>, mut sink: Sink, shared: Rc<ConnShar
                     return;
                 }
             }
+            Some(Part::Parts(parts)) => {
+                if sink.write_raw_parts(parts).await.is_err() {
+                    return;
+                }
+            }
             Some(Part::End { keep_alive }) => {
                 sink.complete_raw(keep_alive);
                 return;

@@ -73,12 +73,12 @@ impl Gather {
         match piece {
             Piece::Shared(b) if b.len() >= SHARED_PIECE_MIN_BYTES => {
                 if !self.buf.is_empty() {
-                    self.parts.push(self.buf.split().freeze());
+                    self.parts.push(self.buf.split_frozen());
                 }
                 self.parts.push(b.clone());
             }
-            Piece::Shared(b) => self.buf.extend_from_slice(b),
-            Piece::Copy(b) => self.buf.extend_from_slice(b),
+            Piece::Shared(b) => http::put_bulk(b, &mut self.buf),
+            Piece::Copy(b) => http::put_bulk(b, &mut self.buf),
         }
     }
 
@@ -104,6 +104,9 @@ enum Gathered {
 pub enum Part {
     /// Encoded response bytes to write.
     Bytes(Bytes),
+    /// Encoded response bytes in parts (large shared bytes among them), for one vectored
+    /// write.
+    Parts(Vec<Bytes>),
     /// The response is complete; keep the connection open if `keep_alive`.
     End { keep_alive: bool },
 }
@@ -218,6 +221,12 @@ impl Sink {
         self.write(bytes).await
     }
 
+    /// Writes already-encoded response parts back to back, in one vectored write.
+    pub async fn write_raw_parts(&mut self, parts: Vec<Bytes>) -> Result<(), Gone> {
+        self.state = State::Body { chunked: false };
+        self.write_gathered(Gathered::Parts(parts)).await
+    }
+
     /// Marks a relayed response complete.
     pub fn complete_raw(mut self, keep_alive: bool) {
         self.state = State::Done;
@@ -256,15 +265,13 @@ impl Sink {
                 }
                 Ok(())
             }
-            Out::Remote(tx) => match gathered {
-                Gathered::One(bytes) => tx.send(Part::Bytes(bytes)).await.map_err(|_| Gone),
-                Gathered::Parts(parts) => {
-                    for bytes in parts {
-                        tx.send(Part::Bytes(bytes)).await.map_err(|_| Gone)?;
-                    }
-                    Ok(())
-                }
-            },
+            Out::Remote(tx) => {
+                let part = match gathered {
+                    Gathered::One(bytes) => Part::Bytes(bytes),
+                    Gathered::Parts(parts) => Part::Parts(parts),
+                };
+                tx.send(part).await.map_err(|_| Gone)
+            }
         }
     }
 
@@ -555,6 +562,59 @@ mod tests {
         let mut want = BytesMut::new();
         http::encode_chunk_of([&small[..], b"z"], &mut want);
         assert_eq!(bytes, want.to_vec());
+    }
+
+    /// What a sink sending to another worker put on its channel, joined.
+    fn sent(mut rx: mpsc::Receiver<Part>) -> Vec<u8> {
+        let mut out = Vec::new();
+        while let Ok(part) = rx.try_recv() {
+            match part {
+                Part::Bytes(b) => out.extend_from_slice(&b),
+                Part::Parts(parts) => parts.iter().for_each(|b| out.extend_from_slice(b)),
+                Part::End { keep_alive } => assert!(keep_alive),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_whole_response_with_a_large_shared_piece_counts_it_in_its_length() {
+        crate::testing::run_local(async {
+            let stored: Bytes = vec![b'z'; SHARED_PIECE_MIN_BYTES + 3].into();
+            let body = [
+                Piece::Copy(b"{\"r\":\""),
+                Piece::Shared(&stored),
+                Piece::Copy(b"\"}"),
+            ];
+            let mut want_body = b"{\"r\":\"".to_vec();
+            want_body.extend_from_slice(&stored);
+            want_body.extend_from_slice(b"\"}");
+            let headers: [(&str, &[u8]); 1] = [("content-type", b"application/json")];
+            let length = format!("content-length: {}\r\n\r\n", want_body.len());
+
+            let (tx, rx) = mpsc::channel(8);
+            let sink = Sink::from_channel(tx, true);
+            assert!(sink.respond_of(200, &headers, &body).await.is_ok());
+            let got = sent(rx);
+            let split = got
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .expect("a head")
+                + 4;
+            let (head, rest) = got.split_at(split);
+            assert!(
+                head.ends_with(length.as_bytes()),
+                "{}",
+                String::from_utf8_lossy(head)
+            );
+            assert!(rest == want_body, "the body, the stored bytes in it");
+
+            let fields = http::response_head_fields(200, &headers).expect("fields");
+            let (tx, rx) = mpsc::channel(8);
+            let sink = Sink::from_channel(tx, true);
+            assert!(sink.respond_with_fields(&fields, &body).await.is_ok());
+            assert_eq!(sent(rx), got, "the same bytes either way");
+        });
     }
 
     #[test]
