@@ -2,8 +2,13 @@
 //!
 //! The decoders split the whole head off the read buffer as one frozen `Bytes` and keep only
 //! byte ranges into it, so a head costs one small `Vec` of ranges and no copies of names or
-//! values. Lookups are linear: a head holds at most `HEADERS_PER_MESSAGE_MAX` fields.
+//! values. Lookups are linear: a head holds at most `HEADERS_PER_MESSAGE_MAX` fields. The
+//! `Vec`s of ended heads are kept per worker for the next heads (`FIELD_LISTS_KEPT`), so in
+//! steady state a head allocates nothing. (Ranges kept inline in the head instead widened
+//! every head event the decoders move, and cost more in moves than the allocation.)
 
+use crate::runtime::kept::{self, Kept};
+use std::cell::RefCell;
 use std::fmt;
 
 use bytes::Bytes;
@@ -37,15 +42,33 @@ impl Field {
     }
 }
 
+/// Emptied field lists a worker keeps for its next heads.
+const FIELD_LISTS_KEPT: usize = 256;
+
+/// A list with room for more fields than this is not kept (the kept lists hold at most
+/// `FIELD_LISTS_KEPT` x this many fields' room, 256 KiB).
+const FIELD_LIST_KEPT_FIELDS: usize = crate::limits::HEADERS_PER_MESSAGE_MAX;
+
+thread_local! {
+    static FIELD_LISTS: Kept<Vec<Field>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An empty field list with room for `count` fields, a kept one when there is one.
+fn field_list(count: usize) -> Vec<Field> {
+    let mut fields = kept::take(&FIELD_LISTS);
+    fields.reserve(count);
+    fields
+}
+
 /// Locates every parsed header of a head as ranges into `base`, the bytes it was parsed
-/// from, in one allocation of exactly the right size.
+/// from, in a list kept from an ended head (or one allocation of the right size).
 ///
 /// Errors if a header does not lie inside `base` (a parser bug, never a property of input).
 pub(super) fn locate_fields(
     base: &[u8],
     headers: &[httparse::Header<'_>],
 ) -> Result<Vec<Field>, HttpError> {
-    let mut fields = Vec::with_capacity(headers.len());
+    let mut fields = field_list(headers.len());
     for header in headers {
         let field = Field::locate(base, header.name.as_bytes(), header.value)
             .ok_or(HttpError::BadRequest("header outside head"))?;
@@ -62,6 +85,19 @@ pub(super) fn offsets(base: &[u8], part: &[u8]) -> Option<(u32, u32)> {
         return None;
     }
     Some((u32::try_from(start).ok()?, u32::try_from(end).ok()?))
+}
+
+impl Drop for Headers {
+    /// Keeps the field list, emptied, for the next head (within the bounds above).
+    fn drop(&mut self) {
+        let mut fields = std::mem::take(&mut self.fields);
+        let room = fields.capacity();
+        if room == 0 || room > FIELD_LIST_KEPT_FIELDS {
+            return;
+        }
+        fields.clear();
+        kept::give_back(&FIELD_LISTS, fields, FIELD_LISTS_KEPT);
+    }
 }
 
 /// The header fields of one request or response head, in the order received.
@@ -277,6 +313,33 @@ impl fmt::Debug for Headers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ended_heads_field_list_serves_the_next_head_and_a_long_one_is_not_kept() {
+        let head: &'static [u8] = b"a: 1\r\nb: 2\r\n\r\n";
+        let mut slots = [httparse::EMPTY_HEADER; 8];
+        let Ok(httparse::Status::Complete((_, parsed))) = httparse::parse_headers(head, &mut slots)
+        else {
+            panic!("test head must parse");
+        };
+        let fields = locate_fields(head, parsed).expect("fields");
+        let list = fields.as_ptr();
+        drop(Headers::new(Bytes::from_static(head), fields));
+        let again = locate_fields(head, parsed).expect("fields");
+        assert_eq!(again.as_ptr(), list, "the same list, reused");
+        let h = Headers::new(Bytes::from_static(head), again);
+        assert_eq!(h.get("b"), Some(&b"2"[..]), "and filled anew");
+        drop(h);
+        let kept = FIELD_LISTS.with(|l| l.borrow().len());
+        let mut long = field_list(FIELD_LIST_KEPT_FIELDS + 1);
+        long.clear();
+        drop(Headers::new(Bytes::new(), long));
+        assert_eq!(
+            FIELD_LISTS.with(|l| l.borrow().len()),
+            kept - 1,
+            "taken, not given back"
+        );
+    }
 
     fn headers(head: &'static [u8]) -> Headers {
         let mut slots = [httparse::EMPTY_HEADER; 8];

@@ -26,6 +26,34 @@ fn parts(count: usize, size: usize) -> Vec<Bytes> {
         .collect()
 }
 
+/// A client connection and the server's end of it, over loopback on this worker.
+async fn connected(backend: Backend) -> (Conn, Conn) {
+    let std = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = std.local_addr().expect("addr");
+    let listener = Listener::adopt(std, backend).expect("adopt");
+    let client = Conn::connect(addr, backend).await.expect("connect");
+    let (server, _) = listener.accept().await.expect("accept");
+    (client, server)
+}
+
+/// Reads until `want` bytes came or the peer closed, then shuts the connection down.
+async fn read_all(conn: &Conn, want: usize) -> BytesMut {
+    let mut got = BytesMut::new();
+    while got.len() < want {
+        let (r, buf) = conn
+            .read(ReadBuf::Heap(Vec::with_capacity(64 * 1024)))
+            .await;
+        let n = r.expect("read");
+        if n == 0 {
+            break;
+        }
+        conn.received(buf.get(..n).unwrap_or_default(), &mut got)
+            .expect("plain");
+    }
+    conn.shutdown();
+    got
+}
+
 #[test]
 fn many_large_parts_arrive_whole_and_in_order_on_both_backends() {
     // 20 parts (more than one writev takes) of 256 KiB: 5 MiB, far more than a loopback
@@ -38,35 +66,14 @@ fn many_large_parts_arrive_whole_and_in_order_on_both_backends() {
     for backend in backends() {
         let sent = sent.clone();
         let got = block_on(backend, async move {
-            let std = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            let addr = std.local_addr().expect("addr");
-            let listener = Listener::adopt(std, backend).expect("adopt");
-            let client = Conn::connect(addr, backend).await.expect("connect");
-            let (server, _) = listener.accept().await.expect("accept");
+            let (client, server) = connected(backend).await;
             small_send_buffer(&client);
             let total: usize = sent.iter().map(Bytes::len).sum();
             let write = async {
                 client.write_all_parts(sent).await.expect("write");
                 client.shutdown();
             };
-            let read = async {
-                let mut got = BytesMut::new();
-                while got.len() < total {
-                    let (r, buf) = server
-                        .read(ReadBuf::Heap(Vec::with_capacity(64 * 1024)))
-                        .await;
-                    let n = r.expect("read");
-                    if n == 0 {
-                        break;
-                    }
-                    server
-                        .received(buf.get(..n).unwrap_or_default(), &mut got)
-                        .expect("plain");
-                }
-                server.shutdown();
-                got
-            };
-            tokio::join!(write, read).1
+            tokio::join!(write, read_all(&server, total)).1
         })
         .expect("runtime");
         assert_eq!(got.len(), want.len(), "{backend:?}");
@@ -120,11 +127,7 @@ fn a_write_that_reports_more_than_it_was_given_is_an_error() {
 fn empty_parts_are_skipped_and_all_empty_parts_write_nothing() {
     for backend in backends() {
         let got = block_on(backend, async move {
-            let std = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            let addr = std.local_addr().expect("addr");
-            let listener = Listener::adopt(std, backend).expect("adopt");
-            let client = Conn::connect(addr, backend).await.expect("connect");
-            let (server, _) = listener.accept().await.expect("accept");
+            let (client, server) = connected(backend).await;
             client
                 .write_all_parts(vec![Bytes::new(), Bytes::new()])
                 .await
@@ -132,19 +135,7 @@ fn empty_parts_are_skipped_and_all_empty_parts_write_nothing() {
             let parts = vec![Bytes::new(), Bytes::from_static(b"ab"), Bytes::new()];
             client.write_all_parts(parts).await.expect("write");
             client.shutdown();
-            let mut got = BytesMut::new();
-            loop {
-                let (r, buf) = server.read(ReadBuf::Heap(Vec::with_capacity(64))).await;
-                let n = r.expect("read");
-                if n == 0 {
-                    break;
-                }
-                server
-                    .received(buf.get(..n).unwrap_or_default(), &mut got)
-                    .expect("plain");
-            }
-            server.shutdown();
-            got
+            read_all(&server, usize::MAX).await
         })
         .expect("runtime");
         assert_eq!(&got[..], b"ab", "{backend:?}");

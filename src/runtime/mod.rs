@@ -13,6 +13,7 @@ pub mod deadline;
 pub mod encode_pool;
 mod handshake;
 pub mod io;
+pub mod kept;
 pub mod notify;
 pub mod pass;
 pub mod slots;

@@ -18,6 +18,11 @@
 //!
 //! A wake outside a wrapped poll, or of another task, is made at once, as before.
 //!
+//! The pass also reads the clock once: [`now`] within a pass is the time of its first
+//! read there (a `tools/call` read the clock 14 times in two polls). For deadlines and
+//! activity stamps, which is what it is for; a measurement of work inside one poll, or a
+//! loop waiting for the time to move, reads `Instant::now()`.
+//!
 //! The rule for a waiting place (a [`Waiter`], or a waker slot and its mark): one future
 //! waits there at a time, and it calls [`Mark::polled`] at the start of every poll and then
 //! checks what it waits for, returning `Ready` or storing its waker again. Two futures of one task
@@ -27,6 +32,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, RawWakerVTable, Waker};
+use std::time::Instant;
 
 /// The pass being run on this thread.
 struct Pass {
@@ -40,6 +46,8 @@ struct Pass {
     outstanding: Cell<u32>,
     /// Wakes held back on this thread, ever (tells [`join_in_order`] that one was).
     held: Cell<u64>,
+    /// The time [`now`] read first in this pass.
+    now: Cell<Option<Instant>>,
 }
 
 thread_local! {
@@ -51,8 +59,28 @@ thread_local! {
             next_id: Cell::new(1),
             outstanding: Cell::new(0),
             held: Cell::new(0),
+            now: Cell::new(None),
         }
     };
+}
+
+/// The time: inside a pass, the same for the whole pass (read at its first call);
+/// outside one, read now.
+pub fn now() -> Instant {
+    PASS.try_with(|p| {
+        if p.id.get() == 0 {
+            return Instant::now();
+        }
+        match p.now.get() {
+            Some(t) => t,
+            None => {
+                let t = Instant::now();
+                p.now.set(Some(t));
+                t
+            }
+        }
+    })
+    .unwrap_or_else(|_| Instant::now())
 }
 
 /// Where a wake was held back: one per waiting place (a waker slot).
@@ -183,6 +211,7 @@ impl Entered {
             p.vtable.set(waker.vtable());
             p.id.set(id);
             p.outstanding.set(0);
+            p.now.set(None);
             Entered { saved }
         })
     }
@@ -201,6 +230,8 @@ impl Drop for Entered {
             p.vtable.set(self.saved.1);
             p.id.set(self.saved.2);
             p.outstanding.set(self.saved.3);
+            // The outer pass (if any) reads the clock afresh: time moved inside this one.
+            p.now.set(None);
         });
     }
 }
@@ -271,6 +302,36 @@ mod tests {
         let mut waiter = Waiter::default();
         waiter.register(&Context::from_waker(waker));
         waiter
+    }
+
+    #[test]
+    fn now_is_read_once_per_pass_and_afresh_in_the_next() {
+        let outside = now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(now() > outside, "outside a pass, the clock itself");
+        let mut seen = Vec::new();
+        let mut polls = 0;
+        let mut task = std::pin::pin!(run(std::future::poll_fn(|cx| {
+            let first = now();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            seen.push((first, now()));
+            polls += 1;
+            if polls < 2 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(())
+        })));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(task.as_mut().poll(&mut cx).is_pending());
+        assert!(task.as_mut().poll(&mut cx).is_ready());
+        let [(a1, a2), (b1, b2)] = seen[..] else {
+            panic!("two polls");
+        };
+        assert_eq!(a1, a2, "one time within a pass");
+        assert_eq!(b1, b2, "one time within a pass");
+        assert!(b1 > a1, "the next pass reads the clock again");
+        assert!(now() > b1, "and after the pass, the clock itself");
     }
 
     #[test]

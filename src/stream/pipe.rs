@@ -5,6 +5,7 @@ use super::frame::{Begin, Challenge, Flush, Frame, Reset};
 use super::window::Window;
 use crate::limits::{STREAM_FRAMES_MAX, STREAM_WINDOW_BYTES};
 use crate::metrics;
+use crate::runtime::kept::{self, Kept};
 use crate::runtime::pass::Waiter;
 use bytes::Bytes;
 use std::cell::RefCell;
@@ -68,15 +69,7 @@ const FRAME_QUEUES_KEPT: usize = 256;
 const FRAME_QUEUE_KEPT_FRAMES: usize = 8;
 
 thread_local! {
-    static FRAME_QUEUES: RefCell<Vec<VecDeque<Frame>>> = const { RefCell::new(Vec::new()) };
-}
-
-fn frame_queue() -> VecDeque<Frame> {
-    FRAME_QUEUES
-        .try_with(|q| q.borrow_mut().pop())
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+    static FRAME_QUEUES: Kept<VecDeque<Frame>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Drop for Pair {
@@ -88,14 +81,9 @@ impl Drop for Pair {
             if room == 0 || room > FRAME_QUEUE_KEPT_FRAMES {
                 continue;
             }
-            // Emptied before the pool is touched: dropping a frame may end another stream.
+            // Emptied before the list is touched: dropping a frame may end another stream.
             frames.clear();
-            let _ = FRAME_QUEUES.try_with(|q| {
-                let mut q = q.borrow_mut();
-                if q.len() < FRAME_QUEUES_KEPT {
-                    q.push(frames);
-                }
-            });
+            kept::give_back(&FRAME_QUEUES, frames, FRAME_QUEUES_KEPT);
         }
     }
 }
@@ -124,7 +112,7 @@ impl Shared {
 
 fn direction() -> RefCell<Direction> {
     RefCell::new(Direction {
-        frames: frame_queue(),
+        frames: kept::take(&FRAME_QUEUES),
         throttles: VecDeque::new(),
         window: Window::new(STREAM_WINDOW_BYTES),
         half: Half::Open,

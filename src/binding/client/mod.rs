@@ -34,6 +34,7 @@ use crate::http::{self, BodyFraming, ResponseEvent, ResponseHead};
 use crate::jsonrpc;
 use crate::limits::UPSTREAM_COALESCE_BYTES_MAX;
 use crate::runtime::encode_pool::{self, Encoded};
+use crate::runtime::pass;
 use crate::runtime::{Backend, Slots};
 use crate::stream::{BearerChallenge, Callee, Kind, Reset};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -210,7 +211,7 @@ impl Client {
     async fn await_head(&self, response: &mut Response) -> Result<ResponseHead, UpErr> {
         // In the worker's deadline queue, not a runtime timer. `biased`: the head is often
         // already read; then the deadline is never polled, so it is never queued.
-        let deadline = crate::runtime::deadline::until(Instant::now() + self.response_timeout);
+        let deadline = crate::runtime::deadline::until(pass::now() + self.response_timeout);
         tokio::select! {
             biased;
             event = response.next() => match event {

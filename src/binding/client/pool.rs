@@ -26,7 +26,7 @@ use crate::limits::{
 use crate::log;
 use crate::metrics::{self, TlsFailure};
 use crate::runtime::tls::HandshakeError;
-use crate::runtime::{Backend, Conn, Slots};
+use crate::runtime::{Backend, Conn, Slots, pass};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -152,7 +152,7 @@ impl Pool {
             let Some((mut link, since)) = popped else {
                 break;
             };
-            let idle_for = since.elapsed();
+            let idle_for = pass::now().saturating_duration_since(since);
             if idle_for < UPSTREAM_POOL_IDLE_TIMEOUT && link.wire().reusable(idle_for) {
                 link.reused = true;
                 client_metrics::with(|m| m.reused += 1);
@@ -177,7 +177,7 @@ impl Pool {
             return;
         }
         let mut idle = self.idle.borrow_mut();
-        let now = Instant::now();
+        let now = pass::now();
         // Entries are in the order they went idle, so the expired ones are a prefix.
         while idle
             .front()

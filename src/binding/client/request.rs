@@ -26,7 +26,7 @@ use crate::limits::{
     MESSAGE_BYTES_MAX, UPSTREAM_COALESCE_BYTES_MAX, UPSTREAM_RESULT_HOLD_BYTES,
     UPSTREAM_RESUME_ATTEMPTS_MAX, UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
 };
-use crate::runtime::encode_pool;
+use crate::runtime::{encode_pool, pass};
 use crate::stream::{Callee, Challenge, Flush, Frame, ReplyBegin, Throttle};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::cell::Cell;
@@ -243,7 +243,7 @@ impl Exchange<'_> {
         out.put_slice(&prefix);
         // Back to the pool now, not after a wait for the agent's streamed params.
         drop(prefix);
-        let deadline = Instant::now() + self.client.response_timeout;
+        let deadline = pass::now() + self.client.response_timeout;
         if self.params_read == params_len {
             // All params are known (none, or a resend).
             let mut body: Vec<Bytes> = self
@@ -491,7 +491,7 @@ impl Exchange<'_> {
     /// arrive within the response timeout.
     async fn answer_json(&mut self, response: &mut Response) -> Result<(), UpErr> {
         let timeout = self.client.response_timeout;
-        let deadline = (Instant::now() + timeout).min(self.callee.begin.deadline);
+        let deadline = (pass::now() + timeout).min(self.callee.begin.deadline);
         let mut scanner = ResultScanner::new();
         let mut events = ScanEvents::new();
         let mut outcome: Option<Result<(), UpErr>> = None;
@@ -527,6 +527,8 @@ impl Exchange<'_> {
             };
             let ended = match next.map_err(UpErr::Broken)? {
                 ResponseEvent::Data(piece) => {
+                    // The clock itself, not the pass's: a body that keeps arriving may be
+                    // read within one long poll.
                     let now = Instant::now();
                     if now >= deadline {
                         // A body that keeps arriving never lets the wait's timer fire.

@@ -21,6 +21,7 @@ use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
 use crate::limits::{REQUESTS_PER_SESSION_MAX, SESSIONS_PER_WORKER_MAX};
 use crate::log;
 use crate::metrics::{self, Outcome};
+use crate::runtime::pass;
 
 use crate::jsonrpc::{ParamIndex, Raw};
 use crate::stream::{self, Begin, Caps, ClientHello, Frame, Kind, Reset, TargetAt, Throttle};
@@ -332,7 +333,7 @@ async fn request(
     sink: Sink,
     who: Option<&Identity>,
 ) {
-    let started = Instant::now();
+    let started = pass::now();
     let Some(id) = env.id else { return };
     let method = env.method.as_deref().unwrap_or_default();
     if method == "ping" {
@@ -423,7 +424,7 @@ async fn request(
         target_at,
         method: (kind == Kind::Other).then(|| Rc::from(method)),
         params_len: params.len() as u32,
-        deadline: Instant::now() + server.cfg.request_timeout,
+        deadline: started + server.cfg.request_timeout,
         progress_token: progress_token.clone(),
         client: None,
         authorization: authorization(req),

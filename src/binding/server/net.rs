@@ -296,7 +296,7 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
                     None => done.await,
                 };
                 link.busy.set(false);
-                link.last_activity.set(Instant::now());
+                link.last_activity.set(pass::now());
                 if !keep_alive {
                     return;
                 }

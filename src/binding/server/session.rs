@@ -28,6 +28,7 @@ use crate::limits::{
 use crate::log;
 use crate::metrics::{self};
 use crate::runtime::notify::Notify;
+use crate::runtime::pass;
 use crate::sse;
 use crate::stream::{Caller, Caps, Challenge, Event, Flush, Frame, ReplyBegin};
 use bytes::{Bytes, BytesMut};
@@ -206,7 +207,7 @@ impl Session {
 
     /// Marks the session active now.
     pub fn touch(&self) {
-        self.st.borrow_mut().last_active = Instant::now();
+        self.st.borrow_mut().last_active = pass::now();
     }
 
     /// Writes this shared session's record (see [`shared::write`]); `Done` for a session
@@ -320,7 +321,7 @@ impl Session {
             AnswerTo::Request(w) => w.upgrade().is_some_and(|i| !Rc::ptr_eq(&i, inflight)),
             AnswerTo::Lifecycle => true,
         });
-        st.last_active = Instant::now();
+        st.last_active = pass::now();
     }
 
     /// `notifications/cancelled`: cancels the request with that id, if in flight.
