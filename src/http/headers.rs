@@ -316,21 +316,32 @@ mod tests {
 
     #[test]
     fn an_ended_heads_field_list_serves_the_next_head_and_a_long_one_is_not_kept() {
-        let head: &'static [u8] = b"a: 1\r\nb: 2\r\n\r\n";
+        let kept = || FIELD_LISTS.with(|l| l.borrow().len());
+        let first: &'static [u8] = b"a: 1\r\nb: 2\r\nc: 3\r\n\r\n";
+        let next: &'static [u8] = b"x: 9\r\ny: 8\r\n\r\n";
         let mut slots = [httparse::EMPTY_HEADER; 8];
-        let Ok(httparse::Status::Complete((_, parsed))) = httparse::parse_headers(head, &mut slots)
+        let Ok(httparse::Status::Complete((_, parsed))) =
+            httparse::parse_headers(first, &mut slots)
         else {
             panic!("test head must parse");
         };
-        let fields = locate_fields(head, parsed).expect("fields");
-        let list = fields.as_ptr();
-        drop(Headers::new(Bytes::from_static(head), fields));
-        let again = locate_fields(head, parsed).expect("fields");
-        assert_eq!(again.as_ptr(), list, "the same list, reused");
-        let h = Headers::new(Bytes::from_static(head), again);
-        assert_eq!(h.get("b"), Some(&b"2"[..]), "and filled anew");
+        let fields = locate_fields(first, parsed).expect("fields");
+        let before = kept();
+        drop(Headers::new(Bytes::from_static(first), fields));
+        assert_eq!(kept(), before + 1, "the list is kept");
+        let mut slots = [httparse::EMPTY_HEADER; 8];
+        let Ok(httparse::Status::Complete((_, parsed))) = httparse::parse_headers(next, &mut slots)
+        else {
+            panic!("test head must parse");
+        };
+        let again = locate_fields(next, parsed).expect("fields");
+        assert_eq!(kept(), before, "and taken by the next head");
+        let h = Headers::new(Bytes::from_static(next), again);
+        assert_eq!(h.len(), 2, "emptied: none of the old head's fields");
+        assert_eq!(h.get("y"), Some(&b"8"[..]));
+        assert_eq!(h.get("c"), None);
         drop(h);
-        let kept = FIELD_LISTS.with(|l| l.borrow().len());
+        let kept = kept();
         let mut long = field_list(FIELD_LIST_KEPT_FIELDS + 1);
         long.clear();
         drop(Headers::new(Bytes::new(), long));

@@ -472,7 +472,9 @@ mod tests {
     #[test]
     fn a_stream_reuses_the_emptied_queues_of_an_ended_one_and_sees_none_of_its_frames() {
         let (caller, callee) = open(begin());
-        // Frames left unread when the stream ends: they must not reach the next stream.
+        // Frames queued while the stream ends (a receiver that goes clears its queue; the
+        // ABORT of a sender dropped open after its receiver is left): none may reach the
+        // next stream.
         assert!(
             caller
                 .initial

@@ -139,6 +139,19 @@ class Child:
     proc: subprocess.Popen[str]
     address: str
     log: Path
+    # The child's stdout lines not read yet (a reader thread keeps filling it).
+    lines: queue.Queue[str | None] | None = None
+
+    def await_line(self, prefix: str) -> str:
+        """The rest of the next stdout line that starts with `prefix` (lines before it are
+        skipped), within the startup timeout."""
+        assert self.lines is not None, "a child started by _spawn"
+        return _await_line(self.proc, self.lines, prefix, "child", self.log)
+
+    def metrics_port(self) -> int:
+        """mcpyard's metrics port, as it announced it (`metrics: 127.0.0.1:0` in the config:
+        the port is the kernel's choice, so no other process can take it first)."""
+        return int(self.await_line("listening metrics ").rsplit(":", 1)[1])
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -169,7 +182,7 @@ def _spawn(argv: list[str], prefix: str, what: str, workdir: Path, env: dict[str
         proc.kill()
         proc.wait()
         raise
-    return Child(proc=proc, address=address, log=log)
+    return Child(proc=proc, address=address, log=log, lines=lines)
 
 
 def start_upstream(

@@ -185,9 +185,9 @@ def start_gateway(
     workdir.mkdir(parents=True, exist_ok=True)
     for name, value in (files or {}).items():
         (workdir / name).write_text(json.dumps(value))
-    metrics_port = harness.free_port()
-    config = gateway_config(auth, runtime=runtime, metrics_port=metrics_port, proxy=proxy, cache=cache)
-    return Gateway(child=harness.start_mcpyard(config, workdir), metrics_port=metrics_port)
+    config = gateway_config(auth, runtime=runtime, metrics_port=0, proxy=proxy, cache=cache)
+    child = harness.start_mcpyard(config, workdir)
+    return Gateway(child=child, metrics_port=child.metrics_port())
 
 
 @pytest.fixture

@@ -91,18 +91,18 @@ class Stack:
         forward: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ):
-        self.metrics_port = harness.free_port()
         urls = {name: child.address for name, child in upstreams.items()}
         config = cache_config(
             urls,
             workers=workers,
             io=io,
             ttl=ttl,
-            metrics_port=self.metrics_port,
+            metrics_port=0,
             authorization=authorization,
             forward=forward,
         )
         self.gateway = harness.start_mcpyard(config, tmp_path, env)
+        self.metrics_port = self.gateway.metrics_port()
         self.url = self.gateway.address
 
     def metric(self, name: str) -> float:

@@ -74,11 +74,9 @@ def test_an_upstream_certificate_that_must_not_be_trusted_is_refused(
 ):
     _, reason, label = REFUSALS[case]
     upstream = refused_upstreams[case]
-    metrics_port = harness.free_port()
-    config = harness.gateway_config(upstream.address, *runtime, upstream_ca=tls_material.ca.pem).replace(
-        "metrics: 127.0.0.1:0", f"metrics: 127.0.0.1:{metrics_port}"
-    )
+    config = harness.gateway_config(upstream.address, *runtime, upstream_ca=tls_material.ca.pem)
     gateway = harness.start_mcpyard(config, tmp_path)
+    metrics_port = gateway.metrics_port()
     try:
 
         async def scenario():
