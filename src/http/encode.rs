@@ -304,7 +304,7 @@ where
     }
     // One reservation for the whole chunk: the size line, the data and the CRLF after it,
     // plus room for a last chunk, so ending the body right after never regrows the buffer.
-    out.reserve(U64_DIGITS_MAX + len + 4 + LAST_CHUNK.len());
+    out.reserve(CHUNK_FRAMING_MAX + len + LAST_CHUNK_BYTES);
     encode_chunk_size(len as u64, out);
     for part in parts {
         put_bulk(part, out);
@@ -335,6 +335,12 @@ pub fn encode_last_chunk(out: &mut BytesMut) {
 
 /// The last chunk with an empty trailer section.
 const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Bytes of [`encode_last_chunk`]'s output.
+pub const LAST_CHUNK_BYTES: usize = LAST_CHUNK.len();
+
+/// Bytes a chunk adds around its data at most: the size line and the CRLF after the data.
+pub const CHUNK_FRAMING_MAX: usize = U64_DIGITS_MAX + 4;
 
 /// Writes a complete response for a decode error: the status line, `content-type:
 /// text/plain`, `connection: close`, `content-length`, and a one-line body naming the

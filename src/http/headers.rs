@@ -90,13 +90,13 @@ pub(super) fn offsets(base: &[u8], part: &[u8]) -> Option<(u32, u32)> {
 impl Drop for Headers {
     /// Keeps the field list, emptied, for the next head (within the bounds above).
     fn drop(&mut self) {
-        let mut fields = std::mem::take(&mut self.fields);
-        let room = fields.capacity();
-        if room == 0 || room > FIELD_LIST_KEPT_FIELDS {
-            return;
-        }
-        fields.clear();
-        kept::give_back(&FIELD_LISTS, fields, FIELD_LISTS_KEPT);
+        let fields = std::mem::take(&mut self.fields);
+        kept::give_back(
+            &FIELD_LISTS,
+            fields,
+            FIELD_LIST_KEPT_FIELDS,
+            FIELD_LISTS_KEPT,
+        );
     }
 }
 

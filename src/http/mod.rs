@@ -27,10 +27,10 @@ mod scan;
 mod testing;
 
 pub use encode::{
-    Decimal, HeadError, content_length_bytes, encode_chunk, encode_chunk_of, encode_chunk_size,
-    encode_error_response, encode_last_chunk, encode_request_head, encode_response_head,
-    field_value_ok, field_value_round_trips, put_bulk, put_content_length, reason_phrase,
-    response_head_fields, token_ok,
+    CHUNK_FRAMING_MAX, Decimal, HeadError, LAST_CHUNK_BYTES, content_length_bytes, encode_chunk,
+    encode_chunk_of, encode_chunk_size, encode_error_response, encode_last_chunk,
+    encode_request_head, encode_response_head, field_value_ok, field_value_round_trips, put_bulk,
+    put_content_length, reason_phrase, response_head_fields, token_ok,
 };
 pub use error::HttpError;
 pub use headers::Headers;

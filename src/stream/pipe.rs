@@ -76,14 +76,13 @@ impl Drop for Pair {
     /// Keeps both frame queues, emptied, for the next streams (within the bounds above).
     fn drop(&mut self) {
         for dir in [&mut self.initial, &mut self.reply] {
-            let mut frames = std::mem::take(&mut dir.get_mut().frames);
-            let room = frames.capacity();
-            if room == 0 || room > FRAME_QUEUE_KEPT_FRAMES {
-                continue;
-            }
-            // Emptied before the list is touched: dropping a frame may end another stream.
-            frames.clear();
-            kept::give_back(&FRAME_QUEUES, frames, FRAME_QUEUES_KEPT);
+            let frames = std::mem::take(&mut dir.get_mut().frames);
+            kept::give_back(
+                &FRAME_QUEUES,
+                frames,
+                FRAME_QUEUE_KEPT_FRAMES,
+                FRAME_QUEUES_KEPT,
+            );
         }
     }
 }

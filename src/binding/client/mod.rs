@@ -179,13 +179,7 @@ impl Client {
             let lease = self.pool.take().await.map_err(UpErr::Connect)?;
             let reused = lease.link.reused;
             // Room for the body too when `write_known` coalesces it behind the head.
-            let total: usize = body.iter().map(Bytes::len).sum();
-            let coalesced = if total <= UPSTREAM_COALESCE_BYTES_MAX {
-                total
-            } else {
-                0
-            };
-            let mut head = encode_pool::take(256 + coalesced);
+            let mut head = encode_pool::take(256 + coalesced_len(body).unwrap_or(0));
             self.head(req, &mut head)?;
             let sent =
                 write_known(&lease, head, body, Instant::now() + self.response_timeout).await;
@@ -421,6 +415,12 @@ async fn drain(response: &mut Response) -> Result<(), UpErr> {
     }
 }
 
+/// The length of `body` when it is small enough to go behind its head in one write.
+fn coalesced_len(body: &[Bytes]) -> Option<usize> {
+    let total: usize = body.iter().map(Bytes::len).sum();
+    (total <= UPSTREAM_COALESCE_BYTES_MAX).then_some(total)
+}
+
 /// Writes a head and a known body, coalescing small bodies into one write. Past
 /// `deadline` the connection is closed (which completes a write stuck on a full socket).
 async fn write_known(
@@ -429,8 +429,7 @@ async fn write_known(
     body: &[Bytes],
     deadline: Instant,
 ) -> Result<(), UpErr> {
-    let total: usize = body.iter().map(Bytes::len).sum();
-    if total <= UPSTREAM_COALESCE_BYTES_MAX {
+    if coalesced_len(body).is_some() {
         for piece in body {
             head.put_slice(piece);
         }

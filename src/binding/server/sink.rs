@@ -82,6 +82,10 @@ impl Gather {
         }
     }
 
+    fn is_empty(&self) -> bool {
+        self.parts.is_empty() && self.buf.is_empty()
+    }
+
     fn done(mut self) -> Gathered {
         if self.parts.is_empty() {
             return Gathered::One(self.buf.freeze());
@@ -411,9 +415,10 @@ impl Sink {
         I::IntoIter: Clone,
     {
         assert!(matches!(self.state, State::Body { .. }));
-        let Some(out) = chunk_of(parts, false) else {
+        let out = chunk_of(parts, false);
+        if out.is_empty() {
             return Ok(());
-        };
+        }
         self.write_gathered(out.done()).await
     }
 
@@ -430,14 +435,7 @@ impl Sink {
         I::IntoIter: Clone,
     {
         assert!(matches!(self.state, State::Body { .. }));
-        let out = match chunk_of(parts, true) {
-            Some(out) => out,
-            None => {
-                let mut out = Gather::new(LAST_CHUNK_BYTES);
-                http::encode_last_chunk(&mut out.buf);
-                out
-            }
-        };
+        let out = chunk_of(parts, true);
         self.state = State::Done;
         self.write_gathered(out.done()).await?;
         self.complete().await
@@ -465,36 +463,29 @@ impl Sink {
     }
 }
 
-/// The last chunk of a chunked body and its empty trailer section, `0\r\n\r\n`.
-const LAST_CHUNK_BYTES: usize = 5;
-
-/// Longest chunk size line, `<16 hex digits>\r\n`.
-const CHUNK_SIZE_LINE_MAX: usize = 18;
-
-/// `parts` as one chunk (and the body's end after it when `last`); `None` when they are
-/// all empty, since an empty chunk would end the body.
-fn chunk_of<'a, I>(parts: I, last: bool) -> Option<Gather>
+/// `parts` as one chunk, and the body's end after it when `last`. No chunk when the parts
+/// are all empty, since an empty chunk would end the body.
+fn chunk_of<'a, I>(parts: I, last: bool) -> Gather
 where
     I: IntoIterator<Item = Piece<'a>>,
     I::IntoIter: Clone,
 {
     let parts = parts.into_iter();
     let len: usize = parts.clone().map(|p| p.len()).sum();
-    if len == 0 {
-        return None;
-    }
     let copied: usize = parts.clone().map(|p| p.copied()).sum();
-    let end = if last { LAST_CHUNK_BYTES } else { 0 };
-    let mut out = Gather::new(CHUNK_SIZE_LINE_MAX + copied + 2 + end);
-    http::encode_chunk_size(len as u64, &mut out.buf);
-    for part in parts {
-        out.put(part);
+    let end = if last { http::LAST_CHUNK_BYTES } else { 0 };
+    let mut out = Gather::new(http::CHUNK_FRAMING_MAX + copied + end);
+    if len > 0 {
+        http::encode_chunk_size(len as u64, &mut out.buf);
+        for part in parts {
+            out.put(part);
+        }
+        out.buf.extend_from_slice(b"\r\n");
     }
-    out.buf.extend_from_slice(b"\r\n");
     if last {
         http::encode_last_chunk(&mut out.buf);
     }
-    Some(out)
+    out
 }
 
 impl Drop for Sink {
@@ -530,7 +521,7 @@ mod tests {
             Piece::Shared(&stored),
             Piece::Copy(b"}"),
         ];
-        let gathered = chunk_of(pieces, true).expect("not empty").done();
+        let gathered = chunk_of(pieces, true).done();
         if let Gathered::Parts(parts) = &gathered {
             assert_eq!(
                 parts.len(),
@@ -554,9 +545,7 @@ mod tests {
     #[test]
     fn small_shared_pieces_are_copied_into_one_buffer() {
         let small: Bytes = vec![b'y'; SHARED_PIECE_MIN_BYTES - 1].into();
-        let gathered = chunk_of([Piece::Shared(&small), Piece::Copy(b"z")], false)
-            .expect("not empty")
-            .done();
+        let gathered = chunk_of([Piece::Shared(&small), Piece::Copy(b"z")], false).done();
         let (bytes, parts) = joined(gathered);
         assert_eq!(parts, 1);
         let mut want = BytesMut::new();
@@ -619,6 +608,12 @@ mod tests {
 
     #[test]
     fn empty_pieces_make_no_chunk() {
-        assert!(chunk_of([Piece::Copy(b""), Piece::Shared(&Bytes::new())], true).is_none());
+        let empty = [Piece::Copy(b""), Piece::Shared(&Bytes::new())];
+        assert!(chunk_of(empty, false).is_empty());
+        assert_eq!(
+            joined(chunk_of(empty, true).done()).0,
+            b"0\r\n\r\n",
+            "the end only"
+        );
     }
 }
