@@ -335,6 +335,52 @@ fn a_lone_route_without_a_toolkit_is_a_plain_gateway() {
     }
 }
 
+/// A cached list far larger than the internal stream's credit window reaches the agent
+/// in one answer with a length (the stored bytes sent whole, not a window at a time), and
+/// its items are the live list's, byte for byte; also when the answer comes from the
+/// other worker.
+#[test]
+fn a_cached_list_larger_than_the_window_is_answered_whole() {
+    let up = Upstream::start(&["--tools", "3000"]);
+    let route = |cache: &str| {
+        format!(
+            "  exit: {{kind: proxy{cache}, routes: [{{toolkit: a, exit: up}}]}}\n  up: {}\n\
+             stores: {{c: {{type: memory}}}}\n",
+            up.client_exit(", response_timeout: 5s")
+        )
+    };
+    let list = r#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#;
+    for mode in MODES {
+        let live = Gateway::start_bindings(mode, &route(""));
+        let want = live.post(Some(&live.initialize()), list);
+        let want_tools = result(&want)["tools"].clone();
+        assert_eq!(want_tools.as_array().map(Vec::len), Some(3000), "{mode:?}");
+        let gw = Gateway::start_bindings(mode, &route(", cache: {store: c, ttl: 5m}"));
+        for _ in 0..4 {
+            let r = gw.post(Some(&gw.initialize()), list);
+            assert!(
+                r.body.len() > 8 * 32 * 1024,
+                "{mode:?}: {} bytes",
+                r.body.len()
+            );
+            assert_eq!(
+                r.header("content-length"),
+                Some(r.body.len().to_string().as_str()),
+                "{mode:?}: sent whole, with its length"
+            );
+            assert!(r.header("transfer-encoding").is_none(), "{mode:?}");
+            assert_eq!(result(&r)["tools"], want_tools, "{mode:?}");
+            assert_eq!(r.json()["id"], 7);
+        }
+        let text = support::scrape(&gw);
+        let hits = text
+            .lines()
+            .find_map(|l| l.strip_prefix("mcpyard_cache_hits_total "))
+            .and_then(|v| v.parse::<u64>().ok());
+        assert_eq!(hits, Some(4), "{mode:?}: served from the cache");
+    }
+}
+
 /// `mcpyard_upstream_requests_total` now.
 fn upstream_requests(gw: &Gateway) -> u64 {
     let text = support::scrape(gw);

@@ -144,6 +144,29 @@ impl Sender {
         Ok(())
     }
 
+    /// Sends bytes the sender already holds whole (a stored list, an answer built in
+    /// memory) as one DATA frame, outside the credit window. Splitting them at the window
+    /// would save no memory, since the sender holds them until they are sent anyway, and
+    /// would cost a round trip between the two ends per window; in one frame the receiver
+    /// writes them in one go. The window's bound on other data still holds: the
+    /// receiver's acks pay these bytes back first ([`Window::lend`]). Waits only while
+    /// the frame queue is full.
+    ///
+    /// Not for relaying another stream's DATA: a relay must wait for credit before it
+    /// acks what it read, or its source could run ahead and fill the queue.
+    pub async fn data_whole(&self, data: Bytes) -> Result<(), Gone> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.room().await?;
+        let mut d = self.dir.borrow_mut();
+        assert!(d.half == Half::Open);
+        d.window.lend(data.len() as u64);
+        d.frames.push_back(Frame::Data(data));
+        d.recv.wake();
+        Ok(())
+    }
+
     /// Queues as much of `data` as the credit window takes now, without waiting, and
     /// leaves the rest in `data` (for [`Sender::data`]).
     pub fn try_data(&self, data: &mut Bytes) -> Result<(), Gone> {
@@ -187,8 +210,8 @@ impl Sender {
         credit
     }
 
-    /// Queues a typed frame (BEGIN or FLUSH), waiting while the queue is full.
-    async fn push(&self, frame: Frame) -> Result<(), Gone> {
+    /// Waits while the frame queue is full.
+    async fn room(&self) -> Result<(), Gone> {
         poll_fn(|cx| {
             let mut d = self.dir.borrow_mut();
             d.send.polled();
@@ -201,7 +224,12 @@ impl Sender {
             d.send.register(cx);
             Poll::Pending
         })
-        .await?;
+        .await
+    }
+
+    /// Queues a typed frame (BEGIN or FLUSH), waiting while the queue is full.
+    async fn push(&self, frame: Frame) -> Result<(), Gone> {
+        self.room().await?;
         let mut d = self.dir.borrow_mut();
         assert!(d.half == Half::Open);
         d.frames.push_back(frame);
@@ -540,6 +568,50 @@ mod tests {
             }
             assert_eq!(got, total);
             sender.await.expect("sender task");
+        });
+    }
+
+    #[test]
+    fn whole_data_passes_a_closed_window_in_one_frame_and_is_paid_back_first() {
+        run(async {
+            let (caller, callee) = open(begin());
+            let window = STREAM_WINDOW_BYTES as usize;
+            callee
+                .reply
+                .data(Bytes::from(vec![1u8; window]))
+                .await
+                .expect("receiver alive");
+            // The window is closed, and the whole bytes go anyway, in one frame.
+            let whole = Bytes::from(vec![2u8; window * 3 + 5]);
+            let whole_ptr = whole.as_ptr();
+            callee
+                .reply
+                .data_whole(whole)
+                .await
+                .expect("receiver alive");
+            callee.reply.data_whole(Bytes::new()).await.expect("empty");
+            let mut more = Bytes::from_static(b"x");
+            callee.reply.try_data(&mut more).expect("receiver alive");
+            assert_eq!(more.len(), 1, "no credit for other bytes");
+            let Some(Frame::Data(first)) = caller.reply.next().await else {
+                panic!("the window's bytes first");
+            };
+            assert_eq!(first.len(), window);
+            caller.reply.ack(first.len() as u32);
+            callee.reply.try_data(&mut more).expect("receiver alive");
+            assert_eq!(more.len(), 1, "the first acks pay back the whole bytes");
+            let Some(Frame::Data(second)) = caller.reply.next().await else {
+                panic!("the whole bytes next");
+            };
+            assert_eq!((second.len(), second.as_ptr()), (window * 3 + 5, whole_ptr));
+            caller.reply.ack(second.len() as u32);
+            callee.reply.try_data(&mut more).expect("receiver alive");
+            assert!(more.is_empty(), "the window is open again");
+            assert!(matches!(caller.reply.try_next(), Some(Frame::Data(x)) if x.len() == 1));
+            assert!(
+                caller.reply.try_next().is_none(),
+                "an empty send sends nothing"
+            );
         });
     }
 

@@ -2,8 +2,9 @@
 
 /// Credit for one direction, shared by its sender and its receiver.
 ///
-/// Invariant: `ack <= seq <= ack + max`: the sender never has more than `max` bytes that
-/// the receiver has not acknowledged.
+/// Invariant: `ack <= seq <= ack + max + lent` and `lent <= seq - ack`: the sender never
+/// has more than `max` bytes the receiver has not acknowledged, besides the bytes it sent
+/// whole outside the window ([`Window::lend`]), which the receiver's first acks pay back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window {
     /// Bytes sent so far.
@@ -12,6 +13,8 @@ pub struct Window {
     ack: u64,
     /// Most bytes allowed in flight.
     max: u32,
+    /// Bytes sent outside the window and not yet paid back by acks.
+    lent: u64,
 }
 
 impl Window {
@@ -22,14 +25,17 @@ impl Window {
             seq: 0,
             ack: 0,
             max,
+            lent: 0,
         }
     }
 
-    /// Bytes the sender may send now.
+    /// Bytes the sender may send now (never more than `max`: lent bytes do not add to it).
     pub fn credit(&self) -> u32 {
         let in_flight = self.seq - self.ack;
-        assert!(in_flight <= u64::from(self.max));
-        self.max - in_flight as u32
+        assert!(self.lent <= in_flight);
+        let counted = in_flight - self.lent;
+        assert!(counted <= u64::from(self.max));
+        self.max - counted as u32
     }
 
     /// Bytes sent and not yet acknowledged.
@@ -43,20 +49,21 @@ impl Window {
         self.seq += u64::from(reserved);
     }
 
+    /// Records `bytes` sent whole outside the window, whatever its credit: bytes the
+    /// sender holds in full anyway, so queuing them adds no memory. The receiver's acks
+    /// pay them back first, so the credit for other bytes never exceeds `max`.
+    pub fn lend(&mut self, bytes: u64) {
+        self.seq += bytes;
+        self.lent += bytes;
+    }
+
     /// Records the receiver acknowledging `bytes` more bytes; returns the new ack.
     pub fn on_ack(&mut self, bytes: u32) -> u64 {
         let ack = self.ack + u64::from(bytes);
         assert!(ack <= self.seq);
         self.ack = ack;
+        self.lent -= self.lent.min(u64::from(bytes));
         ack
-    }
-
-    /// Applies a WINDOW frame: acknowledgement up to `ack` and a new `max`.
-    pub fn on_window(&mut self, ack: u64, max: u32) {
-        assert!(ack >= self.ack);
-        assert!(ack <= self.seq);
-        assert!(self.seq - ack <= u64::from(max));
-        (self.ack, self.max) = (ack, max);
     }
 }
 
@@ -74,8 +81,23 @@ mod tests {
         assert_eq!(w.credit(), 0);
         assert_eq!(w.on_ack(30), 30);
         assert_eq!(w.credit(), 30);
-        w.on_window(100, 200);
-        assert_eq!((w.credit(), w.in_flight()), (200, 0));
+        assert_eq!(w.on_ack(70), 100);
+        assert_eq!((w.credit(), w.in_flight()), (100, 0));
+    }
+
+    #[test]
+    fn lent_bytes_pass_a_closed_window_and_are_paid_back_first() {
+        let mut w = Window::new(100);
+        w.on_sent(100);
+        w.lend(1_000);
+        assert_eq!((w.credit(), w.in_flight()), (0, 1_100));
+        // Acks pay the loan back before they open the window again.
+        w.on_ack(900);
+        assert_eq!(w.credit(), 0);
+        w.on_ack(150);
+        assert_eq!((w.credit(), w.in_flight()), (50, 50));
+        w.on_ack(50);
+        assert_eq!(w.credit(), 100);
     }
 
     #[test]
@@ -110,10 +132,15 @@ mod tests {
         let mut w = Window::new(32 * 1024);
         let (mut sent, mut acked) = (0u64, 0u64);
         for _ in 0..100_000 {
-            if next() % 2 == 0 {
+            let roll = next() % 5;
+            if roll < 2 {
                 let n = (next() % (u64::from(w.credit()) + 1)) as u32;
                 w.on_sent(n);
                 sent += u64::from(n);
+            } else if roll == 2 {
+                let n = next() % (64 * 1024);
+                w.lend(n);
+                sent += n;
             } else {
                 let n = (next() % (w.in_flight() + 1)) as u32;
                 w.on_ack(n);
@@ -121,6 +148,7 @@ mod tests {
             }
             assert!(acked <= sent, "seed {seed}");
             assert_eq!(w.in_flight(), sent - acked, "seed {seed}");
+            assert!(w.credit() <= 32 * 1024, "seed {seed}");
         }
     }
 }

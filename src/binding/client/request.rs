@@ -462,9 +462,10 @@ impl Exchange<'_> {
             match upward {
                 Upward::Result(result) => {
                     self.open_reply().await?;
+                    // The event is read whole already: it goes on in one frame.
                     self.callee
                         .reply
-                        .data(result)
+                        .data_whole(result)
                         .await
                         .map_err(|_| UpErr::Gone)?;
                     self.callee.reply.end();

@@ -330,10 +330,11 @@ async fn read_params(callee: &Callee) -> Option<Bytes> {
     Some(params.freeze())
 }
 
-/// Answers the caller with a whole result.
+/// Answers the caller with a whole result (in one DATA frame: see
+/// [`crate::stream::Sender::data_whole`]).
 async fn answer(callee: &Callee, result: Bytes) {
     if callee.reply.begin(Default::default()).await.is_ok()
-        && callee.reply.data(result).await.is_ok()
+        && callee.reply.data_whole(result).await.is_ok()
     {
         callee.reply.end();
     }
