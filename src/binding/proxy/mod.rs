@@ -18,6 +18,7 @@
 
 pub mod cache;
 pub(crate) mod event_id;
+mod hydrate;
 mod list;
 pub mod metrics;
 pub(crate) mod rename;
@@ -191,7 +192,7 @@ impl Proxy {
             minted: Cell::new(0),
             cache: cache.map(|setup| cache::Cache::new(name, setup)),
         });
-        cache::Cache::start(&proxy);
+        hydrate::start(&proxy);
         proxy
     }
 
