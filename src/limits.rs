@@ -63,7 +63,7 @@ pub const CROSS_WORKER_QUEUE_LEN: usize = 1024;
 pub const CROSS_WORKER_REPLY_QUEUE_LEN: usize = 64;
 
 /// Frames buffered on one direction of an internal stream beyond its byte credit
-/// (FLUSH events, END); DATA is bounded by the window itself.
+/// (FLUSH events, END); DATA is bounded by the window itself (and one answer sent whole).
 pub const STREAM_FRAMES_MAX: usize = 256;
 
 /// Events kept per session for GET-stream `Last-Event-ID` replay.

@@ -12,7 +12,8 @@
 use super::slots::{ReadBuf, Slots};
 use super::tls::Tls;
 use crate::limits::{
-    TLS_IDLE_CHECK_READ_BYTES, TLS_IDLE_CHECK_READS_MAX, UPSTREAM_REUSE_CHECK_AFTER,
+    TLS_IDLE_CHECK_READ_BYTES, TLS_IDLE_CHECK_READS_MAX, TLS_WRITE_BATCH_BYTES,
+    UPSTREAM_REUSE_CHECK_AFTER,
 };
 use bytes::{Bytes, BytesMut};
 use std::io;
@@ -213,13 +214,23 @@ impl Conn {
     }
 
     /// Writes `parts` back to back, like [`Conn::write_all`] of them joined, but without
-    /// joining them: large shared bytes (a stored list) reach the socket as they are. TLS
-    /// joins them, since sealing copies every byte anyway.
+    /// joining them: large shared bytes (a stored list) reach the socket as they are.
+    ///
+    /// Under TLS, parts that fit one sealing batch together are joined (sealing copies
+    /// them anyway, and one batch is one write); larger ones are sealed part by part, a
+    /// batch at a time, so a multi-megabyte answer is never copied whole.
     pub async fn write_all_parts(&self, parts: Vec<Bytes>) -> io::Result<()> {
         if self.tls.is_none() {
             return self.socket.write_all_parts(parts).await;
         }
-        let mut joined = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+        let total: usize = parts.iter().map(Bytes::len).sum();
+        if total > TLS_WRITE_BATCH_BYTES {
+            for part in parts {
+                self.write_all(part).await?;
+            }
+            return Ok(());
+        }
+        let mut joined = BytesMut::with_capacity(total);
         for part in &parts {
             joined.extend_from_slice(part);
         }

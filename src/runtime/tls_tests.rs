@@ -121,32 +121,43 @@ fn bytes_cross_both_ways_and_close_notify_ends_the_stream() {
     }
 }
 
+/// Parts that fit one sealing batch together are joined; larger ones (here 64 KiB of
+/// stored bytes behind a head) are sealed part by part. Either way the peer reads them in
+/// order.
 #[test]
 fn parts_written_over_tls_arrive_joined_in_order() {
     let (_ca, server, upstream) = localhost("parts");
-    let head = Bytes::from_static(b"HTTP/1.1 200 OK\r\ncontent-length: 65540\r\n\r\n");
-    let stored: Bytes = (0..64 * 1024)
-        .map(|i| (i % 253) as u8)
-        .collect::<Vec<u8>>()
-        .into();
-    let tail = Bytes::from_static(b"]}}\n");
-    let mut want = Vec::new();
-    for p in [&head, &stored, &tail] {
-        want.extend_from_slice(p);
-    }
-    for backend in backends() {
-        let parts = vec![head.clone(), stored.clone(), Bytes::new(), tail.clone()];
-        block_on(backend, async {
-            let (client, c, accepted, s) = pair(backend, &server, &upstream, SECOND).await;
-            assert!(c.is_ok() && s.is_ok(), "{backend:?}: {c:?} {s:?}");
-            let write = async { accepted.write_all_parts(parts).await.expect("write") };
-            let mut got = BytesMut::new();
-            tokio::join!(write, read_plain(&client, &mut got, want.len()));
-            assert!(got[..] == want[..], "{backend:?}: the parts, joined");
-            accepted.shutdown();
-            client.shutdown();
-        })
-        .expect("runtime");
+    for stored_len in [1024, 64 * 1024, 300 * 1024] {
+        let head = Bytes::from(format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+            stored_len + 4
+        ));
+        let stored: Bytes = (0..stored_len)
+            .map(|i| (i % 253) as u8)
+            .collect::<Vec<u8>>()
+            .into();
+        let tail = Bytes::from_static(b"]}}\n");
+        let mut want = Vec::new();
+        for p in [&head, &stored, &tail] {
+            want.extend_from_slice(p);
+        }
+        for backend in backends() {
+            let parts = vec![head.clone(), stored.clone(), Bytes::new(), tail.clone()];
+            block_on(backend, async {
+                let (client, c, accepted, s) = pair(backend, &server, &upstream, SECOND).await;
+                assert!(c.is_ok() && s.is_ok(), "{backend:?}: {c:?} {s:?}");
+                let write = async { accepted.write_all_parts(parts).await.expect("write") };
+                let mut got = BytesMut::new();
+                tokio::join!(write, read_plain(&client, &mut got, want.len()));
+                assert!(
+                    got[..] == want[..],
+                    "{backend:?}, {stored_len} bytes: the parts, in order"
+                );
+                accepted.shutdown();
+                client.shutdown();
+            })
+            .expect("runtime");
+        }
     }
 }
 

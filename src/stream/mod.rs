@@ -16,7 +16,10 @@
 //! A sender may have at most `max` unacknowledged DATA bytes in flight on a direction; the
 //! receiver returns credit ([`Receiver::ack`]) once it has consumed bytes, normally after
 //! they reached the next socket. One slot ([`crate::limits::STREAM_WINDOW_BYTES`]) is the
-//! window, so back-pressure runs from the slowest socket back to the first one. FLUSH and
+//! window, so back-pressure runs from the slowest socket back to the first one. One
+//! exception: an answer its sender holds whole anyway (a stored list) may go as one frame
+//! outside the window ([`Sender::data_whole`]); the receiver's acks pay it back before the
+//! window opens again, and a direction holds at most one such frame. FLUSH and
 //! END frames carry no bytes but are bounded in count by
 //! [`crate::limits::STREAM_FRAMES_MAX`]. Every grant and every stall (a sender waiting for
 //! credit) is recorded in the worker's HDR histograms ([`crate::metrics`]).

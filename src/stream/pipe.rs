@@ -149,8 +149,10 @@ impl Sender {
     /// would save no memory, since the sender holds them until they are sent anyway, and
     /// would cost a round trip between the two ends per window; in one frame the receiver
     /// writes them in one go. The window's bound on other data still holds: the
-    /// receiver's acks pay these bytes back first ([`Window::lend`]). Waits only while
-    /// the frame queue is full.
+    /// receiver's acks pay these bytes back first ([`Window::lend`]). Waits while the
+    /// frame queue is full or an earlier whole send is not paid back yet, so one stream
+    /// never holds more than one such frame. Bytes too many for an ack to count
+    /// (`u32`) go a window at a time, as [`Sender::data`] sends them.
     ///
     /// Not for relaying another stream's DATA: a relay must wait for credit before it
     /// acks what it read, or its source could run ahead and fill the queue.
@@ -158,7 +160,22 @@ impl Sender {
         if data.is_empty() {
             return Ok(());
         }
-        self.room().await?;
+        if u32::try_from(data.len()).is_err() {
+            return self.data(data).await;
+        }
+        poll_fn(|cx| {
+            let mut d = self.dir.borrow_mut();
+            d.send.polled();
+            if d.refused {
+                return Poll::Ready(Err(Gone));
+            }
+            if d.frames.len() < STREAM_FRAMES_MAX && d.window.lent() == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            d.send.register(cx);
+            Poll::Pending
+        })
+        .await?;
         let mut d = self.dir.borrow_mut();
         assert!(d.half == Half::Open);
         d.window.lend(data.len() as u64);
@@ -210,8 +227,8 @@ impl Sender {
         credit
     }
 
-    /// Waits while the frame queue is full.
-    async fn room(&self) -> Result<(), Gone> {
+    /// Queues a typed frame (BEGIN or FLUSH), waiting while the queue is full.
+    async fn push(&self, frame: Frame) -> Result<(), Gone> {
         poll_fn(|cx| {
             let mut d = self.dir.borrow_mut();
             d.send.polled();
@@ -224,12 +241,7 @@ impl Sender {
             d.send.register(cx);
             Poll::Pending
         })
-        .await
-    }
-
-    /// Queues a typed frame (BEGIN or FLUSH), waiting while the queue is full.
-    async fn push(&self, frame: Frame) -> Result<(), Gone> {
-        self.room().await?;
+        .await?;
         let mut d = self.dir.borrow_mut();
         assert!(d.half == Half::Open);
         d.frames.push_back(frame);
@@ -573,6 +585,14 @@ mod tests {
 
     #[test]
     fn whole_data_passes_a_closed_window_in_one_frame_and_is_paid_back_first() {
+        /// Polls `f` once: `Some` if it completed without waiting.
+        fn at_once<F: std::future::Future>(f: F) -> Option<F::Output> {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            match std::pin::pin!(f).poll(&mut cx) {
+                Poll::Ready(out) => Some(out),
+                Poll::Pending => None,
+            }
+        }
         run(async {
             let (caller, callee) = open(begin());
             let window = STREAM_WINDOW_BYTES as usize;
@@ -581,15 +601,16 @@ mod tests {
                 .data(Bytes::from(vec![1u8; window]))
                 .await
                 .expect("receiver alive");
-            // The window is closed, and the whole bytes go anyway, in one frame.
+            // The window is closed, and the whole bytes go anyway, at once, in one frame.
             let whole = Bytes::from(vec![2u8; window * 3 + 5]);
             let whole_ptr = whole.as_ptr();
-            callee
-                .reply
-                .data_whole(whole)
-                .await
-                .expect("receiver alive");
-            callee.reply.data_whole(Bytes::new()).await.expect("empty");
+            let sent = at_once(callee.reply.data_whole(whole));
+            assert_eq!(sent, Some(Ok(())), "no wait for credit");
+            let sent = at_once(callee.reply.data_whole(Bytes::new()));
+            assert_eq!(sent, Some(Ok(())), "an empty send");
+            // A second whole send waits until the first is paid back.
+            let second_whole = Bytes::from(vec![3u8; 10]);
+            assert!(at_once(callee.reply.data_whole(second_whole.clone())).is_none());
             let mut more = Bytes::from_static(b"x");
             callee.reply.try_data(&mut more).expect("receiver alive");
             assert_eq!(more.len(), 1, "no credit for other bytes");
@@ -612,6 +633,8 @@ mod tests {
                 caller.reply.try_next().is_none(),
                 "an empty send sends nothing"
             );
+            let sent = at_once(callee.reply.data_whole(second_whole));
+            assert_eq!(sent, Some(Ok(())), "paid back: the next whole send goes");
         });
     }
 

@@ -57,6 +57,11 @@ impl Window {
         self.lent += bytes;
     }
 
+    /// Bytes sent whole and not yet paid back.
+    pub fn lent(&self) -> u64 {
+        self.lent
+    }
+
     /// Records the receiver acknowledging `bytes` more bytes; returns the new ack.
     pub fn on_ack(&mut self, bytes: u32) -> u64 {
         let ack = self.ack + u64::from(bytes);

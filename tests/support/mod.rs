@@ -483,6 +483,7 @@ impl Conn {
             conn: self,
             pending: Vec::new(),
             ended: false,
+            largest_chunk: 0,
         }
     }
 }
@@ -510,6 +511,8 @@ pub struct Events {
     pub conn: Conn,
     pending: Vec<u8>,
     ended: bool,
+    /// The longest chunk of the body read so far.
+    pub largest_chunk: usize,
 }
 
 impl Events {
@@ -551,7 +554,10 @@ impl Events {
                 return None;
             }
             match self.conn.next_chunk() {
-                Some(c) => self.pending.extend_from_slice(&c),
+                Some(c) => {
+                    self.largest_chunk = self.largest_chunk.max(c.len());
+                    self.pending.extend_from_slice(&c);
+                }
                 None => self.ended = true,
             }
         }

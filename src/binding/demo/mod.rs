@@ -31,7 +31,7 @@ mod tests;
 
 use crate::FastMap;
 use crate::binding::{Exit, Serving};
-use crate::limits::{MESSAGE_BYTES_MAX, STREAM_WINDOW_BYTES, STREAMS_PER_WORKER_MAX};
+use crate::limits::{MESSAGE_BYTES_MAX, STREAMS_PER_WORKER_MAX};
 use crate::stream::{Callee, Caps, Event, Flush, Frame, Gone, Kind, ListKind, ReplyBegin};
 use bytes::Bytes;
 use json::{Failure, INTERNAL_ERROR, INVALID_REQUEST};
@@ -389,9 +389,9 @@ async fn read_params(callee: &Callee) -> Result<Vec<u8>, Halt> {
     Ok(params)
 }
 
-/// The length of one DATA piece as credit. The pipe never sends more than one window in
-/// a piece, so the length always fits.
+/// The length of one DATA piece as credit. A piece is at most one window, or one answer
+/// sent whole, which [`crate::stream::Sender::data_whole`] keeps within `u32`.
 fn piece_len(piece: &Bytes) -> u32 {
-    assert!(piece.len() <= STREAM_WINDOW_BYTES as usize);
+    assert!(u32::try_from(piece.len()).is_ok());
     piece.len() as u32
 }

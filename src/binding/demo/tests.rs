@@ -3,6 +3,7 @@
 //! directions: `ReplyBegin`s, FLUSH events, result bytes, and RESETs carrying errors.
 
 use super::*;
+use crate::limits::STREAM_WINDOW_BYTES;
 use crate::stream::{Begin, Caller, Challenge, Reset, Throttle, open};
 use serde_json::{Value, json};
 use std::time::Instant;

@@ -508,7 +508,7 @@ fn gather(parts: &mut Vec<Bytes>) -> Option<Bytes> {
 }
 
 /// Answers a list request from the cache: the stored bytes as they are (or, for a session
-/// that may not see every route, without those routes' items), through the reply's window.
+/// that may not see every route, without those routes' items), in one DATA frame.
 pub async fn serve_cached(callee: &Callee, cached: Bytes) {
     if !accept(callee).await {
         return;

@@ -5,7 +5,9 @@
 //!
 //! Invariants: the reply's mode is chosen once, by what comes first; a request's ring
 //! holds at most [`REQUEST_REPLAY_EVENTS_MAX`] events; DATA gathered for one write is
-//! bounded by the stream's credit window.
+//! bounded by the stream's credit window, besides one answer its exit held whole (a stored
+//! list), which is written as it is, never copied: an SSE event or a list filter, which
+//! copy, take it a window at a time.
 
 use super::auth::rules::ListFilter;
 use super::session::{
@@ -13,7 +15,7 @@ use super::session::{
 };
 use super::sink::{Piece, Sink};
 use crate::jsonrpc::{self};
-use crate::limits::REQUEST_REPLAY_EVENTS_MAX;
+use crate::limits::{REQUEST_REPLAY_EVENTS_MAX, STREAM_WINDOW_BYTES};
 use crate::metrics::Outcome;
 use crate::sse;
 use crate::stream::{BearerChallenge, Challenge, Event, Flush, Frame, Reset, Throttle};
@@ -85,7 +87,8 @@ struct Render<'a> {
     /// The SSE result event being written (its `data:` lines span DATA frames).
     writer: Option<sse::DataWriter>,
     /// DATA frames gathered for one write (kept to reuse its allocation). Bounded by the
-    /// stream's credit window: only frames the exit was given credit for can be queued.
+    /// stream's credit window (only frames the exit was given credit for can be queued),
+    /// besides one frame sent whole, which only a JSON answer gathers (shared, not copied).
     parts: Vec<Bytes>,
     /// `auth` rules: a list result loses the items this caller may not see on its way.
     filter: Option<ListFilter<'a>>,
@@ -99,6 +102,12 @@ impl Render<'_> {
             None => Some(data),
             Some(f) => f.feed(data).ok(),
         }
+    }
+
+    /// True when what the result's bytes are written through copies them (an SSE event,
+    /// a list filter), so a frame larger than a window is taken a window at a time.
+    fn copies(&self) -> bool {
+        self.mode == Mode::Sse || self.filter.is_some()
     }
 
     /// What a list filter has left to write at the result's end (nothing without one).
@@ -252,13 +261,21 @@ impl Render<'_> {
 
     /// Renders result bytes; returns true if that completed the reply (the exit's END was
     /// already queued and has been consumed).
-    async fn on_data(&mut self, data: Bytes) -> bool {
+    async fn on_data(&mut self, mut data: Bytes) -> bool {
         let reply = &self.inflight.caller.reply;
+        // An answer its exit held whole comes as one frame, which can be far larger than a
+        // window. A JSON answer writes it as it is; an SSE event and a list filter copy
+        // what they are given, so they take it a window at a time, as the exit would have
+        // sent it (the rest goes back to the front of the queue, for the next turn).
+        if self.copies() && data.len() > STREAM_WINDOW_BYTES as usize {
+            let rest = data.split_off(STREAM_WINDOW_BYTES as usize);
+            reply.unread(Frame::Data(rest));
+        }
         // Credit goes back before the agent-side write, not after it: `data` is ours now
         // (copied into the encoded chunk, or, when large, held by the write as it is), so
         // the exit can read the next window from upstream while this one is written
         // (double buffering). Memory stays bounded: one window queued plus the one being
-        // written.
+        // written, or one answer its exit holds whole anyway.
         reply.ack(data.len() as u32);
         let Some(data) = self.filtered(data) else {
             self.unreadable_list().await;
@@ -325,6 +342,13 @@ impl Render<'_> {
         parts.push(data);
         let ended = loop {
             match reply.try_next() {
+                Some(Frame::Data(more))
+                    if self.copies() && more.len() > STREAM_WINDOW_BYTES as usize =>
+                {
+                    // Taken a window at a time on the next turns (see above).
+                    reply.unread(Frame::Data(more));
+                    break false;
+                }
                 Some(Frame::Data(more)) => {
                     reply.ack(more.len() as u32);
                     let Some(more) = self.filtered(more) else {
