@@ -400,6 +400,74 @@ fn a_cached_list_larger_than_the_window_is_answered_whole() {
     }
 }
 
+/// An agent that asks for a large cached list and stops reading loses its connection at
+/// the request deadline (the whole answer is one write, and a write that never ends must
+/// not hold the connection and the stored bytes for ever): it reads part of the answer,
+/// then the end of the connection, and the gateway serves others meanwhile.
+#[test]
+fn an_agent_that_stops_reading_a_large_answer_is_cut_off_at_the_deadline() {
+    use std::io::{Read, Write};
+    // About 13 MB: more than the kernel's send buffer and the agent's receive buffer hold.
+    let up = Upstream::start(&["--tools", "40000", "--page-size", "2000"]);
+    let bindings = format!(
+        "  exit: {{kind: proxy, cache: {{store: c, ttl: 5m}}, routes: [{{toolkit: a, exit: up}}]}}\n  \
+         up: {}\nstores: {{c: {{type: memory}}}}\n",
+        up.client_exit(", response_timeout: 10s")
+    );
+    let list = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+    for mode in MODES {
+        let gw = Gateway::start_north(mode, ", request_timeout: 1s", &bindings);
+        let session = gw.initialize();
+        // Four agents, each on its own connection (with 2 workers some land on the worker
+        // that does not own the session, and their answer crosses workers).
+        let stalled: Vec<std::net::TcpStream> = (0..4)
+            .map(|_| {
+                let socket =
+                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                        .expect("socket");
+                socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+                socket.connect(&gw.addr.into()).expect("connect");
+                let mut stream: std::net::TcpStream = socket.into();
+                stream
+                    .write_all(&gw.post_bytes(Some(&session), &[], list))
+                    .expect("send");
+                stream
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(2500));
+        // Meanwhile the gateway answers others.
+        let other = gw.initialize();
+        assert_eq!(gw.post(Some(&other), list).status, 200, "{mode:?}");
+        for mut stream in stalled {
+            stream
+                .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .expect("timeout");
+            let mut got = Vec::new();
+            let read = stream.read_to_end(&mut got);
+            assert!(
+                read.is_ok() || !got.is_empty(),
+                "{mode:?}: the connection ended (no read timeout): {read:?}"
+            );
+            let text = String::from_utf8_lossy(&got[..got.len().min(4096)]).to_lowercase();
+            let length: usize = text
+                .split("content-length: ")
+                .nth(1)
+                .and_then(|rest| rest.split("\r\n").next())
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{mode:?}: a head with a length: {text:.200}"));
+            assert!(length > 10_000_000, "{mode:?}: {length}");
+            let body = got
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map_or(0, |at| got.len() - at - 4);
+            assert!(
+                body < length,
+                "{mode:?}: cut off: {body} bytes of a {length}-byte body"
+            );
+        }
+    }
+}
+
 /// `mcpyard_upstream_requests_total` now.
 fn upstream_requests(gw: &Gateway) -> u64 {
     let text = support::scrape(gw);

@@ -163,19 +163,7 @@ impl Sender {
         if u32::try_from(data.len()).is_err() {
             return self.data(data).await;
         }
-        poll_fn(|cx| {
-            let mut d = self.dir.borrow_mut();
-            d.send.polled();
-            if d.refused {
-                return Poll::Ready(Err(Gone));
-            }
-            if d.frames.len() < STREAM_FRAMES_MAX && d.window.lent() == 0 {
-                return Poll::Ready(Ok(()));
-            }
-            d.send.register(cx);
-            Poll::Pending
-        })
-        .await?;
+        self.room(true).await?;
         let mut d = self.dir.borrow_mut();
         assert!(d.half == Half::Open);
         d.window.lend(data.len() as u64);
@@ -227,21 +215,27 @@ impl Sender {
         credit
     }
 
-    /// Queues a typed frame (BEGIN or FLUSH), waiting while the queue is full.
-    async fn push(&self, frame: Frame) -> Result<(), Gone> {
+    /// Waits until the frame queue has room and, for a whole send (`whole`), no earlier
+    /// one is still to be paid back.
+    async fn room(&self, whole: bool) -> Result<(), Gone> {
         poll_fn(|cx| {
             let mut d = self.dir.borrow_mut();
             d.send.polled();
             if d.refused {
                 return Poll::Ready(Err(Gone));
             }
-            if d.frames.len() < STREAM_FRAMES_MAX {
+            if d.frames.len() < STREAM_FRAMES_MAX && (!whole || d.window.lent() == 0) {
                 return Poll::Ready(Ok(()));
             }
             d.send.register(cx);
             Poll::Pending
         })
-        .await?;
+        .await
+    }
+
+    /// Queues a typed frame (BEGIN or FLUSH), waiting while the queue is full.
+    async fn push(&self, frame: Frame) -> Result<(), Gone> {
+        self.room(false).await?;
         let mut d = self.dir.borrow_mut();
         assert!(d.half == Half::Open);
         d.frames.push_back(frame);

@@ -85,6 +85,12 @@ impl Gateway {
     /// `bindings:`) defining the binding named `exit` that the server forwards to and any
     /// binding that one needs.
     pub fn start_bindings(mode: Mode, bindings: &str) -> Gateway {
+        Gateway::start_north(mode, "", bindings)
+    }
+
+    /// Like [`Gateway::start_bindings`], with `north` (`, key: value` pairs) added to the
+    /// server binding's own settings.
+    pub fn start_north(mode: Mode, north: &str, bindings: &str) -> Gateway {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let stem = format!("mcpyard-rawtest-{}-{n}", std::process::id());
         let config = std::env::temp_dir().join(format!("{stem}.yaml"));
@@ -92,7 +98,7 @@ impl Gateway {
             "runtime: {{workers: {}, io: {}}}\n\
              telemetry: {{metrics: 127.0.0.1:0}}\n\
              bindings:\n  \
-               north: {{kind: server, listen: 127.0.0.1:0, path: /mcp, exit: exit}}\n\
+               north: {{kind: server, listen: 127.0.0.1:0, path: /mcp, exit: exit{north}}}\n\
              {bindings}",
             mode.workers, mode.io
         );

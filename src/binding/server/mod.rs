@@ -195,12 +195,14 @@ impl Server {
     /// Sends the request to the worker owning its session and relays the answer back.
     fn hand_off(&self, owner: usize, req: Request, sink: Sink, shared: Rc<ConnShared>) {
         let (tx, rx) = mpsc::channel(crate::limits::CROSS_WORKER_REPLY_QUEUE_LEN);
+        let aborted = Arc::new(tokio::sync::Notify::new());
         let keep_alive = sink.keep_alive();
         let index = self.index;
+        let owner_aborted = aborted.clone();
         let task = Box::new(move || {
             let server = SERVERS.with(|s| s.borrow().get(index).cloned());
             if let Some(server) = server {
-                let sink = Sink::from_channel(tx, keep_alive);
+                let sink = Sink::from_channel(tx, owner_aborted, keep_alive);
                 tokio::task::spawn_local(crate::runtime::pass::run(server.serve(req, sink)));
             }
         });
@@ -210,7 +212,8 @@ impl Server {
             return;
         }
         server_metrics::with(|m| m.handoffs += 1);
-        tokio::task::spawn_local(relay(rx, sink, shared));
+        let write_timeout = self.cfg.request_timeout;
+        tokio::task::spawn_local(relay(rx, sink, shared, aborted, write_timeout));
     }
 
     /// Path, method, Host and Origin checks: `Err((status, message))` to refuse.
@@ -299,30 +302,49 @@ impl Server {
 }
 
 /// Copies a remote response onto the local connection (runs on the connection's worker).
-async fn relay(mut rx: mpsc::Receiver<Part>, mut sink: Sink, shared: Rc<ConnShared>) {
+/// The owner's sink going before the response's end (`aborted`: it failed, or its
+/// deadline passed) stops it at once, even in the middle of a write; so does a single
+/// write that takes longer than `write_timeout` (the binding's request deadline: an agent
+/// that stopped reading, since the owner may have queued the whole answer and ended).
+/// Dropping the sink then aborts the connection.
+async fn relay(
+    mut rx: mpsc::Receiver<Part>,
+    mut sink: Sink,
+    shared: Rc<ConnShared>,
+    aborted: Arc<tokio::sync::Notify>,
+    write_timeout: std::time::Duration,
+) {
     let _ = shared; // the sink holds the connection; kept for symmetry of ownership
     loop {
         let part = tokio::select! {
+            biased;
+            () = aborted.notified() => None,
             p = rx.recv() => p,
             () = sink.closed() => None,
         };
-        match part {
-            Some(Part::Bytes(b)) => {
-                if sink.write_raw(b).await.is_err() {
-                    return;
-                }
-            }
-            Some(Part::Parts(parts)) => {
-                if sink.write_raw_parts(parts).await.is_err() {
-                    return;
-                }
-            }
+        let stalled = crate::runtime::deadline::until(Instant::now() + write_timeout);
+        let written = match part {
+            Some(Part::Bytes(b)) => tokio::select! {
+                biased;
+                () = aborted.notified() => return,
+                () = stalled => return,
+                w = sink.write_raw(b) => w,
+            },
+            Some(Part::Parts(parts)) => tokio::select! {
+                biased;
+                () = aborted.notified() => return,
+                () = stalled => return,
+                w = sink.write_raw_parts(parts) => w,
+            },
             Some(Part::End { keep_alive }) => {
                 sink.complete_raw(keep_alive);
                 return;
             }
             // The owner dropped the response unfinished: dropping the sink aborts.
             None => return,
+        };
+        if written.is_err() {
+            return;
         }
     }
 }

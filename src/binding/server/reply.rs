@@ -606,9 +606,27 @@ pub async fn pump(
                 }
             }
             Step::Frame(Some(Frame::Data(d))) => {
-                if r.on_data(d).await {
-                    caller.initial.end();
-                    return Outcome::Ok;
+                // The write to the agent is bounded by the same deadline: an agent that
+                // stops reading a large answer (sent whole, or a window whose write never
+                // ends) loses its connection then, and what the reply held is let go.
+                let ended = tokio::select! {
+                    biased;
+                    () = &mut timeout => None,
+                    ended = r.on_data(d) => Some(ended),
+                };
+                match ended {
+                    Some(true) => {
+                        caller.initial.end();
+                        return Outcome::Ok;
+                    }
+                    Some(false) => {}
+                    None => {
+                        caller.reply.reset(Reset::Plain);
+                        caller.initial.abort();
+                        // Half written: dropping the sink shuts the connection down.
+                        r.sink = None;
+                        return Outcome::Error;
+                    }
                 }
             }
             Step::Frame(Some(Frame::End)) => {

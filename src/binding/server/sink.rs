@@ -14,6 +14,7 @@ use crate::runtime::pass::Waiter;
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::Poll;
 use tokio::sync::mpsc;
 
@@ -178,7 +179,15 @@ enum Out {
         /// The end of the response was not signalled yet.
         pending: bool,
     },
-    Remote(mpsc::Sender<Part>),
+    Remote {
+        tx: mpsc::Sender<Part>,
+        /// Told when this sink goes before its response's end was sent, so the relay on
+        /// the connection's worker also stops a write that may never end (an agent that
+        /// stopped reading).
+        aborted: Arc<tokio::sync::Notify>,
+        /// The response's end was sent.
+        ended: bool,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -210,10 +219,19 @@ impl Sink {
         }
     }
 
-    /// A sink whose bytes travel to another worker over `tx` (built on the owning worker).
-    pub fn from_channel(tx: mpsc::Sender<Part>, keep_alive: bool) -> Sink {
+    /// A sink whose bytes travel to another worker over `tx` (built on the owning worker);
+    /// `aborted` is told if it goes before the response's end was sent.
+    pub fn from_channel(
+        tx: mpsc::Sender<Part>,
+        aborted: Arc<tokio::sync::Notify>,
+        keep_alive: bool,
+    ) -> Sink {
         Sink {
-            out: Out::Remote(tx),
+            out: Out::Remote {
+                tx,
+                aborted,
+                ended: false,
+            },
             state: State::Head,
             keep_alive,
         }
@@ -269,7 +287,7 @@ impl Sink {
                 }
                 Ok(())
             }
-            Out::Remote(tx) => {
+            Out::Remote { tx, .. } => {
                 let part = match gathered {
                     Gathered::One(bytes) => Part::Bytes(bytes),
                     Gathered::Parts(parts) => Part::Parts(parts),
@@ -450,7 +468,11 @@ impl Sink {
                 }
                 Ok(())
             }
-            Out::Remote(tx) => tx.send(Part::End { keep_alive }).await.map_err(|_| Gone),
+            Out::Remote { tx, ended, .. } => {
+                tx.send(Part::End { keep_alive }).await.map_err(|_| Gone)?;
+                *ended = true;
+                Ok(())
+            }
         }
     }
 
@@ -458,7 +480,7 @@ impl Sink {
     pub async fn closed(&self) {
         match &self.out {
             Out::Local { shared, .. } => shared.wait_closed().await,
-            Out::Remote(tx) => tx.closed().await,
+            Out::Remote { tx, .. } => tx.closed().await,
         }
     }
 }
@@ -491,13 +513,20 @@ where
 impl Drop for Sink {
     /// A sink dropped before its response completed aborts the connection.
     fn drop(&mut self) {
-        if let Out::Local { shared, pending } = &mut self.out
-            && std::mem::take(pending)
-        {
-            if self.state != State::Done {
-                shared.conn.shutdown();
+        match &mut self.out {
+            Out::Local { shared, pending } => {
+                if std::mem::take(pending) {
+                    if self.state != State::Done {
+                        shared.conn.shutdown();
+                    }
+                    shared.signal_done(false);
+                }
             }
-            shared.signal_done(false);
+            Out::Remote { aborted, ended, .. } => {
+                if !*ended {
+                    aborted.notify_one();
+                }
+            }
         }
     }
 }
@@ -582,7 +611,7 @@ mod tests {
             let length = format!("content-length: {}\r\n\r\n", want_body.len());
 
             let (tx, rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, true);
+            let sink = Sink::from_channel(tx, Default::default(), true);
             assert!(sink.respond_of(200, &headers, &body).await.is_ok());
             let got = sent(rx);
             let split = got
@@ -600,7 +629,7 @@ mod tests {
 
             let fields = http::response_head_fields(200, &headers).expect("fields");
             let (tx, rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, true);
+            let sink = Sink::from_channel(tx, Default::default(), true);
             assert!(sink.respond_with_fields(&fields, &body).await.is_ok());
             assert_eq!(sent(rx), got, "the same bytes either way");
         });
