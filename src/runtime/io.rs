@@ -2,12 +2,15 @@
 //! (tokio current-thread). Everything else reads and writes through [`Conn`].
 //!
 //! Rules that keep io_uring correct (a dropped read future does not cancel the kernel's
-//! read, which then writes into a buffer nobody owns, or loses the bytes it read): a read,
-//! write or accept is never cancelled by dropping its future — an agent connection reads in one
+//! read, which then writes into a buffer nobody owns, or loses the bytes it read): a read
+//! or accept is never cancelled by dropping its future — an agent connection reads in one
 //! long-lived read loop, an upstream connection keeps a read whose waiter went away in
 //! flight in its wire for the next waiter, and deadlines are enforced by
 //! [`Conn::shutdown`], which makes the pending read complete; a socket is always shut down
-//! before it is dropped.
+//! before it is dropped. A write is dropped halfway only when its connection is shut down
+//! at once and never written again (a response past its deadline): tokio-uring keeps a
+//! dropped write's buffer until the kernel completes it, which the shutdown hastens, and
+//! under TLS the cut write keeps its mark, so no close_notify follows a cut record.
 
 use super::slots::{ReadBuf, Slots};
 use super::tls::Tls;
@@ -199,16 +202,23 @@ impl Conn {
         match &self.tls {
             None => self.socket.write_all(data).await,
             Some(tls) => {
-                let _writing = tls.start_write()?;
+                let writing = tls.start_write()?;
                 let mut rest = &data[..];
-                loop {
-                    let (sealed, left) = tls.seal(rest)?;
-                    self.socket.write_all(sealed).await?;
+                let written = loop {
+                    let (sealed, left) = match tls.seal(rest) {
+                        Ok(sealed) => sealed,
+                        Err(e) => break Err(e),
+                    };
+                    if let Err(e) = self.socket.write_all(sealed).await {
+                        break Err(e);
+                    }
                     if left.is_empty() {
-                        return Ok(());
+                        break Ok(());
                     }
                     rest = left;
-                }
+                };
+                writing.done();
+                written
             }
         }
     }

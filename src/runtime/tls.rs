@@ -29,12 +29,15 @@ pub(crate) struct Tls {
     writing: Cell<bool>,
 }
 
-/// A write in progress on a [`Tls`] ([`Tls::start_write`]); clears the mark however the
-/// write ends.
+/// A write in progress on a [`Tls`] ([`Tls::start_write`]). It clears the mark only when
+/// it ends ([`Writing::done`], or an error, which leaves the connection broken anyway): a
+/// write dropped halfway (its deadline passed) leaves a record cut short on the wire, so
+/// the mark stays, no close_notify is sent after it and no later write starts.
 pub(crate) struct Writing<'a>(&'a Cell<bool>);
 
-impl Drop for Writing<'_> {
-    fn drop(&mut self) {
+impl Writing<'_> {
+    /// The write ended: every sealed record reached the socket, or the socket failed.
+    pub(crate) fn done(self) {
         self.0.set(false);
     }
 }

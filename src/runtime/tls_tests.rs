@@ -161,6 +161,34 @@ fn parts_written_over_tls_arrive_joined_in_order() {
     }
 }
 
+/// A write cut halfway (its guard dropped without `done`, as when a reply's deadline
+/// drops the write) leaves the connection marked: no close_notify may follow a record cut
+/// short, and no later write starts. A write that ended clears the mark.
+#[test]
+fn a_write_cut_halfway_sends_no_close_notify_after_it() {
+    let (_ca, server, upstream) = localhost("cut");
+    let backend = backends().remove(0);
+    block_on(backend, async {
+        let (client, c, accepted, s) = pair(backend, &server, &upstream, SECOND).await;
+        assert!(c.is_ok() && s.is_ok(), "{backend:?}");
+        let tls = accepted.tls.as_ref().expect("a TLS connection");
+        tls.start_write().expect("no write yet").done();
+        assert!(tls.start_write().is_ok_and(|w| {
+            w.done();
+            true
+        }));
+        {
+            // Goes out of scope without `done`: cut halfway.
+            let _cut = tls.start_write().expect("the last write ended");
+        }
+        assert!(tls.start_write().is_err(), "the cut write keeps its mark");
+        assert!(tls.close_notify().is_none(), "no alert after a cut record");
+        accepted.shutdown();
+        client.shutdown();
+    })
+    .expect("runtime");
+}
+
 #[test]
 fn an_idle_connection_whose_peer_said_close_notify_is_unusable() {
     let (_ca, server, upstream) = localhost("idle");

@@ -34,6 +34,8 @@ pub struct ServerMetrics {
     pub connections_accepted: u64,
     /// Requests handed to another worker (the session lives there).
     pub handoffs: u64,
+    /// Responses cut because a write to the agent outlasted the reply's deadline.
+    pub write_deadline_cuts: u64,
     /// HTTP requests answered with a 4xx/5xx before reaching MCP handling.
     pub http_errors: u64,
     /// GET streams resumed from an event no longer in the session's replay ring.
@@ -78,6 +80,7 @@ impl ServerMetrics {
             session_store_failures: 0,
             connections_accepted: 0,
             handoffs: 0,
+            write_deadline_cuts: 0,
             http_errors: 0,
             events_replay_missed: 0,
             heads_refused_downstream: 0,
@@ -105,6 +108,7 @@ impl ServerMetrics {
         self.session_store_failures += o.session_store_failures;
         self.connections_accepted += o.connections_accepted;
         self.handoffs += o.handoffs;
+        self.write_deadline_cuts += o.write_deadline_cuts;
         self.http_errors += o.http_errors;
         self.events_replay_missed += o.events_replay_missed;
         self.heads_refused_downstream += o.heads_refused_downstream;
@@ -157,7 +161,7 @@ impl ServerMetrics {
         for (name, help, value) in gauges {
             metrics::write_gauge(out, name, help, value);
         }
-        let counters: [(&str, &str, u64); 10] = [
+        let counters: [(&str, &str, u64); 11] = [
             (
                 "mcpyard_sessions_created_total",
                 "Sessions created.",
@@ -192,6 +196,11 @@ impl ServerMetrics {
                 "mcpyard_handoffs_total",
                 "Requests handed to the worker owning their session.",
                 self.handoffs,
+            ),
+            (
+                "mcpyard_write_deadline_cuts_total",
+                "Responses cut because a write to the agent outlasted the reply's deadline.",
+                self.write_deadline_cuts,
             ),
             (
                 "mcpyard_http_errors_total",

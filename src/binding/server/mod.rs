@@ -327,13 +327,13 @@ async fn relay(
             Some(Part::Bytes(b)) => tokio::select! {
                 biased;
                 () = aborted.notified() => return,
-                () = stalled => return,
+                () = stalled => return server_metrics::with(|m| m.write_deadline_cuts += 1),
                 w = sink.write_raw(b) => w,
             },
             Some(Part::Parts(parts)) => tokio::select! {
                 biased;
                 () = aborted.notified() => return,
-                () = stalled => return,
+                () = stalled => return server_metrics::with(|m| m.write_deadline_cuts += 1),
                 w = sink.write_raw_parts(parts) => w,
             },
             Some(Part::End { keep_alive }) => {

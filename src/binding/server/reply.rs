@@ -10,6 +10,7 @@
 //! copy, take it a window at a time.
 
 use super::auth::rules::ListFilter;
+use super::metrics as server_metrics;
 use super::session::{
     AnswerTo, Inflight, Session, data_event, refuse_request, render_event, sse_head,
 };
@@ -495,6 +496,10 @@ pub async fn pump(
     deadline: Instant,
     filter: Option<ListFilter<'_>>,
 ) -> Outcome {
+    // Every write of the reply ends by its deadline too: an agent that stops reading loses
+    // its connection then, and what the reply held (a stored list) is let go.
+    let mut sink = sink;
+    sink.bound_until(deadline);
     let mut r = Render {
         session,
         inflight,
@@ -558,7 +563,8 @@ pub async fn pump(
                     return Outcome::Cancelled;
                 }
                 let attach = inflight.attach.borrow_mut().take();
-                if let Some((sink, last)) = attach {
+                if let Some((mut sink, last)) = attach {
+                    sink.bound_until(deadline);
                     r.attach(sink, last).await;
                 }
             }
@@ -606,9 +612,8 @@ pub async fn pump(
                 }
             }
             Step::Frame(Some(Frame::Data(d))) => {
-                // The write to the agent is bounded by the same deadline: an agent that
-                // stops reading a large answer (sent whole, or a window whose write never
-                // ends) loses its connection then, and what the reply held is let go.
+                // The write to the agent is bounded by the same deadline (see the sink's
+                // bound above); this select makes such a cut the reply's outcome.
                 let ended = tokio::select! {
                     biased;
                     () = &mut timeout => None,
@@ -621,6 +626,7 @@ pub async fn pump(
                     }
                     Some(false) => {}
                     None => {
+                        server_metrics::with(|m| m.write_deadline_cuts += 1);
                         caller.reply.reset(Reset::Plain);
                         caller.initial.abort();
                         // Half written: dropping the sink shuts the connection down.

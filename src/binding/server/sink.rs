@@ -7,15 +7,16 @@
 
 use crate::binding::server::metrics as server_metrics;
 use crate::http::{self, BodyFraming};
-use crate::runtime::Conn;
 use crate::runtime::encode_pool::{self, Encoded};
 use crate::runtime::notify::Notify;
 use crate::runtime::pass::Waiter;
+use crate::runtime::{Conn, deadline};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Instant;
 use tokio::sync::mpsc;
 
 /// The connection went away (write failed, peer closed, or the forwarding worker quit).
@@ -202,6 +203,8 @@ pub struct Sink {
     out: Out,
     state: State,
     keep_alive: bool,
+    /// Every write ends by then ([`Sink::bound_until`]); `None`: no bound.
+    until: Option<Instant>,
 }
 
 impl Sink {
@@ -216,6 +219,7 @@ impl Sink {
             },
             state: State::Head,
             keep_alive,
+            until: None,
         }
     }
 
@@ -234,7 +238,15 @@ impl Sink {
             },
             state: State::Head,
             keep_alive,
+            until: None,
         }
+    }
+
+    /// Bounds every write of this response from now on by `at`: a write still going then
+    /// (an agent that stopped reading) cuts the connection and fails, so a reply past its
+    /// deadline never holds the connection, or the bytes it was writing, for longer.
+    pub fn bound_until(&mut self, at: Instant) {
+        self.until = Some(at);
     }
 
     /// Writes already-encoded response bytes (relaying a remote response).
@@ -274,13 +286,30 @@ impl Sink {
     }
 
     async fn write_gathered(&mut self, gathered: Gathered) -> Result<(), Gone> {
+        let until = self.until;
         match &mut self.out {
             Out::Local { shared, .. } => {
-                let written = match gathered {
-                    Gathered::One(bytes) => shared.conn.write_all(bytes).await,
-                    Gathered::Parts(parts) => shared.conn.write_all_parts(parts).await,
+                let shared: &ConnShared = shared;
+                let write = async {
+                    match gathered {
+                        Gathered::One(bytes) => shared.conn.write_all(bytes).await,
+                        Gathered::Parts(parts) => shared.conn.write_all_parts(parts).await,
+                    }
                 };
-                if written.is_err() {
+                let written = match until {
+                    None => write.await.is_ok(),
+                    Some(at) => tokio::select! {
+                        biased;
+                        written = write => written.is_ok(),
+                        () = deadline::until(at) => {
+                            // Cut halfway: the connection can carry nothing more.
+                            server_metrics::with(|m| m.write_deadline_cuts += 1);
+                            shared.conn.shutdown();
+                            false
+                        }
+                    },
+                };
+                if !written {
                     shared.peer_closed.set(true);
                     shared.closed.notify_waiters();
                     return Err(Gone);
@@ -292,7 +321,15 @@ impl Sink {
                     Gathered::One(bytes) => Part::Bytes(bytes),
                     Gathered::Parts(parts) => Part::Parts(parts),
                 };
-                tx.send(part).await.map_err(|_| Gone)
+                let sent = match until {
+                    None => tx.send(part).await.is_ok(),
+                    Some(at) => tokio::select! {
+                        biased;
+                        sent = tx.send(part) => sent.is_ok(),
+                        () = deadline::until(at) => false,
+                    },
+                };
+                sent.then_some(()).ok_or(Gone)
             }
         }
     }
@@ -644,5 +681,30 @@ mod tests {
             b"0\r\n\r\n",
             "the end only"
         );
+    }
+
+    /// A remote sink that goes before its response's end tells the relay (which stops a
+    /// write that may never end); one that sent its end does not.
+    #[test]
+    fn a_remote_sink_dropped_before_its_end_tells_the_relay() {
+        fn told(aborted: &tokio::sync::Notify) -> bool {
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            std::pin::pin!(aborted.notified()).poll(&mut cx).is_ready()
+        }
+        crate::testing::run_local(async {
+            let headers: [(&str, &[u8]); 1] = [("content-type", b"application/json")];
+            let aborted = Arc::new(tokio::sync::Notify::new());
+            let (tx, _rx) = mpsc::channel(8);
+            let mut sink = Sink::from_channel(tx, aborted.clone(), true);
+            assert!(sink.head(200, &headers).await.is_ok());
+            drop(sink);
+            assert!(told(&aborted), "dropped halfway: told");
+
+            let aborted = Arc::new(tokio::sync::Notify::new());
+            let (tx, _rx) = mpsc::channel(8);
+            let sink = Sink::from_channel(tx, aborted.clone(), true);
+            assert!(sink.respond(200, &headers, b"{}").await.is_ok());
+            assert!(!told(&aborted), "ended: not told");
+        });
     }
 }
