@@ -223,6 +223,19 @@ pub fn until(at: Instant) -> Deadline {
     }
 }
 
+/// `work`'s output, or `None` when `at` passed first (the work is dropped then); without
+/// `at`, the work unbounded.
+pub async fn within<F: Future>(at: Option<Instant>, work: F) -> Option<F::Output> {
+    let Some(at) = at else {
+        return Some(work.await);
+    };
+    tokio::select! {
+        biased;
+        out = work => Some(out),
+        () = until(at) => None,
+    }
+}
+
 impl Future for Deadline {
     type Output = ();
 

@@ -322,29 +322,28 @@ async fn relay(
             p = rx.recv() => p,
             () = sink.closed() => None,
         };
-        let stalled = crate::runtime::deadline::until(Instant::now() + write_timeout);
-        let written = match part {
-            Some(Part::Bytes(b)) => tokio::select! {
-                biased;
-                () = aborted.notified() => return,
-                () = stalled => return server_metrics::with(|m| m.write_deadline_cuts += 1),
-                w = sink.write_raw(b) => w,
-            },
-            Some(Part::Parts(parts)) => tokio::select! {
-                biased;
-                () = aborted.notified() => return,
-                () = stalled => return server_metrics::with(|m| m.write_deadline_cuts += 1),
-                w = sink.write_raw_parts(parts) => w,
-            },
-            Some(Part::End { keep_alive }) => {
-                sink.complete_raw(keep_alive);
-                return;
+        let write = async {
+            match part {
+                Some(Part::Bytes(b)) => sink.write_raw(b).await.is_ok(),
+                Some(Part::Parts(parts)) => sink.write_raw_parts(parts).await.is_ok(),
+                Some(Part::End { keep_alive }) => {
+                    sink.complete_raw(keep_alive);
+                    false
+                }
+                // The owner dropped the response unfinished: dropping the sink aborts.
+                None => false,
             }
-            // The owner dropped the response unfinished: dropping the sink aborts.
-            None => return,
         };
-        if written.is_err() {
-            return;
+        let stalled = Some(Instant::now() + write_timeout);
+        let written = tokio::select! {
+            biased;
+            () = aborted.notified() => return,
+            w = crate::runtime::deadline::within(stalled, write) => w,
+        };
+        match written {
+            Some(true) => {}
+            Some(false) => return,
+            None => return server_metrics::with(|m| m.write_deadline_cuts += 1),
         }
     }
 }

@@ -262,7 +262,7 @@ impl Sink {
     }
 
     /// Marks a relayed response complete.
-    pub fn complete_raw(mut self, keep_alive: bool) {
+    pub fn complete_raw(&mut self, keep_alive: bool) {
         self.state = State::Done;
         if let Out::Local { shared, pending } = &mut self.out
             && std::mem::take(pending)
@@ -296,18 +296,14 @@ impl Sink {
                         Gathered::Parts(parts) => shared.conn.write_all_parts(parts).await,
                     }
                 };
-                let written = match until {
-                    None => write.await.is_ok(),
-                    Some(at) => tokio::select! {
-                        biased;
-                        written = write => written.is_ok(),
-                        () = deadline::until(at) => {
-                            // Cut halfway: the connection can carry nothing more.
-                            server_metrics::with(|m| m.write_deadline_cuts += 1);
-                            shared.conn.shutdown();
-                            false
-                        }
-                    },
+                let written = match deadline::within(until, write).await {
+                    Some(written) => written.is_ok(),
+                    None => {
+                        // Cut halfway: the connection can carry nothing more.
+                        server_metrics::with(|m| m.write_deadline_cuts += 1);
+                        shared.conn.shutdown();
+                        false
+                    }
                 };
                 if !written {
                     shared.peer_closed.set(true);
@@ -321,15 +317,10 @@ impl Sink {
                     Gathered::One(bytes) => Part::Bytes(bytes),
                     Gathered::Parts(parts) => Part::Parts(parts),
                 };
-                let sent = match until {
-                    None => tx.send(part).await.is_ok(),
-                    Some(at) => tokio::select! {
-                        biased;
-                        sent = tx.send(part) => sent.is_ok(),
-                        () = deadline::until(at) => false,
-                    },
-                };
-                sent.then_some(()).ok_or(Gone)
+                match deadline::within(until, tx.send(part)).await {
+                    Some(Ok(())) => Ok(()),
+                    Some(Err(_)) | None => Err(Gone),
+                }
             }
         }
     }
