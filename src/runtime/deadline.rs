@@ -223,12 +223,9 @@ pub fn until(at: Instant) -> Deadline {
     }
 }
 
-/// `work`'s output, or `None` when `at` passed first (the work is dropped then); without
-/// `at`, the work unbounded.
-pub async fn within<F: Future>(at: Option<Instant>, work: F) -> Option<F::Output> {
-    let Some(at) = at else {
-        return Some(work.await);
-    };
+/// `work`'s output, or `None` when `at` passed first (the work is dropped then). Work done
+/// at its first poll costs no timer: the deadline is only queued once the work waits.
+pub async fn within<F: Future>(at: Instant, work: F) -> Option<F::Output> {
     tokio::select! {
         biased;
         out = work => Some(out),

@@ -8,9 +8,10 @@
 //! flight in its wire for the next waiter, and deadlines are enforced by
 //! [`Conn::shutdown`], which makes the pending read complete; a socket is always shut down
 //! before it is dropped. A write is dropped halfway only when its connection is shut down
-//! at once and never written again (a response past its deadline): tokio-uring keeps a
-//! dropped write's buffer until the kernel completes it, which the shutdown hastens, and
-//! under TLS the cut write keeps its mark, so no close_notify follows a cut record.
+//! at once and never written again (a write to an agent past its deadline or its write
+//! limit): tokio-uring keeps a dropped write's buffer until the kernel completes it, which
+//! the shutdown hastens, and under TLS the cut write keeps its mark, so no close_notify
+//! follows a cut record.
 
 use super::slots::{ReadBuf, Slots};
 use super::tls::Tls;

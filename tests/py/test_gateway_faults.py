@@ -16,6 +16,9 @@ exactly. The contract these tests pin for the client binding:
 - slow upstream: a JSON-RPC error within response_timeout + 2 s;
 - `authorization: forward` sends the agent's Authorization upstream, `{bearer: ${X}}` sends
   `Bearer <X>`, and no `authorization` sends none;
+- an agent that stops reading its GET stream while the upstream keeps sending loses its
+  connection after `request_timeout` (the one bound on any write to an agent), counted in
+  `mcpyard_write_deadline_cuts_total`, and its session keeps serving;
 - afterwards mcpyard still serves a new session, and exits 0 on SIGTERM.
 
 All of these run only through mcpyard (ids `mcpyard-...`); `-k direct` / `-m "not mcpyard"`
@@ -25,7 +28,9 @@ selects only the self-test of the fault upstream.
 from __future__ import annotations
 
 import json
+import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import anyio
@@ -34,6 +39,7 @@ import pytest
 
 import harness
 from fault_upstream import (
+    EventStream,
     FaultUpstream,
     ForgetSession,
     Hang,
@@ -595,7 +601,74 @@ def test_sigterm_while_an_upstream_request_hangs(runtime, fault, tmp_path):
             gateway.proc.wait()
 
 
-# 9. the fault upstream itself (direct: no mcpyard involved)
+# 9. an agent that stops reading its event stream
+
+
+def write_deadline_cuts(metrics_port: int) -> int:
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=DEADLINE_S) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith("mcpyard_write_deadline_cuts_total "):
+            return int(line.split()[1])
+    raise AssertionError("no mcpyard_write_deadline_cuts_total in the scrape")
+
+
+def test_an_agent_that_stops_reading_its_event_stream_is_cut_off(runtime, fault, tmp_path):
+    """A GET stream has no deadline, but no write to an agent may last longer than
+    `request_timeout`: an agent that stops reading while the upstream keeps sending loses
+    its connection then (counted), and its session keeps serving."""
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x" * 60_000}}
+    total = 200  # 12 MB: far more than the sockets' buffers hold
+    fault.script("GET", EventStream((note,) * total))
+    workers, io = runtime
+    config = harness.gateway_config(fault.url, workers, io).replace("exit: up }", "exit: up, request_timeout: 1s }")
+    assert "request_timeout: 1s" in config
+    gateway = harness.start_mcpyard(config, tmp_path)
+    metrics_port = gateway.metrics_port()
+    try:
+
+        async def scenario():
+            async with client() as c:
+                raw = RawSession(c, gateway.address)
+                await raw.initialize()
+                before = write_deadline_cuts(metrics_port)
+                host, port = gateway.address.split("//")[1].split("/")[0].split(":")
+                agent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                agent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                agent.settimeout(10)
+                agent.connect((host, int(port)))
+                head = (
+                    f"GET /mcp HTTP/1.1\r\nhost: {host}:{port}\r\naccept: text/event-stream\r\n"
+                    f"mcp-session-id: {raw.session_id}\r\nmcp-protocol-version: {PROTOCOL}\r\n\r\n"
+                )
+                agent.sendall(head.encode())
+                # The agent reads nothing; the gateway's write to it stalls and is cut.
+                cut_by = time.monotonic() + 15
+                while write_deadline_cuts(metrics_port) == before:
+                    assert time.monotonic() < cut_by, "the stalled stream was never cut"
+                    await anyio.sleep(0.2)
+                assert write_deadline_cuts(metrics_port) == before + 1
+                got = b""
+                try:
+                    while chunk := agent.recv(1 << 20):
+                        got += chunk
+                except ConnectionResetError:
+                    pass  # an end too; TimeoutError (the stream still open) fails the test
+                finally:
+                    agent.close()
+                assert got.startswith(b"HTTP/1.1 200 "), got[:200]
+                assert got.count(b"notifications/message") < total, "cut off before the end"
+                # The session lives on.
+                reply = await call_echo(raw)
+                assert reply.result["content"] == [{"type": "text", "text": "upstream: hi"}]
+
+        run(scenario, timeout_s=60)
+    finally:
+        harness.stop_mcpyard(gateway)
+
+
+# 10. the fault upstream itself (direct: no mcpyard involved)
 
 
 @pytest.mark.parametrize("style", [False, True], ids=["direct-json", "direct-sse"])

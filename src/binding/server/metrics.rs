@@ -34,7 +34,8 @@ pub struct ServerMetrics {
     pub connections_accepted: u64,
     /// Requests handed to another worker (the session lives there).
     pub handoffs: u64,
-    /// Responses cut because a write to the agent outlasted the reply's deadline.
+    /// Responses cut because a write to the agent outlasted the reply's deadline, or one
+    /// write on a stream without one (a GET stream) outlasted the write limit.
     pub write_deadline_cuts: u64,
     /// HTTP requests answered with a 4xx/5xx before reaching MCP handling.
     pub http_errors: u64,
@@ -199,7 +200,7 @@ impl ServerMetrics {
             ),
             (
                 "mcpyard_write_deadline_cuts_total",
-                "Responses cut because a write to the agent outlasted the reply's deadline.",
+                "Responses cut because a write to the agent outlasted its deadline.",
                 self.write_deadline_cuts,
             ),
             (

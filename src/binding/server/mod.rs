@@ -202,7 +202,8 @@ impl Server {
         let task = Box::new(move || {
             let server = SERVERS.with(|s| s.borrow().get(index).cloned());
             if let Some(server) = server {
-                let sink = Sink::from_channel(tx, owner_aborted, keep_alive);
+                let limit = server.cfg.request_timeout;
+                let sink = Sink::from_channel(tx, owner_aborted, keep_alive, limit);
                 tokio::task::spawn_local(crate::runtime::pass::run(server.serve(req, sink)));
             }
         });
@@ -212,8 +213,7 @@ impl Server {
             return;
         }
         server_metrics::with(|m| m.handoffs += 1);
-        let write_timeout = self.cfg.request_timeout;
-        tokio::task::spawn_local(relay(rx, sink, shared, aborted, write_timeout));
+        tokio::task::spawn_local(relay(rx, sink, shared, aborted));
     }
 
     /// Path, method, Host and Origin checks: `Err((status, message))` to refuse.
@@ -303,16 +303,15 @@ impl Server {
 
 /// Copies a remote response onto the local connection (runs on the connection's worker).
 /// The owner's sink going before the response's end (`aborted`: it failed, or its
-/// deadline passed) stops it at once, even in the middle of a write; so does a single
-/// write that takes longer than `write_timeout` (the binding's request deadline: an agent
-/// that stopped reading, since the owner may have queued the whole answer and ended).
+/// deadline passed) stops it at once, even in the middle of a write. Each write is bounded
+/// by the local sink's own limit (the binding's request deadline), since the owner may
+/// have queued the whole answer and ended before an agent that stopped reading takes it.
 /// Dropping the sink then aborts the connection.
 async fn relay(
     mut rx: mpsc::Receiver<Part>,
     mut sink: Sink,
     shared: Rc<ConnShared>,
     aborted: Arc<tokio::sync::Notify>,
-    write_timeout: std::time::Duration,
 ) {
     let _ = shared; // the sink holds the connection; kept for symmetry of ownership
     loop {
@@ -334,16 +333,13 @@ async fn relay(
                 None => false,
             }
         };
-        let stalled = Some(Instant::now() + write_timeout);
         let written = tokio::select! {
             biased;
             () = aborted.notified() => return,
-            w = crate::runtime::deadline::within(stalled, write) => w,
+            w = write => w,
         };
-        match written {
-            Some(true) => {}
-            Some(false) => return,
-            None => return server_metrics::with(|m| m.write_deadline_cuts += 1),
+        if !written {
+            return;
         }
     }
 }

@@ -264,7 +264,8 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
             Item::Request(req) => {
                 link.busy.set(true);
                 let keep_alive = req.head.keep_alive() && !server.draining();
-                let sink = Sink::local(link.shared.clone(), keep_alive);
+                let limit = server.cfg.request_timeout;
+                let sink = Sink::local(link.shared.clone(), keep_alive, limit);
                 let done = link.shared.response_done();
                 tokio::pin!(done);
                 // Boxed before any await: the connection's task must keep no per-request

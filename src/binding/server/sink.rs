@@ -16,7 +16,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// The connection went away (write failed, peer closed, or the forwarding worker quit).
@@ -203,14 +203,20 @@ pub struct Sink {
     out: Out,
     state: State,
     keep_alive: bool,
-    /// Every write ends by then ([`Sink::bound_until`]); `None`: no bound.
+    /// Every write ends by then ([`Sink::bound_until`]); `None`: by `write_limit` after
+    /// it began.
     until: Option<Instant>,
+    /// The longest one write may take when no `until` is set (the binding's
+    /// `request_timeout`): a long-lived stream (the session's GET) has no deadline of its
+    /// own, but an agent that stops reading it still loses its connection.
+    write_limit: Duration,
 }
 
 impl Sink {
     /// A sink writing to a connection on this worker; [`ConnShared::response_done`] tells,
     /// once the response is over, whether the connection may carry another request.
-    pub fn local(shared: Rc<ConnShared>, keep_alive: bool) -> Sink {
+    /// `write_limit`: see [`Sink::bound_until`].
+    pub fn local(shared: Rc<ConnShared>, keep_alive: bool, write_limit: Duration) -> Sink {
         shared.done.set(None);
         Sink {
             out: Out::Local {
@@ -220,6 +226,7 @@ impl Sink {
             state: State::Head,
             keep_alive,
             until: None,
+            write_limit,
         }
     }
 
@@ -229,6 +236,7 @@ impl Sink {
         tx: mpsc::Sender<Part>,
         aborted: Arc<tokio::sync::Notify>,
         keep_alive: bool,
+        write_limit: Duration,
     ) -> Sink {
         Sink {
             out: Out::Remote {
@@ -239,12 +247,18 @@ impl Sink {
             state: State::Head,
             keep_alive,
             until: None,
+            write_limit,
         }
     }
 
     /// Bounds every write of this response from now on by `at`: a write still going then
     /// (an agent that stopped reading) cuts the connection and fails, so a reply past its
     /// deadline never holds the connection, or the bytes it was writing, for longer.
+    ///
+    /// Without it, each write is bounded by the sink's `write_limit` from when it began:
+    /// the one rule for every write to an agent is that none lasts longer than the
+    /// binding's `request_timeout`, and a reply's also end by the reply's deadline (`at`,
+    /// which is never further off than that).
     pub fn bound_until(&mut self, at: Instant) {
         self.until = Some(at);
     }
@@ -286,7 +300,9 @@ impl Sink {
     }
 
     async fn write_gathered(&mut self, gathered: Gathered) -> Result<(), Gone> {
-        let until = self.until;
+        let until = self
+            .until
+            .unwrap_or_else(|| Instant::now() + self.write_limit);
         match &mut self.out {
             Out::Local { shared, .. } => {
                 let shared: &ConnShared = shared;
@@ -563,6 +579,9 @@ impl Drop for Sink {
 mod tests {
     use super::*;
 
+    /// A write limit no test reaches.
+    const LIMIT: Duration = Duration::from_secs(60);
+
     fn joined(gathered: Gathered) -> (Vec<u8>, usize) {
         match gathered {
             Gathered::One(b) => (b.to_vec(), 1),
@@ -639,7 +658,7 @@ mod tests {
             let length = format!("content-length: {}\r\n\r\n", want_body.len());
 
             let (tx, rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, Default::default(), true);
+            let sink = Sink::from_channel(tx, Default::default(), true, LIMIT);
             assert!(sink.respond_of(200, &headers, &body).await.is_ok());
             let got = sent(rx);
             let split = got
@@ -657,7 +676,7 @@ mod tests {
 
             let fields = http::response_head_fields(200, &headers).expect("fields");
             let (tx, rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, Default::default(), true);
+            let sink = Sink::from_channel(tx, Default::default(), true, LIMIT);
             assert!(sink.respond_with_fields(&fields, &body).await.is_ok());
             assert_eq!(sent(rx), got, "the same bytes either way");
         });
@@ -686,16 +705,66 @@ mod tests {
             let headers: [(&str, &[u8]); 1] = [("content-type", b"application/json")];
             let aborted = Arc::new(tokio::sync::Notify::new());
             let (tx, _rx) = mpsc::channel(8);
-            let mut sink = Sink::from_channel(tx, aborted.clone(), true);
+            let mut sink = Sink::from_channel(tx, aborted.clone(), true, LIMIT);
             assert!(sink.head(200, &headers).await.is_ok());
             drop(sink);
             assert!(told(&aborted), "dropped halfway: told");
 
             let aborted = Arc::new(tokio::sync::Notify::new());
             let (tx, _rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, aborted.clone(), true);
+            let sink = Sink::from_channel(tx, aborted.clone(), true, LIMIT);
             assert!(sink.respond(200, &headers, b"{}").await.is_ok());
             assert!(!told(&aborted), "ended: not told");
+        });
+    }
+
+    /// The one bound on every write to an agent: a stream with no deadline of its own (a
+    /// GET stream) still cannot write for longer than its sink's limit. A peer that
+    /// stops reading loses the connection then, the write fails, and the cut is counted.
+    #[test]
+    fn a_write_without_a_deadline_ends_within_the_sink_limit() {
+        use std::io::Read;
+        crate::testing::run_local(async {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+            let addr = listener.local_addr().expect("addr");
+            let conn = Conn::connect(addr, crate::runtime::Backend::Epoll)
+                .await
+                .expect("connect");
+            // The peer never reads until the write was cut.
+            let (mut peer, _) = listener.accept().expect("accept");
+            let limit = Duration::from_millis(300);
+            let mut sink = Sink::local(Rc::new(ConnShared::new(conn)), true, limit);
+            let headers: [(&str, &[u8]); 1] = [("content-type", b"text/event-stream")];
+            assert!(sink.head(200, &headers).await.is_ok());
+            let cuts = server_metrics::with(|m| m.write_deadline_cuts);
+            let started = Instant::now();
+            // Far more than the two sockets' buffers hold.
+            let event = vec![b'x'; 64 * 1024 * 1024];
+            assert_eq!(sink.body(&event).await, Err(Gone), "the write was cut");
+            let took = started.elapsed();
+            assert!(took >= limit, "not before the limit: {took:?}");
+            assert!(took < Duration::from_secs(10), "at the limit: {took:?}");
+            assert_eq!(server_metrics::with(|m| m.write_deadline_cuts), cuts + 1);
+            drop(sink);
+            // The peer sees the connection's end (EOF or a reset, not a read that times
+            // out) after part of the body.
+            peer.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            let mut got = Vec::new();
+            let read = peer.read_to_end(&mut got);
+            assert!(
+                !read.as_ref().is_err_and(|e| matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )),
+                "the connection ended: {read:?}"
+            );
+            assert!(
+                got.len() < event.len(),
+                "cut off: {} of {} bytes",
+                got.len(),
+                event.len()
+            );
         });
     }
 }
