@@ -92,10 +92,12 @@ def gateway_config(
     metrics_port: int,
     proxy: bool = False,
     cache: bool = False,
+    a_exit: str | None = None,
 ) -> str:
     """`north` (server, with `auth` as its `auth:` block) in front of the demo exit, or of a
     proxy whose toolkits `a` and `b` are two demo bindings (`cache`: the lists come from a
-    memory-store cache). The auth block is written as a JSON flow mapping, which YAML reads."""
+    memory-store cache; `a_exit`: toolkit `a`'s binding instead, a YAML flow mapping). The
+    auth block is written as a JSON flow mapping, which YAML reads."""
     workers, io = runtime
     lines = [
         f"runtime: {{ workers: {workers}, io: {io} }}",
@@ -120,7 +122,7 @@ def gateway_config(
             "    routes:",
             "      - { toolkit: a, exit: demo_a }",
             "      - { toolkit: b, exit: demo_b }",
-            "  demo_a: { kind: demo, progress_interval: 20ms }",
+            f"  demo_a: {a_exit or '{ kind: demo, progress_interval: 20ms }'}",
             "  demo_b: { kind: demo, progress_interval: 20ms }",
         ]
     else:
@@ -180,12 +182,13 @@ def start_gateway(
     files: dict[str, Any] | None = None,
     proxy: bool = False,
     cache: bool = False,
+    a_exit: str | None = None,
 ) -> Gateway:
     """mcpyard in `workdir` with `files` (name: JSON value) written beside its config."""
     workdir.mkdir(parents=True, exist_ok=True)
     for name, value in (files or {}).items():
         (workdir / name).write_text(json.dumps(value))
-    config = gateway_config(auth, runtime=runtime, metrics_port=0, proxy=proxy, cache=cache)
+    config = gateway_config(auth, runtime=runtime, metrics_port=0, proxy=proxy, cache=cache, a_exit=a_exit)
     child = harness.start_mcpyard(config, workdir)
     return Gateway(child=child, metrics_port=child.metrics_port())
 
@@ -892,6 +895,74 @@ async def call_error(session: RawSession, method: str, params: dict[str, Any]) -
     reply = await session.request(method, params)
     assert reply.status == 200, (method, params, reply.status, reply.body)
     return reply.error
+
+
+@pytest.fixture(scope="module")
+def large_catalogue():
+    """The bundled Rust fixture with 3,000 tools (`tool_00000`...): a list of about 300 KB,
+    many times the 32 KiB a stream sends before its receiver acknowledges."""
+    fixture = harness.ROOT / "target" / "release" / "mcpyard-loadgen"
+    assert fixture.exists(), f"{fixture} is missing: cargo build --release --workspace builds it"
+    proc = subprocess.Popen(
+        [str(fixture), "upstream", "--listen", "127.0.0.1:0", "--tools", "3000", "--page-size", "500"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line.startswith("listening "), f"fixture said {line!r}"
+        yield f"http://{line.split()[1]}/mcp"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("cache", [False, True], ids=["live-lists", "cached-lists"])
+def test_rules_filter_a_list_many_windows_long(cache, gateways, keys, enc_key, large_catalogue):
+    """A rule hiding a third of a 3,000-tool toolkit (`a__tool_01*` for `ops` only): a
+    caller outside `ops` gets the list without those, in order, as JSON and over SSE (a
+    progress token), live and from the cache; a caller in `ops` gets all of it. The
+    filtered answer is written a window at a time from the list it is cut from."""
+    rules = [{"tools": ["a__tool_01*"], "groups": ["ops"]}, {}]
+    a_exit = f'{{ kind: client, server: "{large_catalogue}", response_timeout: 10s }}'
+    gw = gateways(standard_auth(rules=rules), files=standard_files(keys, enc_key), proxy=True, cache=cache, a_exit=a_exit)
+
+    async def names(session: RawSession, progress: bool) -> list[str]:
+        params = {"_meta": {"progressToken": "p"}} if progress else None
+        reply = await session.request("tools/list", params)
+        assert reply.status == 200, reply.body[:300]
+        want_type = "text/event-stream" if progress else "application/json"
+        assert reply.content_type == want_type, reply.headers
+        assert len(reply.body) > 4 * 32 * 1024, len(reply.body)
+        assert "nextCursor" not in reply.result
+        return [t["name"] for t in reply.result["tools"]]
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            full = RawSession(client, gw.url, headers=bearer(token(keys, sub="root", groups=["ops"])))
+            plain = RawSession(client, gw.url, headers=bearer(token(keys, "ES256", sub="guest", groups=["dev"])))
+            for session in (full, plain):
+                await session.initialize()
+            everything = await names(full, False)
+            generated = [n for n in everything if n.startswith("a__tool_")]
+            first = int(generated[0].removeprefix("a__tool_"))
+            assert generated == [f"a__tool_{n:05}" for n in range(first, first + len(generated))], everything[:5]
+            assert len(generated) > 2900, len(generated)
+            assert "b__echo" in everything
+            visible = [n for n in everything if not n.startswith("a__tool_01")]
+            assert len(everything) - len(visible) == 1000
+            for progress in (False, True, False):
+                assert await names(full, progress) == everything
+                assert await names(plain, progress) == visible
+            # The hidden ones are unknown to the guest.
+            error = await call_error(plain, "tools/call", {"name": "a__tool_01234", "arguments": {}})
+            assert error == {"code": INVALID_PARAMS, "message": "Unknown tool: a__tool_01234"}, error
+        if cache:
+            assert gw.metric("mcpyard_cache_hits_total") >= 6
+
+    run(scenario, timeout_s=60)
 
 
 @pytest.mark.parametrize("cache", [False, True], ids=["live-lists", "cached-lists"])
