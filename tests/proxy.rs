@@ -433,6 +433,7 @@ fn an_agent_that_stops_reading_a_large_answer_is_cut_off_at_the_deadline() {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
         let cuts_before = write_deadline_cuts(&gw);
+        let cancelled_before = cancelled_lists(&gw);
         // Four agents, each on its own connection (with 2 workers some land on the worker
         // that does not own the session, and their answer crosses workers).
         let stalled: Vec<std::net::TcpStream> = (0..4)
@@ -488,7 +489,29 @@ fn an_agent_that_stops_reading_a_large_answer_is_cut_off_at_the_deadline() {
             4,
             "{mode:?}: each cut counted"
         );
+        // No error reached those agents: their requests count as cancelled. (With two
+        // workers, an answer handed to the connection's worker was already counted by the
+        // session's worker when it queued it whole, before the cut.)
+        let cancelled = cancelled_lists(&gw) - cancelled_before;
+        if mode.workers == 1 {
+            assert_eq!(cancelled, 4, "{mode:?}: each cut request is cancelled");
+        } else {
+            assert!(cancelled <= 4, "{mode:?}: {cancelled}");
+        }
     }
+}
+
+/// How many `tools/list` requests ended cancelled (`mcpyard_request_seconds`), now.
+fn cancelled_lists(gw: &Gateway) -> u64 {
+    support::scrape(gw)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "mcpyard_request_seconds_count{method=\"tools/list\",outcome=\"cancelled\"} ",
+            )
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// `mcpyard_write_deadline_cuts_total` now.

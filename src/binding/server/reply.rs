@@ -630,8 +630,9 @@ pub async fn pump(
                         caller.reply.reset(Reset::Plain);
                         caller.initial.abort();
                         // Half written: dropping the sink shuts the connection down.
+                        // No error reached the agent, whose connection is gone for good.
                         r.sink = None;
-                        return Outcome::Error;
+                        return Outcome::Cancelled;
                     }
                 }
             }
