@@ -96,6 +96,15 @@ pub const EVENTS_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default deadline for a request's reply from the exit (config may lower it).
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 
+/// The least time one write to an agent without a deadline of its own (a GET stream's
+/// event, an HTTP error) is given before the connection is cut, however short the
+/// binding's `request_timeout`: a slow reader is not one that stopped.
+pub const WRITE_LIMIT_MIN: Duration = Duration::from_secs(10);
+
+/// How long the answer to a request whose deadline passed ("Request timed out") may take
+/// to write: the deadline bounded the reply, this bounds its last words.
+pub const TIMEOUT_ANSWER_WRITE_GRACE: Duration = Duration::from_secs(1);
+
 /// Default and largest session inactivity timeout (config may lower it).
 pub const SESSION_IDLE_TIMEOUT_MAX: Duration = Duration::from_secs(30 * 60);
 

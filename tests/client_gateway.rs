@@ -270,6 +270,44 @@ fn a_stalled_upstream_times_out_with_an_error() {
     });
 }
 
+/// The server's own deadline (`request_timeout`) passing before the exit answers gives
+/// the agent a JSON-RPC error for its request, written after the deadline (in every mode,
+/// with two workers across workers too), and is not counted as a cut write.
+#[test]
+fn a_request_past_the_servers_deadline_gets_a_timeout_error() {
+    let up = Upstream::start(&["--delay-ms", "3000"]);
+    let bindings = format!("  exit: {}\n", up.client_exit(", response_timeout: 20s"));
+    for mode in MODES {
+        let gw = Gateway::start_north(mode, ", request_timeout: 300ms", &bindings);
+        let session = gw.initialize();
+        for id in 0..4 {
+            let started = Instant::now();
+            let r = gw.post(
+                Some(&session),
+                &format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{}}}}}}"#
+                ),
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{mode:?}: took {:?}",
+                started.elapsed()
+            );
+            assert_eq!(r.status, 200, "{mode:?}");
+            let v = r.json();
+            assert_eq!(v["id"], id, "{mode:?}: {v}");
+            assert_eq!(v["error"]["code"], -32603, "{mode:?}: {v}");
+            assert_eq!(v["error"]["message"], "Request timed out", "{mode:?}: {v}");
+        }
+        let metrics = scrape(&gw);
+        assert_eq!(
+            metric(&metrics, "mcpyard_write_deadline_cuts_total"),
+            0,
+            "{mode:?}: no write was cut"
+        );
+    }
+}
+
 #[test]
 fn a_refused_upstream_fails_initialize_with_a_jsonrpc_error() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");

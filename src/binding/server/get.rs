@@ -297,12 +297,15 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: 
             fresh.map(|(_, b)| b.clone()).collect()
         };
         if !pending.is_empty() {
-            session.st.borrow_mut().get_taken = cursor;
-            session.taken.notify_waiters();
-        }
-        if !pending.is_empty() {
             gone = !Box::pin(write_events(&mut sink, pending)).await;
             last_write = Instant::now();
+            // Taken once written, not before: events on their way to an agent that
+            // stopped reading stay in the ring (the exit waits meanwhile), so a GET that
+            // resumes after the cut replays them.
+            if !gone {
+                session.st.borrow_mut().get_taken = cursor;
+                session.taken.notify_waiters();
+            }
         }
         if gone {
             break;

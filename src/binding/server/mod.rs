@@ -31,7 +31,7 @@ use crate::runtime::Inboxes;
 use crate::store::Store;
 use net::Request;
 use session::Session;
-use sink::{ConnShared, Part, Sink};
+use sink::{ConnShared, Handoff, Part, Sink};
 use std::cell::{Cell, RefCell};
 use std::net::IpAddr;
 use std::rc::Rc;
@@ -195,15 +195,14 @@ impl Server {
     /// Sends the request to the worker owning its session and relays the answer back.
     fn hand_off(&self, owner: usize, req: Request, sink: Sink, shared: Rc<ConnShared>) {
         let (tx, rx) = mpsc::channel(crate::limits::CROSS_WORKER_REPLY_QUEUE_LEN);
-        let aborted = Arc::new(tokio::sync::Notify::new());
+        let handoff = Arc::new(Handoff::default());
         let keep_alive = sink.keep_alive();
         let index = self.index;
-        let owner_aborted = aborted.clone();
+        let owner_handoff = handoff.clone();
         let task = Box::new(move || {
             let server = SERVERS.with(|s| s.borrow().get(index).cloned());
             if let Some(server) = server {
-                let limit = server.cfg.request_timeout;
-                let sink = Sink::from_channel(tx, owner_aborted, keep_alive, limit);
+                let sink = Sink::from_channel(tx, owner_handoff, keep_alive);
                 tokio::task::spawn_local(crate::runtime::pass::run(server.serve(req, sink)));
             }
         });
@@ -213,7 +212,7 @@ impl Server {
             return;
         }
         server_metrics::with(|m| m.handoffs += 1);
-        tokio::task::spawn_local(relay(rx, sink, shared, aborted));
+        tokio::task::spawn_local(relay(rx, sink, shared, handoff));
     }
 
     /// Path, method, Host and Origin checks: `Err((status, message))` to refuse.
@@ -302,25 +301,28 @@ impl Server {
 }
 
 /// Copies a remote response onto the local connection (runs on the connection's worker).
-/// The owner's sink going before the response's end (`aborted`: it failed, or its
-/// deadline passed) stops it at once, even in the middle of a write. Each write is bounded
-/// by the local sink's own limit (the binding's request deadline), since the owner may
-/// have queued the whole answer and ended before an agent that stopped reading takes it.
-/// Dropping the sink then aborts the connection.
+/// Its writes carry the response's deadline once the owner set one (else each is bounded
+/// by the connection's write limit): the owner may have queued the whole answer and ended
+/// before an agent that stopped reading takes it. The owner's sink going before the
+/// response's end (it failed, or its deadline passed) stops the relay at once, even in the
+/// middle of a write. Dropping the sink then aborts the connection.
 async fn relay(
     mut rx: mpsc::Receiver<Part>,
     mut sink: Sink,
     shared: Rc<ConnShared>,
-    aborted: Arc<tokio::sync::Notify>,
+    handoff: Arc<Handoff>,
 ) {
     let _ = shared; // the sink holds the connection; kept for symmetry of ownership
     loop {
         let part = tokio::select! {
             biased;
-            () = aborted.notified() => None,
+            () = handoff.aborted.notified() => None,
             p = rx.recv() => p,
             () = sink.closed() => None,
         };
+        if let Some(at) = handoff.until() {
+            sink.bound_until(at);
+        }
         let write = async {
             match part {
                 Some(Part::Bytes(b)) => sink.write_raw(b).await.is_ok(),
@@ -335,7 +337,14 @@ async fn relay(
         };
         let written = tokio::select! {
             biased;
-            () = aborted.notified() => return,
+            () = handoff.aborted.notified() => {
+                // A write cut because the response's deadline passed (the sink's own cut,
+                // at the same deadline, would have counted it had it come first).
+                if handoff.until().is_some_and(|at| Instant::now() >= at) {
+                    server_metrics::with(|m| m.write_deadline_cuts += 1);
+                }
+                return;
+            }
             w = write => w,
         };
         if !written {

@@ -13,7 +13,7 @@
 //! a slot (or, with the pool empty, a fallback buffer) for nothing.
 
 use super::Server;
-use super::sink::{ConnShared, Sink};
+use super::sink::{self, ConnShared, Sink};
 use crate::binding::server::metrics as server_metrics;
 use crate::http::Method;
 use crate::http::{self, HttpError, RequestDecoder, RequestEvent, RequestHead};
@@ -144,7 +144,10 @@ pub async fn refuse(conn: Conn, tls: bool) {
     );
     assert!(written.is_ok(), "constant headers pass the check");
     out.extend_from_slice(OVERLOADED);
-    let _ = conn.write_all(out.freeze()).await;
+    // A fresh connection's buffers take it at once; the bound is for a peer that sent a
+    // flood and reads nothing.
+    let at = Instant::now() + crate::limits::WRITE_LIMIT_MIN;
+    let _ = crate::runtime::deadline::within(at, conn.write_all(out.freeze())).await;
     conn.shutdown();
 }
 
@@ -168,7 +171,10 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
         m.connections_accepted += 1;
     });
     let link = Rc::new(Link {
-        shared: Rc::new(ConnShared::new(conn)),
+        shared: Rc::new(ConnShared::new(
+            conn,
+            sink::write_limit(server.cfg.request_timeout),
+        )),
         queue: RefCell::new(VecDeque::with_capacity(2)),
         queued: Notify::new(),
         taken: Notify::new(),
@@ -264,8 +270,7 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
             Item::Request(req) => {
                 link.busy.set(true);
                 let keep_alive = req.head.keep_alive() && !server.draining();
-                let limit = server.cfg.request_timeout;
-                let sink = Sink::local(link.shared.clone(), keep_alive, limit);
+                let sink = Sink::local(link.shared.clone(), keep_alive);
                 let done = link.shared.response_done();
                 tokio::pin!(done);
                 // Boxed before any await: the connection's task must keep no per-request
@@ -307,7 +312,7 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
                 let mut out = BytesMut::with_capacity(256);
                 http::encode_error_response(&e, &mut out);
                 // Boxed: rare, and larger than the rest of the dispatcher's state.
-                let _ = Box::pin(link.shared.conn.write_all(out.freeze())).await;
+                let _ = Box::pin(link.shared.write_bounded(out.freeze())).await;
                 return;
             }
             Item::Eof => return,
@@ -384,7 +389,7 @@ async fn read_loop(link: &Link, slots: &Slots) {
                         // Boxed: a write future is larger than the rest of this loop's
                         // state, and this one is rare.
                         let interim = Bytes::from_static(b"HTTP/1.1 100 Continue\r\n\r\n");
-                        let _ = Box::pin(link.shared.conn.write_all(interim)).await;
+                        let _ = Box::pin(link.shared.write_bounded(interim)).await;
                     }
                     partial = Some((head, Body::default()));
                 }

@@ -10,13 +10,12 @@
 //! copy, take it a window at a time.
 
 use super::auth::rules::ListFilter;
-use super::metrics as server_metrics;
 use super::session::{
     AnswerTo, Inflight, Session, data_event, refuse_request, render_event, sse_head,
 };
 use super::sink::{Piece, Sink};
 use crate::jsonrpc::{self};
-use crate::limits::{REQUEST_REPLAY_EVENTS_MAX, STREAM_WINDOW_BYTES};
+use crate::limits::{REQUEST_REPLAY_EVENTS_MAX, STREAM_WINDOW_BYTES, TIMEOUT_ANSWER_WRITE_GRACE};
 use crate::metrics::Outcome;
 use crate::sse;
 use crate::stream::{BearerChallenge, Challenge, Event, Flush, Frame, Reset, Throttle};
@@ -93,9 +92,26 @@ struct Render<'a> {
     parts: Vec<Bytes>,
     /// `auth` rules: a list result loses the items this caller may not see on its way.
     filter: Option<ListFilter<'a>>,
+    /// A write of a JSON reply failed (the agent went, or its write was cut at the
+    /// deadline): whatever happens next, the agent gets no answer.
+    lost: bool,
 }
 
 impl Render<'_> {
+    /// Lets go of a sink whose write failed. An SSE reply may be picked up again by a
+    /// resuming GET; a JSON reply is lost.
+    fn lose_sink(&mut self) {
+        self.sink = None;
+        if self.mode != Mode::Sse {
+            self.lost = true;
+        }
+    }
+
+    /// True once the agent cannot get this reply's answer ([`Render::lose_sink`]).
+    fn lost(&self) -> bool {
+        self.lost
+    }
+
     /// `data` as the agent gets it: filtered when a list filter is on; `None` when the
     /// exit's result is not a list the filter can read.
     fn filtered(&mut self, data: Bytes) -> Option<Bytes> {
@@ -127,7 +143,7 @@ impl Render<'_> {
         match self.sink.as_mut() {
             Some(sink) => {
                 if sink.body(bytes).await.is_err() {
-                    self.sink = None;
+                    self.lose_sink();
                     return false;
                 }
                 true
@@ -300,7 +316,7 @@ impl Render<'_> {
                         Piece::Shared(&tail),
                         Piece::Copy(jsonrpc::RESULT_SUFFIX),
                     ];
-                    let _ = match &self.session.json_head {
+                    let sent = match &self.session.json_head {
                         Some(fields) => sink.respond_with_fields(fields, &body).await,
                         None => {
                             let headers: [(&str, &[u8]); 2] = [
@@ -310,6 +326,7 @@ impl Render<'_> {
                             sink.respond_of(200, &headers, &body).await
                         }
                     };
+                    self.lost = sent.is_err();
                 }
                 self.result_started = true;
                 return true;
@@ -324,7 +341,7 @@ impl Render<'_> {
                     ("mcp-session-id", self.session.id.as_bytes()),
                 ];
                 if sink.head(200, &headers).await.is_err() {
-                    self.sink = None;
+                    self.lose_sink();
                 }
             }
             if let Some(sink) = self.sink.as_mut()
@@ -333,7 +350,7 @@ impl Render<'_> {
                     .await
                     .is_err()
             {
-                self.sink = None;
+                self.lose_sink();
             }
             return false;
         }
@@ -379,7 +396,7 @@ impl Render<'_> {
             if let Some(sink) = self.sink.as_mut()
                 && sink.body_of(parts.iter().map(Piece::Shared)).await.is_err()
             {
-                self.sink = None;
+                self.lose_sink();
             }
         } else {
             let mut out = BytesMut::new();
@@ -447,13 +464,14 @@ impl Render<'_> {
                 self.error(jsonrpc::INTERNAL_ERROR, "Internal error: no result", None)
                     .await
             }
-            Mode::Json => {
-                if let Some(sink) = self.sink.take() {
+            Mode::Json => match self.sink.take() {
+                Some(sink) => {
                     let all = (parts.iter().map(Piece::Shared))
                         .chain([Piece::Copy(jsonrpc::RESULT_SUFFIX)]);
-                    let _ = sink.finish_of(all).await;
+                    self.lost = sink.finish_of(all).await.is_err();
                 }
-            }
+                None => self.lost = true,
+            },
             Mode::Sse => {
                 let mut out = BytesMut::new();
                 if !parts.is_empty() {
@@ -511,6 +529,7 @@ pub async fn pump(
         writer: None,
         parts: Vec::new(),
         filter,
+        lost: false,
     };
     if progress {
         r.start_sse().await;
@@ -571,6 +590,14 @@ pub async fn pump(
             Step::Timeout => {
                 caller.reply.reset(Reset::Plain);
                 caller.initial.abort();
+                if r.lost() {
+                    // The agent's connection went (or was cut) before: no error reaches it.
+                    return Outcome::Cancelled;
+                }
+                // The answer is written after the deadline: it gets a grace of its own.
+                if let Some(sink) = r.sink.as_mut() {
+                    sink.bound_until(Instant::now() + TIMEOUT_ANSWER_WRITE_GRACE);
+                }
                 r.error(jsonrpc::INTERNAL_ERROR, "Request timed out", None)
                     .await;
                 return Outcome::Error;
@@ -612,34 +639,23 @@ pub async fn pump(
                 }
             }
             Step::Frame(Some(Frame::Data(d))) => {
-                // The write to the agent is bounded by the same deadline (see the sink's
-                // bound above); this select makes such a cut the reply's outcome.
-                let ended = tokio::select! {
-                    biased;
-                    () = &mut timeout => None,
-                    ended = r.on_data(d) => Some(ended),
-                };
-                match ended {
-                    Some(true) => {
-                        caller.initial.end();
-                        return Outcome::Ok;
-                    }
-                    Some(false) => {}
-                    None => {
-                        server_metrics::with(|m| m.write_deadline_cuts += 1);
-                        caller.reply.reset(Reset::Plain);
-                        caller.initial.abort();
-                        // Half written: dropping the sink shuts the connection down.
-                        // No error reached the agent, whose connection is gone for good.
-                        r.sink = None;
-                        return Outcome::Cancelled;
-                    }
+                // Its writes end by the deadline (the sink's bound above): one cut then
+                // loses the sink, and the timeout above ends the reply.
+                if r.on_data(d).await {
+                    caller.initial.end();
+                    return match r.lost() {
+                        true => Outcome::Cancelled,
+                        false => Outcome::Ok,
+                    };
                 }
             }
             Step::Frame(Some(Frame::End)) => {
                 caller.initial.end();
                 r.on_end().await;
-                return Outcome::Ok;
+                return match r.lost() {
+                    true => Outcome::Cancelled,
+                    false => Outcome::Ok,
+                };
             }
             Step::Frame(Some(Frame::Abort) | None) => {
                 r.on_abort().await;

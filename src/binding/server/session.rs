@@ -71,8 +71,8 @@ pub(super) struct State {
     pub(super) next_seq: u64,
     pub(super) get_generation: u64,
     pub(super) get_live: bool,
-    /// The last seq the live GET stream has taken from the ring to write. While a GET is
-    /// live, the ring never drops an event it has not taken: the lifecycle task stops
+    /// The last seq the live GET stream has written to the agent. While a GET is live,
+    /// the ring never drops an event it has not written: the lifecycle task stops
     /// reading the exit's events once `next_seq - 1 - get_taken` reaches the ring's size
     /// (see [`Session::get_behind`]), so a burst is back-pressured, not lost.
     pub(super) get_taken: u64,
@@ -546,6 +546,12 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
     let mut ending = Ending::End;
     // A shared session's record: its changes at any node wake this task.
     let mut watch = session.shared.as_ref().and_then(|l| l.watch.take());
+    // One idle timer for the session's life, moved only when it fired or must fire
+    // earlier: a timer made at every wake would enter tokio's timer wheel and leave it
+    // again for each of thousands of sessions at every list change. Firing early is
+    // harmless (the loop checks the expiry again and re-arms it).
+    let idle = tokio::time::sleep_until((Instant::now() + timeout).into());
+    tokio::pin!(idle);
     loop {
         let (expired, mut check_at) = expiry(&session, timeout);
         if expired {
@@ -568,6 +574,9 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             }
             check_at = check_at.min(next);
         }
+        if idle.is_elapsed() || check_at < idle.deadline().into_std() {
+            idle.as_mut().reset(check_at.into());
+        }
         let record_changed = async {
             match watch.as_mut() {
                 Some(w) => w.changed().await,
@@ -582,7 +591,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
                 tokio::select! {
                     () = taken => {}
                     () = session.closed_wait() => break,
-                    () = tokio::time::sleep_until(check_at.into()) => {}
+                    () = idle.as_mut() => {}
                 }
                 continue;
             }
@@ -590,7 +599,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
         let frame = tokio::select! {
             f = session.lifecycle.reply.next() => f,
             () = session.closed_wait() => None,
-            () = tokio::time::sleep_until(check_at.into()) => continue,
+            () = idle.as_mut() => continue,
             alive = record_changed => {
                 if alive {
                     recheck(&server, &session, None);

@@ -7,6 +7,7 @@
 
 use crate::binding::server::metrics as server_metrics;
 use crate::http::{self, BodyFraming};
+use crate::limits::WRITE_LIMIT_MIN;
 use crate::runtime::encode_pool::{self, Encoded};
 use crate::runtime::notify::Notify;
 use crate::runtime::pass::Waiter;
@@ -120,6 +121,8 @@ pub enum Part {
 /// The connection half a local sink writes to, shared with the connection's reader.
 pub struct ConnShared {
     pub conn: Conn,
+    /// The longest one write without a deadline of its own may take ([`ConnShared::write`]).
+    write_limit: Duration,
     /// The reader saw EOF or an error.
     pub peer_closed: Cell<bool>,
     /// Woken when `peer_closed` turns true.
@@ -132,9 +135,11 @@ pub struct ConnShared {
 }
 
 impl ConnShared {
-    pub fn new(conn: Conn) -> ConnShared {
+    /// `write_limit`: see [`write_limit`].
+    pub fn new(conn: Conn, write_limit: Duration) -> ConnShared {
         ConnShared {
             conn,
+            write_limit,
             peer_closed: Cell::new(false),
             closed: Notify::new(),
             done: Cell::new(None),
@@ -163,6 +168,39 @@ impl ConnShared {
         self.done_waiter.borrow_mut().wake();
     }
 
+    /// Writes `gathered` to the connection by `until`, or, without one, within the write
+    /// limit from now. A write still going then (an agent that stopped reading) shuts the
+    /// connection down and is counted; false once the connection is gone.
+    async fn write(&self, gathered: Gathered, until: Option<Instant>) -> bool {
+        let until = until.unwrap_or_else(|| Instant::now() + self.write_limit);
+        let write = async {
+            match gathered {
+                Gathered::One(bytes) => self.conn.write_all(bytes).await,
+                Gathered::Parts(parts) => self.conn.write_all_parts(parts).await,
+            }
+        };
+        let written = match deadline::within(until, write).await {
+            Some(written) => written.is_ok(),
+            None => {
+                // Cut halfway: the connection can carry nothing more.
+                server_metrics::with(|m| m.write_deadline_cuts += 1);
+                self.conn.shutdown();
+                false
+            }
+        };
+        if !written {
+            self.peer_closed.set(true);
+            self.closed.notify_waiters();
+        }
+        written
+    }
+
+    /// Writes bytes outside any response (an interim `100 Continue`, an HTTP error the
+    /// connection ends with) within the write limit; false once the connection is gone.
+    pub async fn write_bounded(&self, bytes: Bytes) -> bool {
+        self.write(Gathered::One(bytes), None).await
+    }
+
     async fn wait_closed(&self) {
         loop {
             let notified = self.closed.notified();
@@ -182,13 +220,40 @@ enum Out {
     },
     Remote {
         tx: mpsc::Sender<Part>,
-        /// Told when this sink goes before its response's end was sent, so the relay on
-        /// the connection's worker also stops a write that may never end (an agent that
-        /// stopped reading).
-        aborted: Arc<tokio::sync::Notify>,
+        /// Shared with the relay on the connection's worker, which writes the bytes.
+        handoff: Arc<Handoff>,
         /// The response's end was sent.
         ended: bool,
     },
+}
+
+/// What a sink sending to another worker shares with the relay there. The relay's own
+/// writes are the ones that can stall, so they carry the response's deadline; the sending
+/// side is bounded through them (the relay stops, and the channel closes).
+#[derive(Default)]
+pub struct Handoff {
+    /// Told when the sink goes before its response's end was sent: the relay stops, even
+    /// in the middle of a write.
+    pub aborted: tokio::sync::Notify,
+    /// The response's deadline ([`Sink::bound_until`]), once it has one.
+    until: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Handoff {
+    /// The response's deadline, if it has one yet.
+    pub fn until(&self) -> Option<Instant> {
+        *self
+            .until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn bound_until(&self, at: Instant) {
+        *self
+            .until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -203,20 +268,23 @@ pub struct Sink {
     out: Out,
     state: State,
     keep_alive: bool,
-    /// Every write ends by then ([`Sink::bound_until`]); `None`: by `write_limit` after
-    /// it began.
+    /// Every write ends by then ([`Sink::bound_until`]); `None`: within the connection's
+    /// write limit from when it began.
     until: Option<Instant>,
-    /// The longest one write may take when no `until` is set (the binding's
-    /// `request_timeout`): a long-lived stream (the session's GET) has no deadline of its
-    /// own, but an agent that stops reading it still loses its connection.
-    write_limit: Duration,
+}
+
+/// The longest one write to an agent may take when it has no deadline of its own (a GET
+/// stream's events, an HTTP error): the binding's `request_timeout`, but never less than
+/// [`WRITE_LIMIT_MIN`], so a deadline set short for quick tools does not cut a stream an
+/// agent reads slowly.
+pub fn write_limit(request_timeout: Duration) -> Duration {
+    request_timeout.max(WRITE_LIMIT_MIN)
 }
 
 impl Sink {
     /// A sink writing to a connection on this worker; [`ConnShared::response_done`] tells,
     /// once the response is over, whether the connection may carry another request.
-    /// `write_limit`: see [`Sink::bound_until`].
-    pub fn local(shared: Rc<ConnShared>, keep_alive: bool, write_limit: Duration) -> Sink {
+    pub fn local(shared: Rc<ConnShared>, keep_alive: bool) -> Sink {
         shared.done.set(None);
         Sink {
             out: Out::Local {
@@ -226,28 +294,21 @@ impl Sink {
             state: State::Head,
             keep_alive,
             until: None,
-            write_limit,
         }
     }
 
-    /// A sink whose bytes travel to another worker over `tx` (built on the owning worker);
-    /// `aborted` is told if it goes before the response's end was sent.
-    pub fn from_channel(
-        tx: mpsc::Sender<Part>,
-        aborted: Arc<tokio::sync::Notify>,
-        keep_alive: bool,
-        write_limit: Duration,
-    ) -> Sink {
+    /// A sink whose bytes travel to another worker over `tx` (built on the owning worker),
+    /// sharing `handoff` with the relay there.
+    pub fn from_channel(tx: mpsc::Sender<Part>, handoff: Arc<Handoff>, keep_alive: bool) -> Sink {
         Sink {
             out: Out::Remote {
                 tx,
-                aborted,
+                handoff,
                 ended: false,
             },
             state: State::Head,
             keep_alive,
             until: None,
-            write_limit,
         }
     }
 
@@ -255,12 +316,14 @@ impl Sink {
     /// (an agent that stopped reading) cuts the connection and fails, so a reply past its
     /// deadline never holds the connection, or the bytes it was writing, for longer.
     ///
-    /// Without it, each write is bounded by the sink's `write_limit` from when it began:
-    /// the one rule for every write to an agent is that none lasts longer than the
-    /// binding's `request_timeout`, and a reply's also end by the reply's deadline (`at`,
-    /// which is never further off than that).
+    /// Without it, each write is bounded by the connection's [`write_limit`] from when it
+    /// began. A sink sending to another worker passes the bound on to the relay that
+    /// writes its bytes.
     pub fn bound_until(&mut self, at: Instant) {
         self.until = Some(at);
+        if let Out::Remote { handoff, .. } = &self.out {
+            handoff.bound_until(at);
+        }
     }
 
     /// Writes already-encoded response bytes (relaying a remote response).
@@ -300,43 +363,19 @@ impl Sink {
     }
 
     async fn write_gathered(&mut self, gathered: Gathered) -> Result<(), Gone> {
-        let until = self
-            .until
-            .unwrap_or_else(|| Instant::now() + self.write_limit);
         match &mut self.out {
-            Out::Local { shared, .. } => {
-                let shared: &ConnShared = shared;
-                let write = async {
-                    match gathered {
-                        Gathered::One(bytes) => shared.conn.write_all(bytes).await,
-                        Gathered::Parts(parts) => shared.conn.write_all_parts(parts).await,
-                    }
-                };
-                let written = match deadline::within(until, write).await {
-                    Some(written) => written.is_ok(),
-                    None => {
-                        // Cut halfway: the connection can carry nothing more.
-                        server_metrics::with(|m| m.write_deadline_cuts += 1);
-                        shared.conn.shutdown();
-                        false
-                    }
-                };
-                if !written {
-                    shared.peer_closed.set(true);
-                    shared.closed.notify_waiters();
-                    return Err(Gone);
-                }
-                Ok(())
-            }
+            Out::Local { shared, .. } => match shared.write(gathered, self.until).await {
+                true => Ok(()),
+                false => Err(Gone),
+            },
             Out::Remote { tx, .. } => {
                 let part = match gathered {
                     Gathered::One(bytes) => Part::Bytes(bytes),
                     Gathered::Parts(parts) => Part::Parts(parts),
                 };
-                match deadline::within(until, tx.send(part)).await {
-                    Some(Ok(())) => Ok(()),
-                    Some(Err(_)) | None => Err(Gone),
-                }
+                // Bounded by the relay: it writes by the same deadline, and closes the
+                // channel when it stops.
+                tx.send(part).await.map_err(|_| Gone)
             }
         }
     }
@@ -566,9 +605,9 @@ impl Drop for Sink {
                     shared.signal_done(false);
                 }
             }
-            Out::Remote { aborted, ended, .. } => {
+            Out::Remote { handoff, ended, .. } => {
                 if !*ended {
-                    aborted.notify_one();
+                    handoff.aborted.notify_one();
                 }
             }
         }
@@ -578,9 +617,6 @@ impl Drop for Sink {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A write limit no test reaches.
-    const LIMIT: Duration = Duration::from_secs(60);
 
     fn joined(gathered: Gathered) -> (Vec<u8>, usize) {
         match gathered {
@@ -658,7 +694,7 @@ mod tests {
             let length = format!("content-length: {}\r\n\r\n", want_body.len());
 
             let (tx, rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, Default::default(), true, LIMIT);
+            let sink = Sink::from_channel(tx, Default::default(), true);
             assert!(sink.respond_of(200, &headers, &body).await.is_ok());
             let got = sent(rx);
             let split = got
@@ -676,7 +712,7 @@ mod tests {
 
             let fields = http::response_head_fields(200, &headers).expect("fields");
             let (tx, rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, Default::default(), true, LIMIT);
+            let sink = Sink::from_channel(tx, Default::default(), true);
             assert!(sink.respond_with_fields(&fields, &body).await.is_ok());
             assert_eq!(sent(rx), got, "the same bytes either way");
         });
@@ -694,27 +730,34 @@ mod tests {
     }
 
     /// A remote sink that goes before its response's end tells the relay (which stops a
-    /// write that may never end); one that sent its end does not.
+    /// write that may never end); one that sent its end does not. The response's deadline
+    /// reaches the relay through the same hand-off.
     #[test]
     fn a_remote_sink_dropped_before_its_end_tells_the_relay() {
-        fn told(aborted: &tokio::sync::Notify) -> bool {
+        fn told(handoff: &Handoff) -> bool {
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            std::pin::pin!(aborted.notified()).poll(&mut cx).is_ready()
+            std::pin::pin!(handoff.aborted.notified())
+                .poll(&mut cx)
+                .is_ready()
         }
         crate::testing::run_local(async {
             let headers: [(&str, &[u8]); 1] = [("content-type", b"application/json")];
-            let aborted = Arc::new(tokio::sync::Notify::new());
+            let handoff = Arc::new(Handoff::default());
             let (tx, _rx) = mpsc::channel(8);
-            let mut sink = Sink::from_channel(tx, aborted.clone(), true, LIMIT);
+            let mut sink = Sink::from_channel(tx, handoff.clone(), true);
+            assert_eq!(handoff.until(), None);
+            let at = Instant::now() + Duration::from_secs(5);
+            sink.bound_until(at);
+            assert_eq!(handoff.until(), Some(at), "the deadline is passed on");
             assert!(sink.head(200, &headers).await.is_ok());
             drop(sink);
-            assert!(told(&aborted), "dropped halfway: told");
+            assert!(told(&handoff), "dropped halfway: told");
 
-            let aborted = Arc::new(tokio::sync::Notify::new());
+            let handoff = Arc::new(Handoff::default());
             let (tx, _rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, aborted.clone(), true, LIMIT);
+            let sink = Sink::from_channel(tx, handoff.clone(), true);
             assert!(sink.respond(200, &headers, b"{}").await.is_ok());
-            assert!(!told(&aborted), "ended: not told");
+            assert!(!told(&handoff), "ended: not told");
         });
     }
 
@@ -733,19 +776,25 @@ mod tests {
             // The peer never reads until the write was cut.
             let (mut peer, _) = listener.accept().expect("accept");
             let limit = Duration::from_millis(300);
-            let mut sink = Sink::local(Rc::new(ConnShared::new(conn)), true, limit);
+            let mut sink = Sink::local(Rc::new(ConnShared::new(conn, limit)), true);
             let headers: [(&str, &[u8]); 1] = [("content-type", b"text/event-stream")];
             assert!(sink.head(200, &headers).await.is_ok());
             let cuts = server_metrics::with(|m| m.write_deadline_cuts);
             let started = Instant::now();
             // Far more than the two sockets' buffers hold.
             let event = vec![b'x'; 64 * 1024 * 1024];
-            assert_eq!(sink.body(&event).await, Err(Gone), "the write was cut");
+            let cut = tokio::time::timeout(Duration::from_secs(20), sink.body(&event)).await;
+            assert_eq!(cut, Ok(Err(Gone)), "the write was cut");
             let took = started.elapsed();
             assert!(took >= limit, "not before the limit: {took:?}");
             assert!(took < Duration::from_secs(10), "at the limit: {took:?}");
             assert_eq!(server_metrics::with(|m| m.write_deadline_cuts), cuts + 1);
             drop(sink);
+            assert_eq!(write_limit(Duration::from_millis(100)), WRITE_LIMIT_MIN);
+            assert_eq!(
+                write_limit(Duration::from_secs(300)),
+                Duration::from_secs(300)
+            );
             // The peer sees the connection's end (EOF or a reset, not a read that times
             // out) after part of the body.
             peer.set_read_timeout(Some(Duration::from_secs(10)))
