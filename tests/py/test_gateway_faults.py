@@ -53,7 +53,7 @@ from fault_upstream import (
     rpc_error,
 )
 from helpers import run
-from rawmcp import PROTOCOL, Reply, RawSession, parse_bearer_challenge
+from rawmcp import PROTOCOL, Reply, RawSession, parse_bearer_challenge, stream_sse
 
 # All but the fault upstream's own self-test go through mcpyard.
 MCPYARD = pytest.mark.mcpyard
@@ -669,6 +669,61 @@ def test_an_agent_that_stops_reading_its_event_stream_is_cut_off(runtime, fault,
                 assert reply.result["content"] == [{"type": "text", "text": "upstream: hi"}]
 
         run(scenario, timeout_s=90)
+    finally:
+        harness.stop_mcpyard(gateway)
+
+
+def test_a_new_event_stream_replaces_one_whose_agent_stopped_reading(runtime, fault, tmp_path):
+    """An agent whose GET stream stalled (it stopped reading mid-flood) opens a new one on
+    the same session before the old one is cut: the new stream is served at once and
+    gets the rest of the upstream's events, in order, while the old write still hangs."""
+    total = 200
+    notes = tuple(
+        {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": f"{n:04}" + "x" * 60_000}}
+        for n in range(total)
+    )
+    fault.script("GET", EventStream(notes))
+    workers, io = runtime
+    gateway = harness.start_mcpyard(harness.gateway_config(fault.url, workers, io), tmp_path)
+    try:
+
+        async def scenario():
+            async with httpx2.AsyncClient(timeout=httpx2.Timeout(DEADLINE_S, read=None)) as c:
+                raw = RawSession(c, gateway.address)
+                await raw.initialize()
+                host, port = gateway.address.split("//")[1].split("/")[0].split(":")
+                stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                stalled.connect((host, int(port)))
+                stalled.sendall(
+                    (
+                        f"GET /mcp HTTP/1.1\r\nhost: {host}:{port}\r\naccept: text/event-stream\r\n"
+                        f"mcp-session-id: {raw.session_id}\r\nmcp-protocol-version: {PROTOCOL}\r\n\r\n"
+                    ).encode()
+                )
+                try:
+                    # Let the first stream take events until its write stalls.
+                    await anyio.sleep(1.0)
+                    opened = time.monotonic()
+                    headers = {**raw.headers(), "accept": "text/event-stream"}
+                    seen: list[int] = []
+                    async with c.stream("GET", raw.url, headers=headers) as response:
+                        assert response.status_code == 200
+                        events = stream_sse(response)
+                        with anyio.fail_after(8):  # the old write is cut only after 10 s
+                            while not seen or seen[-1] < total - 1:
+                                event = await events.__anext__()
+                                message = json.loads(event.data) if event.data else {}
+                                if message.get("method") == "notifications/message":
+                                    seen.append(int(message["params"]["data"][:4]))
+                    assert time.monotonic() - opened < 8
+                    # In order, none twice; the first ones went to the stalled stream.
+                    assert seen == sorted(set(seen)), seen[:20]
+                    assert seen[-1] == total - 1
+                finally:
+                    stalled.close()
+
+        run(scenario, timeout_s=60)
     finally:
         harness.stop_mcpyard(gateway)
 

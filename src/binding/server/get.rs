@@ -184,6 +184,9 @@ impl Hold {
         st.holds += 1;
         st.get_hold = Some(hold);
         drop(st);
+        // The lifecycle task may be waiting behind a stalled older GET: with a hold, it
+        // reads on until the exit has answered this one (see `Session::get_behind`).
+        session.taken.notify_waiters();
         Hold {
             session: session.clone(),
             hold,
@@ -303,7 +306,13 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: 
             // stopped reading stay in the ring (the exit waits meanwhile), so a GET that
             // resumes after the cut replays them.
             if !gone {
-                session.st.borrow_mut().get_taken = cursor;
+                let mut st = session.st.borrow_mut();
+                // A newer GET may have replaced this one during the write: the ring's
+                // position is the newer one's to keep.
+                if st.get_generation == generation {
+                    st.get_taken = cursor;
+                }
+                drop(st);
                 session.taken.notify_waiters();
             }
         }

@@ -320,7 +320,10 @@ async fn relay(
             p = rx.recv() => p,
             () = sink.closed() => None,
         };
-        if let Some(at) = handoff.until() {
+        // The deadline this write starts with (the owner may move it meanwhile, for its
+        // timeout answer).
+        let until = handoff.until();
+        if let Some(at) = until {
             sink.bound_until(at);
         }
         let write = async {
@@ -340,7 +343,7 @@ async fn relay(
             () = handoff.aborted.notified() => {
                 // A write cut because the response's deadline passed (the sink's own cut,
                 // at the same deadline, would have counted it had it come first).
-                if handoff.until().is_some_and(|at| Instant::now() >= at) {
+                if until.is_some_and(|at| Instant::now() >= at) {
                     server_metrics::with(|m| m.write_deadline_cuts += 1);
                 }
                 return;

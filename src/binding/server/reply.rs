@@ -594,8 +594,14 @@ pub async fn pump(
                     // The agent's connection went (or was cut) before: no error reaches it.
                     return Outcome::Cancelled;
                 }
-                // The answer is written after the deadline: it gets a grace of its own.
-                if let Some(sink) = r.sink.as_mut() {
+                // An answer still to write goes after the deadline: it gets a grace of
+                // its own (a half-written body is dropped instead, see `Render::error`).
+                let answers = match r.mode {
+                    Mode::Undecided => true,
+                    Mode::Sse => !r.result_started,
+                    Mode::Json => false,
+                };
+                if answers && let Some(sink) = r.sink.as_mut() {
                     sink.bound_until(Instant::now() + TIMEOUT_ANSWER_WRITE_GRACE);
                 }
                 r.error(jsonrpc::INTERNAL_ERROR, "Request timed out", None)
