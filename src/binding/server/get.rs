@@ -303,8 +303,8 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: 
             gone = !Box::pin(write_events(&mut sink, pending)).await;
             last_write = Instant::now();
             // Taken once written, not before: events on their way to an agent that
-            // stopped reading stay in the ring (the exit waits meanwhile), so a GET that
-            // resumes after the cut replays them.
+            // stopped reading stay in the ring (the exit waits meanwhile), so they are
+            // still there at the cut for a resuming GET to replay.
             if !gone {
                 let mut st = session.st.borrow_mut();
                 // A newer GET may have replaced this one during the write: the ring's
