@@ -615,6 +615,22 @@ def write_deadline_cuts(metrics_port: int) -> int:
     raise AssertionError("no mcpyard_write_deadline_cuts_total in the scrape")
 
 
+def open_stalled_get(url: str, session_id: str) -> socket.socket:
+    """Opens the session's GET event stream on a raw connection with a 4 KiB receive
+    buffer, as an agent that will read nothing of it (reads time out after 10 s)."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    agent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    agent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    agent.settimeout(10)
+    agent.connect((host, int(port)))
+    head = (
+        f"GET /mcp HTTP/1.1\r\nhost: {host}:{port}\r\naccept: text/event-stream\r\n"
+        f"mcp-session-id: {session_id}\r\nmcp-protocol-version: {PROTOCOL}\r\n\r\n"
+    )
+    agent.sendall(head.encode())
+    return agent
+
+
 def test_an_agent_that_stops_reading_its_event_stream_is_cut_off(runtime, fault, tmp_path):
     """A GET stream has no deadline, but no write to an agent may last longer than
     `request_timeout`, or 10 s when that is shorter (a slow reader is not one that
@@ -635,16 +651,7 @@ def test_an_agent_that_stops_reading_its_event_stream_is_cut_off(runtime, fault,
                 raw = RawSession(c, gateway.address)
                 await raw.initialize()
                 before = write_deadline_cuts(metrics_port)
-                host, port = gateway.address.split("//")[1].split("/")[0].split(":")
-                agent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                agent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                agent.settimeout(10)
-                agent.connect((host, int(port)))
-                head = (
-                    f"GET /mcp HTTP/1.1\r\nhost: {host}:{port}\r\naccept: text/event-stream\r\n"
-                    f"mcp-session-id: {raw.session_id}\r\nmcp-protocol-version: {PROTOCOL}\r\n\r\n"
-                )
-                agent.sendall(head.encode())
+                agent = open_stalled_get(gateway.address, raw.session_id)
                 # The agent reads nothing; the gateway's write to it stalls and is cut,
                 # not before the 10 s every write to an agent is given.
                 opened = time.monotonic()
@@ -691,16 +698,7 @@ def test_a_new_event_stream_replaces_one_whose_agent_stopped_reading(runtime, fa
             async with httpx2.AsyncClient(timeout=httpx2.Timeout(DEADLINE_S, read=None)) as c:
                 raw = RawSession(c, gateway.address)
                 await raw.initialize()
-                host, port = gateway.address.split("//")[1].split("/")[0].split(":")
-                stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                stalled.connect((host, int(port)))
-                stalled.sendall(
-                    (
-                        f"GET /mcp HTTP/1.1\r\nhost: {host}:{port}\r\naccept: text/event-stream\r\n"
-                        f"mcp-session-id: {raw.session_id}\r\nmcp-protocol-version: {PROTOCOL}\r\n\r\n"
-                    ).encode()
-                )
+                stalled = open_stalled_get(gateway.address, raw.session_id)
                 try:
                     # Let the first stream take events until its write stalls.
                     await anyio.sleep(1.0)

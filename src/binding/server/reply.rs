@@ -107,9 +107,13 @@ impl Render<'_> {
         }
     }
 
-    /// True once the agent cannot get this reply's answer ([`Render::lose_sink`]).
-    fn lost(&self) -> bool {
-        self.lost
+    /// The outcome of a reply whose answer was written: cancelled when its agent could
+    /// not take it ([`Render::lose_sink`]).
+    fn answered(&self) -> Outcome {
+        match self.lost {
+            true => Outcome::Cancelled,
+            false => Outcome::Ok,
+        }
     }
 
     /// `data` as the agent gets it: filtered when a list filter is on; `None` when the
@@ -509,14 +513,13 @@ fn peek_end(reply: &crate::stream::Receiver) -> Option<Frame> {
 pub async fn pump(
     session: &Rc<Session>,
     inflight: &Rc<Inflight>,
-    sink: Sink,
+    mut sink: Sink,
     progress: bool,
     deadline: Instant,
     filter: Option<ListFilter<'_>>,
 ) -> Outcome {
     // Every write of the reply ends by its deadline too: an agent that stops reading loses
     // its connection then, and what the reply held (a stored list) is let go.
-    let mut sink = sink;
     sink.bound_until(deadline);
     let mut r = Render {
         session,
@@ -590,18 +593,13 @@ pub async fn pump(
             Step::Timeout => {
                 caller.reply.reset(Reset::Plain);
                 caller.initial.abort();
-                if r.lost() {
+                if r.lost {
                     // The agent's connection went (or was cut) before: no error reaches it.
                     return Outcome::Cancelled;
                 }
-                // An answer still to write goes after the deadline: it gets a grace of
-                // its own (a half-written body is dropped instead, see `Render::error`).
-                let answers = match r.mode {
-                    Mode::Undecided => true,
-                    Mode::Sse => !r.result_started,
-                    Mode::Json => false,
-                };
-                if answers && let Some(sink) = r.sink.as_mut() {
+                // The answer goes after the deadline: it gets a grace of its own (a
+                // half-written body is dropped instead, see `Render::error`).
+                if let Some(sink) = r.sink.as_mut() {
                     sink.bound_until(Instant::now() + TIMEOUT_ANSWER_WRITE_GRACE);
                 }
                 r.error(jsonrpc::INTERNAL_ERROR, "Request timed out", None)
@@ -649,19 +647,13 @@ pub async fn pump(
                 // loses the sink, and the timeout above ends the reply.
                 if r.on_data(d).await {
                     caller.initial.end();
-                    return match r.lost() {
-                        true => Outcome::Cancelled,
-                        false => Outcome::Ok,
-                    };
+                    return r.answered();
                 }
             }
             Step::Frame(Some(Frame::End)) => {
                 caller.initial.end();
                 r.on_end().await;
-                return match r.lost() {
-                    true => Outcome::Cancelled,
-                    false => Outcome::Ok,
-                };
+                return r.answered();
             }
             Step::Frame(Some(Frame::Abort) | None) => {
                 r.on_abort().await;

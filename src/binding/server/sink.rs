@@ -242,17 +242,19 @@ pub struct Handoff {
 impl Handoff {
     /// The response's deadline, if it has one yet.
     pub fn until(&self) -> Option<Instant> {
-        *self
-            .until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self.deadline()
     }
 
     fn bound_until(&self, at: Instant) {
-        *self
-            .until
+        *self.deadline() = Some(at);
+    }
+
+    /// The deadline's slot. It only ever holds a plain value, so a lock poisoned by a
+    /// panic elsewhere still holds a good one.
+    fn deadline(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.until
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
