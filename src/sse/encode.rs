@@ -136,7 +136,7 @@ impl DataWriter {
 /// Rejects a field value that would break the line structure or be dropped by the receiver
 /// (WHATWG ignores an `id` containing NUL).
 fn check_field(value: &str, name: &'static str) -> Result<(), SseError> {
-    let bad = value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0);
+    let bad = memchr::memchr3(b'\r', b'\n', 0, value.as_bytes()).is_some();
     if bad {
         return Err(SseError::InvalidField(name));
     }
@@ -160,7 +160,7 @@ fn put_data(data: &[u8], out: &mut BytesMut) -> bool {
     // Each iteration consumes at least one byte (a run plus its line end), so the loop is
     // bounded by the input length.
     while !rest.is_empty() {
-        let Some(at) = rest.iter().position(|&b| b == b'\r' || b == b'\n') else {
+        let Some(at) = memchr::memchr2(b'\r', b'\n', rest) else {
             out.put_slice(rest);
             return false;
         };

@@ -149,6 +149,19 @@ impl ListKind {
             ListKind::Resources => "notifications/resources/list_changed",
         }
     }
+
+    /// The whole notification as JSON-RPC text: the same bytes for every session told.
+    pub fn notification(self) -> &'static [u8] {
+        match self {
+            ListKind::Tools => br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#,
+            ListKind::Prompts => {
+                br#"{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}"#
+            }
+            ListKind::Resources => {
+                br#"{"jsonrpc":"2.0","method":"notifications/resources/list_changed"}"#
+            }
+        }
+    }
 }
 
 /// The typed header that opens the initial direction of a stream.
@@ -361,4 +374,19 @@ pub enum Challenge {
         result: Option<Bytes>,
         error: Option<Bytes>,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ListKind;
+    use bytes::BytesMut;
+
+    #[test]
+    fn a_list_change_notification_is_the_text_the_writer_makes() {
+        for kind in [ListKind::Tools, ListKind::Prompts, ListKind::Resources] {
+            let mut out = BytesMut::new();
+            crate::jsonrpc::write_notification(kind.method(), None, &mut out);
+            assert_eq!(&out[..], kind.notification());
+        }
+    }
 }

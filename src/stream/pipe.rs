@@ -11,7 +11,7 @@ use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::poll_fn;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -106,6 +106,18 @@ impl Shared {
             true => self.pair.reply.borrow(),
             false => self.pair.initial.borrow(),
         }
+    }
+}
+
+impl Direction {
+    /// Queues a FLUSH if the direction is open and its queue has room.
+    fn try_flush(&mut self, flush: Flush) -> bool {
+        if self.refused || self.half != Half::Open || self.frames.len() >= STREAM_FRAMES_MAX {
+            return false;
+        }
+        self.frames.push_back(Frame::Flush(flush));
+        self.recv.wake();
+        true
     }
 }
 
@@ -256,13 +268,16 @@ impl Sender {
     /// Queues a typed event without waiting, for senders that must not wait (several
     /// tasks may share this sender); false if the queue is full or the direction is over.
     pub fn try_flush(&self, flush: Flush) -> bool {
-        let mut d = self.dir.borrow_mut();
-        if d.refused || d.half != Half::Open || d.frames.len() >= STREAM_FRAMES_MAX {
-            return false;
+        self.dir.borrow_mut().try_flush(flush)
+    }
+
+    /// A handle through which other tasks queue events on this direction without keeping
+    /// it open: once this sender is dropped or closed, the handle's sends fail.
+    pub fn handle(&self) -> SenderHandle {
+        SenderHandle {
+            pair: Rc::downgrade(&self.dir.pair),
+            reply: self.dir.reply,
         }
-        d.frames.push_back(Frame::Flush(flush));
-        d.recv.wake();
-        true
     }
 
     /// Ends the direction gracefully; idempotent (a second close is ignored).
@@ -336,6 +351,37 @@ impl Drop for Sender {
             d.frames.push_back(Frame::Abort);
         }
         d.recv.wake();
+    }
+}
+
+/// A way to queue typed events on a direction its [`Sender`]'s owner is not sending on
+/// at the moment (see [`Sender::handle`]), so another task can tell the receiver
+/// something without a wake-up of the owner in between.
+pub struct SenderHandle {
+    pair: Weak<Pair>,
+    reply: bool,
+}
+
+impl SenderHandle {
+    /// Queues `flush` unless a queued, unread frame already carries the same news (`same`
+    /// is true of it); true if the receiver will read it, false if the queue is full or
+    /// the direction is over (the caller then goes through the sender's owner).
+    pub fn try_flush_once(&self, flush: Flush, same: impl Fn(&Flush) -> bool) -> bool {
+        let Some(pair) = self.pair.upgrade() else {
+            return false;
+        };
+        let dir = Shared {
+            pair,
+            reply: self.reply,
+        };
+        let mut d = dir.borrow_mut();
+        // A dropped sender closed the direction, so this fails then too.
+        let open = !d.refused && d.half == Half::Open;
+        let told = d
+            .frames
+            .iter()
+            .any(|f| matches!(f, Frame::Flush(f) if same(f)));
+        (open && told) || d.try_flush(flush)
     }
 }
 
@@ -684,5 +730,55 @@ mod tests {
             assert_eq!(n, STREAM_FRAMES_MAX * 2);
             producer.await.expect("producer");
         });
+    }
+
+    fn tools_changed() -> Flush {
+        Flush {
+            id: None,
+            event: Event::ListChanged(crate::stream::ListKind::Tools),
+        }
+    }
+
+    fn is_tools_changed(f: &Flush) -> bool {
+        matches!(f.event, Event::ListChanged(crate::stream::ListKind::Tools))
+    }
+
+    #[test]
+    fn a_handle_queues_news_once_until_it_is_read() {
+        let (caller, callee) = open(begin());
+        let handle = callee.reply.handle();
+        assert!(handle.try_flush_once(tools_changed(), is_tools_changed));
+        // Still unread: the same news is not queued twice, other news is.
+        assert!(handle.try_flush_once(tools_changed(), is_tools_changed));
+        assert!(handle.try_flush_once(progress(), |_| false));
+        let mut told = 0;
+        while let Some(Frame::Flush(f)) = caller.reply.try_next() {
+            told += usize::from(is_tools_changed(&f));
+        }
+        assert_eq!(told, 1);
+        // Read: news again is queued again.
+        assert!(handle.try_flush_once(tools_changed(), is_tools_changed));
+        assert!(matches!(caller.reply.try_next(), Some(Frame::Flush(f)) if is_tools_changed(&f)));
+    }
+
+    #[test]
+    fn a_handle_fails_once_the_direction_is_over_or_full() {
+        let (caller, callee) = open(begin());
+        let handle = callee.reply.handle();
+        for _ in 0..STREAM_FRAMES_MAX {
+            assert!(handle.try_flush_once(progress(), |_| false));
+        }
+        // Full: refused.
+        assert!(!handle.try_flush_once(progress(), |_| false));
+        while caller.reply.try_next().is_some() {}
+        callee.reply.end();
+        assert!(!handle.try_flush_once(tools_changed(), is_tools_changed));
+        assert!(matches!(caller.reply.try_next(), Some(Frame::End)));
+        let (caller, callee) = open(begin());
+        let handle = callee.reply.handle();
+        drop(callee);
+        assert!(!handle.try_flush_once(tools_changed(), is_tools_changed));
+        drop(caller);
+        assert!(!handle.try_flush_once(tools_changed(), is_tools_changed));
     }
 }

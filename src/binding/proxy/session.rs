@@ -31,7 +31,7 @@ use crate::metrics;
 use crate::runtime::notify::Notify;
 use crate::stream::{
     self, Begin, Callee, Caller, Caps, Challenge, ClientHello, Event, Flush, Frame, ListKind,
-    ReplyBegin, Reset, Throttle,
+    ReplyBegin, Reset, SenderHandle, Throttle,
 };
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
@@ -125,6 +125,13 @@ pub struct ProxySession {
     /// The relay task's waker, and what other tasks asked of it.
     task: RefCell<Option<Waker>>,
     poked: Cell<bool>,
+    /// True while the relay task waits with nothing left to send: news for the caller
+    /// then goes straight onto the caller's reply (`direct`) instead of through a wake-up
+    /// of the relay task, which would only pass it on. At a list change every session of
+    /// the worker is told, so this saves one task's wake and poll per session.
+    relay_waiting: Cell<bool>,
+    /// The caller's reply direction, while the relay task runs.
+    direct: RefCell<Option<SenderHandle>>,
     /// Lists to announce as changed (a route came back, a cached list changed).
     list_changed: Cell<[bool; 3]>,
     /// With a cache: the routes whose items this session may not see, because they forward
@@ -215,6 +222,8 @@ impl ProxySession {
             changed: Notify::new(),
             task: RefCell::new(None),
             poked: Cell::new(false),
+            relay_waiting: Cell::new(false),
+            direct: RefCell::new(None),
             list_changed: Cell::new([false; 3]),
             hidden: Cell::new(0),
             shown: Cell::new([None; 4]),
@@ -261,6 +270,20 @@ impl ProxySession {
     /// Tells the agent (once, however often it is asked before the relay runs) that `list`
     /// changed.
     pub fn announce(&self, list: ListKind) {
+        // With nothing pending in the relay task, nothing it would send can be overtaken.
+        if self.relay_waiting.get()
+            && !self.poked.get()
+            && let Some(direct) = self.direct.borrow().as_ref()
+        {
+            let flush = Flush {
+                id: None,
+                event: Event::ListChanged(list),
+            };
+            let same = |f: &Flush| matches!(f.event, Event::ListChanged(k) if k == list);
+            if direct.try_flush_once(flush, same) {
+                return;
+            }
+        }
         let mut lists = self.list_changed.get();
         let at = match list {
             ListKind::Tools => 0,
@@ -786,6 +809,8 @@ async fn serve_as(proxy: Rc<Proxy>, callee: Callee, lists: Lists) {
     if Box::pin(callee.reply.begin(reply)).await.is_ok() {
         relay(&proxy, &session, &callee).await;
     }
+    session.relay_waiting.set(false);
+    session.direct.borrow_mut().take();
     session.close();
     callee.reply.end();
 }
@@ -1153,6 +1178,7 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
     let mut turn = 0usize;
     // The resume round's deadline (boxed: the relay task lives as long as the session).
     let mut round_timer = Box::pin(tokio::time::sleep(EVENTS_PROBE_TIMEOUT));
+    *session.direct.borrow_mut() = Some(callee.reply.handle());
     loop {
         for flush in pending_flushes(proxy, session) {
             if Box::pin(callee.reply.flush(flush)).await.is_err() {
@@ -1160,6 +1186,7 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
             }
         }
         let step = poll_fn(|cx| {
+            session.relay_waiting.set(false);
             if let Poll::Ready(frame) = callee.initial.poll_next(cx) {
                 return Poll::Ready(Step::Initial(frame));
             }
@@ -1200,6 +1227,7 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
                 return Poll::Ready(Step::Poke);
             }
             *session.task.borrow_mut() = Some(cx.waker().clone());
+            session.relay_waiting.set(true);
             Poll::Pending
         })
         .await;

@@ -746,6 +746,42 @@ fn task_futures_stay_small() {
     });
 }
 
+/// The list changes queued on `caller`'s reply now, without waiting (other frames are
+/// passed over).
+fn list_changes_queued(caller: &Caller) -> usize {
+    let mut told = 0;
+    while let Some(frame) = caller.reply.try_next() {
+        if let Frame::Flush(flush) = frame {
+            told += usize::from(matches!(flush.event, Event::ListChanged(ListKind::Tools)));
+        }
+    }
+    told
+}
+
+#[test]
+fn a_waiting_session_is_told_of_a_list_change_at_once_and_once_while_unread() {
+    run(async {
+        let a = Fake::new("a", "{}");
+        let p = proxy(&[("solo", &a)], None);
+        let (life, reply) = connect(&p, None).await;
+        let id = reply.session.expect("id");
+        // The relay task reaches its wait.
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(list_changes_queued(&life), 0);
+        let session = p.sessions.borrow().get(&id).cloned().expect("the session");
+        // Queued by the caller of `announce` itself: no turn of the relay task between.
+        session.announce(ListKind::Tools);
+        session.announce(ListKind::Tools);
+        assert_eq!(list_changes_queued(&life), 1);
+        // Read: the next change is news again.
+        session.announce(ListKind::Tools);
+        assert_eq!(list_changes_queued(&life), 1);
+        p.stop();
+    });
+}
+
 /// What the two workers of the lease test share (each builds its own proxy and routes).
 #[derive(Default)]
 struct Takeover {

@@ -17,6 +17,7 @@ use crate::limits::{EVENTS_PROBE_TIMEOUT, SSE_KEEPALIVE_INTERVAL};
 use crate::sse;
 use crate::stream::Challenge;
 use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
 use std::rc::{Rc, Weak};
 use std::time::Instant;
 
@@ -284,20 +285,9 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: 
     tokio::pin!(keepalive);
     while !gone {
         let changed = session.changed.notified();
-        let pending: Vec<Bytes> = {
-            let st = session.st.borrow();
-            if st.closed || st.get_generation != generation {
-                replaced = true;
-                break;
-            }
-            // The cursor moves past the events taken here only: events pushed while they
-            // are being written are the next round's (the `changed` above fires for them).
-            let before = cursor;
-            if let Some(&(last, _)) = st.ring.back() {
-                cursor = cursor.max(last);
-            }
-            let fresh = st.ring.iter().filter(|(seq, _)| *seq > before);
-            fresh.map(|(_, b)| b.clone()).collect()
+        let Some(pending) = fresh_events(&session, generation, &mut cursor) else {
+            replaced = true;
+            break;
         };
         if !pending.is_empty() {
             gone = !Box::pin(write_events(&mut sink, pending)).await;
@@ -375,8 +365,29 @@ fn priming_id(session: &Session, cursor: u64) -> String {
     }
 }
 
+/// The ring's events after `cursor`, which moves past them; `None` once the session closed
+/// or a newer GET replaced this one (`generation`). The cursor moves past the events taken
+/// here only: events pushed while they are being written are the next round's (the
+/// session's `changed` fires for them).
+fn fresh_events(session: &Session, generation: u64, cursor: &mut u64) -> Option<Events> {
+    let st = session.st.borrow();
+    if st.closed || st.get_generation != generation {
+        return None;
+    }
+    let before = *cursor;
+    if let Some(&(last, _)) = st.ring.back() {
+        *cursor = before.max(last);
+    }
+    let fresh = st.ring.iter().filter(|(seq, _)| *seq > before);
+    Some(fresh.map(|(_, b)| b.clone()).collect())
+}
+
+/// Events taken from the ring in one wake: one, as a rule (a list change tells every
+/// session once), so a short list is kept inline.
+type Events = SmallVec<[Bytes; 2]>;
+
 /// Writes already-encoded events in order; false once the connection is gone.
-async fn write_events(sink: &mut Sink, events: Vec<Bytes>) -> bool {
+async fn write_events(sink: &mut Sink, events: Events) -> bool {
     for event in events {
         if sink.body(&event).await.is_err() {
             return false;

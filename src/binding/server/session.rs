@@ -34,8 +34,13 @@ use crate::stream::{Caller, Caps, Challenge, Event, Flush, Frame, ReplyBegin};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::io::Write as _;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
+
+/// The longest id of a GET-stream event without the exit's part: `0.` and a `u64`'s 20
+/// decimal digits.
+const GET_EVENT_ID_BYTES: usize = 22;
 
 /// Whether the exit has a server-to-agent event stream.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -433,10 +438,18 @@ impl Session {
         let mut st = self.st.borrow_mut();
         let seq = st.next_seq;
         st.next_seq += 1;
-        let out = exit_id
-            .filter(|exit| exit_id_carried(exit))
-            .and_then(|exit| data_event(&format!("0.{seq}:{exit}"), json))
-            .or_else(|| data_event(&format!("0.{seq}"), json));
+        let out = match exit_id.filter(|exit| exit_id_carried(exit)) {
+            Some(exit) => data_event(&format!("0.{seq}:{exit}"), json),
+            None => None,
+        };
+        let out = out.or_else(|| {
+            // Written on the stack: at a list change every session of the worker gets one.
+            let mut id = [0u8; GET_EVENT_ID_BYTES];
+            let mut rest = &mut id[..];
+            write!(rest, "0.{seq}").ok()?;
+            let len = GET_EVENT_ID_BYTES - rest.len();
+            data_event(std::str::from_utf8(id.get(..len)?).ok()?, json)
+        });
         let Some(out) = out else {
             return;
         };
@@ -511,29 +524,33 @@ pub(super) fn notification(method: &str, params: Option<&[u8]>) -> BytesMut {
 }
 
 /// Renders an event from the exit as agent-facing JSON; `None` for control events.
-pub(super) fn render_event(event: &Event) -> Option<BytesMut> {
-    Some(match event {
-        Event::Resumable
-        | Event::Suspend { .. }
-        | Event::Handoff(_)
-        | Event::Recheck { .. }
-        | Event::Rechecked { .. }
-        | Event::Detach => {
-            return None;
+pub(super) fn render_event(event: &Event) -> Option<Bytes> {
+    Some(
+        match event {
+            Event::Resumable
+            | Event::Suspend { .. }
+            | Event::Handoff(_)
+            | Event::Recheck { .. }
+            | Event::Rechecked { .. }
+            | Event::Detach => {
+                return None;
+            }
+            // Told to every session of the worker at once: its fixed text, not rendered.
+            Event::ListChanged(k) => return Some(Bytes::from_static(k.notification())),
+            Event::ResourcesUpdated { params } => {
+                notification("notifications/resources/updated", Some(params))
+            }
+            Event::Progress { params } => notification("notifications/progress", Some(params)),
+            Event::Notification { method, params } => notification(method, params.as_deref()),
+            Event::Request { id, method, params } => {
+                let mut out = BytesMut::with_capacity(64);
+                let id = std::str::from_utf8(id).unwrap_or("null");
+                jsonrpc::write_request(id, method, params.as_deref(), &mut out);
+                out
+            }
         }
-        Event::ListChanged(k) => notification(k.method(), None),
-        Event::ResourcesUpdated { params } => {
-            notification("notifications/resources/updated", Some(params))
-        }
-        Event::Progress { params } => notification("notifications/progress", Some(params)),
-        Event::Notification { method, params } => notification(method, params.as_deref()),
-        Event::Request { id, method, params } => {
-            let mut out = BytesMut::with_capacity(64);
-            let id = std::str::from_utf8(id).unwrap_or("null");
-            jsonrpc::write_request(id, method, params.as_deref(), &mut out);
-            out
-        }
-    })
+        .freeze(),
+    )
 }
 
 /// The session's task: reads the exit's lifecycle reply (notifications for the GET stream,
