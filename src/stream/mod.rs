@@ -41,5 +41,5 @@ pub use frame::{
     BearerChallenge, Begin, Caps, Challenge, ClientHello, Event, Flush, Frame, Kind, ListKind,
     ReplyBegin, Reset, TargetAt,
 };
-pub use pipe::{Callee, Caller, Gone, Receiver, Sender, SenderHandle, Throttle, open};
+pub use pipe::{Callee, Caller, Gone, Inline, Receiver, Sender, SenderHandle, Throttle, open};
 pub use window::Window;

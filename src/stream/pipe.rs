@@ -52,6 +52,18 @@ struct Direction {
     /// The sender waiting for a RESET or CHALLENGE (may be another task than the one
     /// waiting for credit, so it has its own place).
     throttle: Waiter,
+    /// The receiver's taker of FLUSH frames in the sender's own call (see [`Inline`]).
+    inline: Option<Weak<dyn Inline>>,
+}
+
+/// A receiver that takes some FLUSH frames in the call that sends them, the way bindings
+/// on one worker hand each other a frame by a direct call: its task is not woken for them.
+/// A frame is offered only when nothing is queued ahead of it, so the order of the
+/// direction holds. `take` runs inside the sender's code: it must not send on this
+/// stream, and must not wait.
+pub trait Inline {
+    /// Takes `flush` now, or gives it back to be queued for the receiver's task.
+    fn take(&self, flush: Flush) -> Option<Flush>;
 }
 
 /// Both directions of one stream, in one allocation.
@@ -107,6 +119,23 @@ impl Shared {
             false => self.pair.initial.borrow(),
         }
     }
+
+    /// Offers `flush` to the receiver's [`Inline`] taker, when it has one, the direction
+    /// is open and nothing is queued ahead; gives it back otherwise (or when not taken).
+    fn offer(&self, flush: Flush) -> Option<Flush> {
+        let taker = {
+            let d = self.borrow();
+            if d.refused || d.half != Half::Open || !d.frames.is_empty() {
+                return Some(flush);
+            }
+            d.inline.as_ref().and_then(Weak::upgrade)
+        };
+        // Called with the direction not borrowed: the taker may look at the stream.
+        match taker {
+            Some(taker) => taker.take(flush),
+            None => Some(flush),
+        }
+    }
 }
 
 impl Direction {
@@ -132,6 +161,7 @@ fn direction() -> RefCell<Direction> {
         recv: Waiter::default(),
         send: Waiter::default(),
         throttle: Waiter::default(),
+        inline: None,
     })
 }
 
@@ -262,13 +292,19 @@ impl Sender {
 
     /// Sends a typed in-band event.
     pub async fn flush(&self, flush: Flush) -> Result<(), Gone> {
-        self.push(Frame::Flush(flush)).await
+        match self.dir.offer(flush) {
+            None => Ok(()),
+            Some(flush) => self.push(Frame::Flush(flush)).await,
+        }
     }
 
     /// Queues a typed event without waiting, for senders that must not wait (several
     /// tasks may share this sender); false if the queue is full or the direction is over.
     pub fn try_flush(&self, flush: Flush) -> bool {
-        self.dir.borrow_mut().try_flush(flush)
+        match self.dir.offer(flush) {
+            None => true,
+            Some(flush) => self.dir.borrow_mut().try_flush(flush),
+        }
     }
 
     /// A handle through which other tasks queue events on this direction without keeping
@@ -374,14 +410,22 @@ impl SenderHandle {
             pair,
             reply: self.reply,
         };
-        let mut d = dir.borrow_mut();
-        // A dropped sender closed the direction, so this fails then too.
-        let open = !d.refused && d.half == Half::Open;
-        let told = d
-            .frames
-            .iter()
-            .any(|f| matches!(f, Frame::Flush(f) if same(f)));
-        (open && told) || d.try_flush(flush)
+        {
+            // A dropped sender closed the direction, so this fails then too.
+            let d = dir.borrow();
+            let open = !d.refused && d.half == Half::Open;
+            let told = d
+                .frames
+                .iter()
+                .any(|f| matches!(f, Frame::Flush(f) if same(f)));
+            if open && told {
+                return true;
+            }
+        }
+        match dir.offer(flush) {
+            None => true,
+            Some(flush) => dir.borrow_mut().try_flush(flush),
+        }
     }
 }
 
@@ -391,6 +435,12 @@ pub struct Receiver {
 }
 
 impl Receiver {
+    /// From now on, FLUSH frames sent while nothing is queued ahead of them are offered to
+    /// `taker` first (until this receiver is dropped).
+    pub fn take_inline(&self, taker: Weak<dyn Inline>) {
+        self.dir.borrow_mut().inline = Some(taker);
+    }
+
     /// The next frame; `None` after END or ABORT was taken (the direction is over).
     /// DATA must be acknowledged with [`Receiver::ack`] once consumed.
     pub async fn next(&self) -> Option<Frame> {
@@ -468,6 +518,7 @@ impl Drop for Receiver {
     fn drop(&mut self) {
         let mut d = self.dir.borrow_mut();
         d.refused = true;
+        d.inline = None;
         d.frames.clear();
         // No one is left to read: a later send must not wake a future that waited here.
         d.recv.clear();
@@ -780,5 +831,67 @@ mod tests {
         assert!(!handle.try_flush_once(tools_changed(), is_tools_changed));
         drop(caller);
         assert!(!handle.try_flush_once(tools_changed(), is_tools_changed));
+    }
+
+    /// Takes list changes (and records them), gives everything else back.
+    #[derive(Default)]
+    struct Taker {
+        taken: std::cell::Cell<usize>,
+    }
+
+    impl Inline for Taker {
+        fn take(&self, flush: Flush) -> Option<Flush> {
+            if !is_tools_changed(&flush) {
+                return Some(flush);
+            }
+            self.taken.set(self.taken.get() + 1);
+            None
+        }
+    }
+
+    #[test]
+    fn a_receivers_taker_gets_flushes_with_nothing_queued_ahead_and_in_order() {
+        run(async {
+            let (caller, callee) = open(begin());
+            let taker = Rc::new(Taker::default());
+            let weak: Weak<dyn Inline> = Rc::downgrade(&taker) as Weak<Taker>;
+            caller.reply.take_inline(weak);
+            // Nothing queued: taken in the sender's call, by every way of sending.
+            assert!(callee.reply.try_flush(tools_changed()));
+            callee.reply.flush(tools_changed()).await.expect("alive");
+            assert!(
+                callee
+                    .reply
+                    .handle()
+                    .try_flush_once(tools_changed(), |_| false)
+            );
+            assert_eq!(taker.taken.get(), 3);
+            assert!(caller.reply.try_next().is_none());
+            // Given back: queued; then a change is behind it, so it is queued too.
+            assert!(callee.reply.try_flush(progress()));
+            assert!(callee.reply.try_flush(tools_changed()));
+            assert_eq!(taker.taken.get(), 3);
+            assert!(
+                matches!(caller.reply.try_next(), Some(Frame::Flush(f)) if !is_tools_changed(&f))
+            );
+            assert!(
+                matches!(caller.reply.try_next(), Some(Frame::Flush(f)) if is_tools_changed(&f))
+            );
+            // Nothing queued again: taken again.
+            assert!(callee.reply.try_flush(tools_changed()));
+            assert_eq!(taker.taken.get(), 4);
+            // A taker gone, or a receiver gone, takes nothing.
+            drop(taker);
+            assert!(callee.reply.try_flush(tools_changed()));
+            assert!(
+                matches!(caller.reply.try_next(), Some(Frame::Flush(f)) if is_tools_changed(&f))
+            );
+            let taker = Rc::new(Taker::default());
+            let weak: Weak<dyn Inline> = Rc::downgrade(&taker) as Weak<Taker>;
+            caller.reply.take_inline(weak);
+            drop(caller);
+            assert!(!callee.reply.try_flush(tools_changed()));
+            assert_eq!(taker.taken.get(), 0);
+        });
     }
 }

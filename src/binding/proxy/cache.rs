@@ -24,7 +24,6 @@
 //! and the leases `p/lifecycle.lock` and `p/<kind>.lock`.
 
 use super::{Family, Proxy, Route};
-use crate::binding::proxy::metrics as proxy_metrics;
 use crate::limits::PROXY_ROUTES_MAX;
 use crate::log;
 use crate::runtime::notify::Notify;
@@ -432,19 +431,19 @@ impl Cache {
         self.changed.notify_waiters();
         let news = match &before {
             Some(before) => News::Changed(before.changed(&list)),
-            None => News::First(&list, at),
+            None => News::First(list, at),
         };
-        let told = proxy.announce(announced(kind), news);
-        proxy_metrics::with(|m| m.cache.notifications += told);
+        proxy.announce(announced(kind), news);
     }
 }
 
 /// What a new value of a cached list is to the sessions.
-pub enum News<'a> {
+#[derive(Clone)]
+pub enum News {
     /// The routes whose items changed.
     Changed(Routes),
     /// The first value of the list in slot `.1`, for sessions shown a live list before.
-    First(&'a CachedList, usize),
+    First(Rc<CachedList>, usize),
 }
 
 fn decode_caps(bytes: &[u8]) -> Option<CachedCaps> {

@@ -139,6 +139,27 @@ pub struct Proxy {
     cache: Option<cache::Cache>,
 }
 
+/// Sessions told of a list change in one turn of the worker (see [`Proxy::announce`]).
+const ANNOUNCE_BATCH: usize = 256;
+
+/// Tells each of `sessions` for which `news` is news that `list` changed, and counts them.
+fn tell(sessions: &[Rc<ProxySession>], list: ListKind, news: &cache::News) {
+    let mut told = 0;
+    for session in sessions {
+        let tell = match news {
+            cache::News::Changed(routes) => routes & !session.hidden() != 0,
+            cache::News::First(first, at) => session
+                .shown_crc(*at)
+                .is_some_and(|crc| crc != crc32c::crc32c(&first.for_session(session.hidden()))),
+        };
+        if tell {
+            session.announce(list);
+            told += 1;
+        }
+    }
+    proxy_metrics::with(|m| m.cache.notifications += told);
+}
+
 impl Proxy {
     /// Builds the worker-local instance; `exits[i]` serves route i. With `cache`, starts
     /// this worker's cache tasks (so it must run inside the worker's runtime).
@@ -209,23 +230,27 @@ impl Proxy {
     }
 
     /// Tells the agent sessions of this worker for which `news` is news that `list`
-    /// changed; returns how many.
-    fn announce(&self, list: ListKind, news: cache::News<'_>) -> u64 {
-        let sessions: Vec<Rc<ProxySession>> = self.sessions.borrow().values().cloned().collect();
-        let mut told = 0;
-        for session in sessions.iter().filter(|s| s.lists == Lists::Cached) {
-            let tell = match news {
-                cache::News::Changed(routes) => routes & !session.hidden() != 0,
-                cache::News::First(first, at) => session
-                    .shown_crc(at)
-                    .is_some_and(|crc| crc != crc32c::crc32c(&first.for_session(session.hidden()))),
-            };
-            if tell {
-                session.announce(list);
-                told += 1;
-            }
+    /// changed. A session waiting for news is told in this call (the watcher's, see
+    /// `ProxySession::announce`), so a worker with many sessions tells them
+    /// [`ANNOUNCE_BATCH`] at a time, and its connections are served between batches.
+    fn announce(&self, list: ListKind, news: cache::News) {
+        let sessions: Vec<Rc<ProxySession>> = self
+            .sessions
+            .borrow()
+            .values()
+            .filter(|s| s.lists == Lists::Cached)
+            .cloned()
+            .collect();
+        if sessions.len() <= ANNOUNCE_BATCH {
+            tell(&sessions, list, &news);
+            return;
         }
-        told
+        tokio::task::spawn_local(async move {
+            for batch in sessions.chunks(ANNOUNCE_BATCH) {
+                tell(batch, list, &news);
+                tokio::task::yield_now().await;
+            }
+        });
     }
 
     /// Stops this worker's cache tasks (drain).

@@ -1136,6 +1136,62 @@ fn a_session_that_fell_back_hears_of_the_first_cached_list_only_if_it_differs() 
     });
 }
 
+#[test]
+fn a_list_change_reaches_more_sessions_than_a_batch_each_once() {
+    run(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(SystemClock)));
+        // Nobody hydrates: the lease is the test's, and so are the lists.
+        let lease = store
+            .lock("tools/lifecycle.lock", Duration::from_secs(600))
+            .await;
+        assert!(matches!(lease, Ok(Some(_))));
+        let list = |name: &'static str| {
+            let fragment = Bytes::from(format!(r#"{{"name":"kit__{name}"}}"#));
+            cache::encode_list("tools", &["kit"], &[Some(fragment)])
+        };
+        store.put("tools/tools", list("x")).await.expect("a put");
+        // The other kinds, empty: the cache is ready once every kind is there.
+        for (key, array) in [
+            ("tools/prompts", "prompts"),
+            ("tools/resources", "resources"),
+            ("tools/resources/templates", "resourceTemplates"),
+        ] {
+            let empty = cache::encode_list(array, &["kit"], &[None]);
+            store.put(key, empty).await.expect("a put");
+        }
+        let caps = cache::StoredCaps {
+            caps: vec![Caps::TOOLS.0 | Caps::TOOLS_LIST_CHANGED.0],
+            instructions: vec![None],
+        };
+        let caps = serde_json::to_vec(&caps).expect("caps as JSON");
+        store
+            .put("tools/caps", Bytes::from(caps))
+            .await
+            .expect("a put");
+        let a = Fake::new("a", r#"{"tools":[{"name":"x"}]}"#);
+        let p = cached_proxy(&[("kit", &a)], store.clone(), Duration::from_secs(5));
+        let count = ANNOUNCE_BATCH + 44;
+        let mut lives = Vec::new();
+        for _ in 0..count {
+            lives.push(connect(&p, None).await.0);
+        }
+        let told_before = proxy_metrics::with(|m| m.cache.notifications);
+        store.put("tools/tools", list("y")).await.expect("a put");
+        for life in &lives {
+            let flush = next_flush(life).await;
+            assert!(
+                matches!(flush.event, Event::ListChanged(ListKind::Tools)),
+                "{flush:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(lives.iter().all(|life| life.reply.try_next().is_none()));
+        let told = proxy_metrics::with(|m| m.cache.notifications) - told_before;
+        assert_eq!(told, count as u64);
+        p.stop();
+    });
+}
+
 /// A route exit whose `initialize` answers only after `delay`, and whose tools list is
 /// one tool.
 struct SlowOpen {

@@ -30,7 +30,7 @@ use crate::metrics::{self};
 use crate::runtime::notify::Notify;
 use crate::runtime::pass;
 use crate::sse;
-use crate::stream::{Caller, Caps, Challenge, Event, Flush, Frame, ReplyBegin};
+use crate::stream::{Caller, Caps, Challenge, Event, Flush, Frame, Inline, ReplyBegin};
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -114,6 +114,9 @@ pub struct Session {
     pub(super) st: RefCell<State>,
     /// Woken on new GET events, a replaced GET, support news and close.
     pub(super) changed: Notify,
+    /// Woken at close only: the wait of tasks that care for nothing else (the lifecycle
+    /// task, replies), which `changed` would wake at every event.
+    ended: Notify,
     /// Woken when the live GET took events from the ring, or ended (the lifecycle task
     /// waits on it while the GET is behind).
     pub(super) taken: Notify,
@@ -189,6 +192,7 @@ impl Session {
                 holds: 0,
             }),
             changed: Notify::new(),
+            ended: Notify::new(),
             taken: Notify::new(),
             json_head: crate::http::response_head_fields(
                 200,
@@ -206,6 +210,8 @@ impl Session {
             m.sessions += 1;
             m.sessions_created += 1;
         });
+        let taker: Weak<dyn Inline> = Rc::downgrade(&session) as Weak<Session>;
+        session.lifecycle.reply.take_inline(taker);
         tokio::task::spawn_local(lifecycle_task(server.clone(), session.clone()));
         session
     }
@@ -283,7 +289,7 @@ impl Session {
 
     pub(super) async fn closed_wait(&self) {
         loop {
-            let n = self.changed.notified();
+            let n = self.ended.notified();
             if self.is_closed() {
                 return;
             }
@@ -434,6 +440,17 @@ impl Session {
     /// `0.<seq>`, followed by `:<exit id>` when the exit named its position (an upstream's
     /// event id, or a proxy's aggregate of its routes' ids): the agent's Last-Event-ID then
     /// says where every exit was even after the ring has moved on.
+    /// Keeps an event of the exit's lifecycle: its id as the exit's position, and, for
+    /// the agent, its JSON in the GET stream's ring.
+    fn on_event(&self, id: Option<Rc<str>>, event: &Event) {
+        if id.is_some() {
+            self.st.borrow_mut().last_exit_event = id.clone();
+        }
+        if let Some(json) = render_event(event) {
+            self.push_event(&json, id.as_deref());
+        }
+    }
+
     pub(super) fn push_event(&self, json: &[u8], exit_id: Option<&str>) {
         let mut st = self.st.borrow_mut();
         let seq = st.next_seq;
@@ -463,6 +480,30 @@ impl Session {
         }
         drop(st);
         self.changed.notify_waiters();
+    }
+}
+
+/// The exit's notifications reach the ring in the exit's own call when the lifecycle task
+/// would do no more with them than keep them: at a list change every session of the worker
+/// is told, and this saves a wake and a poll of each one's task. Everything else (events
+/// that change the session's state, events while the GET stream is a ring behind, which
+/// the task holds back) goes to the task.
+impl Inline for Session {
+    fn take(&self, flush: Flush) -> Option<Flush> {
+        let plain = matches!(
+            flush.event,
+            Event::ListChanged(_)
+                | Event::ResourcesUpdated { .. }
+                | Event::Progress { .. }
+                | Event::Notification { .. }
+        );
+        // A sender called from inside the session's own code finds its state borrowed.
+        let free = self.st.try_borrow_mut().is_ok();
+        if !plain || !free || self.is_closed() || self.get_behind() {
+            return Some(flush);
+        }
+        self.on_event(flush.id, &flush.event);
+        None
     }
 }
 
@@ -511,6 +552,7 @@ pub fn end(server: &Server, session: &Rc<Session>, reason: &str, ending: Ending)
         r.wake.notify_one();
     }
     session.changed.notify_waiters();
+    session.ended.notify_waiters();
     if reason == "expired" {
         server_metrics::with(|m| m.sessions_expired += 1);
     }
@@ -640,9 +682,6 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
                 ..
             })) => recheck(&server, &session, Some(seq)),
             Some(Frame::Flush(Flush { id, event })) => {
-                if id.is_some() {
-                    session.st.borrow_mut().last_exit_event = id.clone();
-                }
                 match &event {
                     Event::Resumable | Event::Suspend { retry_ms: 0.. } => {
                         set_support(&session, Support::Yes)
@@ -656,9 +695,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
                     }
                     _ => {}
                 }
-                if let Some(json) = render_event(&event) {
-                    session.push_event(&json, id.as_deref());
-                }
+                session.on_event(id, &event);
             }
             Some(Frame::Data(d)) => session.lifecycle.reply.ack(d.len() as u32),
             Some(Frame::Begin(_)) => {}
