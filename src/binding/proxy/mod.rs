@@ -145,7 +145,8 @@ const ANNOUNCE_BATCH: usize = 256;
 /// Tells each of `sessions` for which `news` is news that `list` changed, and counts them.
 fn tell(sessions: &[Rc<ProxySession>], list: ListKind, news: &cache::News) {
     let mut told = 0;
-    for session in sessions {
+    // A later batch's sessions may have ended since the list was taken.
+    for session in sessions.iter().filter(|s| !s.is_closed()) {
         let tell = match news {
             cache::News::Changed(routes) => routes & !session.hidden() != 0,
             cache::News::First(first, at) => session

@@ -37,7 +37,9 @@ use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::future::{Future, poll_fn};
 use std::rc::Rc;
-use std::task::{Poll, Waker};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 /// A route that failed is not reopened by list requests or resumes for this long (an item
@@ -122,15 +124,15 @@ pub struct ProxySession {
     closed: Cell<bool>,
     /// Woken when a route's state changes (tasks waiting for an opening route).
     changed: Notify,
-    /// The relay task's waker, and what other tasks asked of it.
-    task: RefCell<Option<Waker>>,
+    /// Whether the relay task waits with nothing to do, and the waker its inputs hold.
+    relay: Arc<RelayWake>,
+    relay_waker: Waker,
+    /// Another task asked something of the relay task.
     poked: Cell<bool>,
-    /// True while the relay task waits with nothing left to send: news for the caller
-    /// then goes straight onto the caller's reply (`direct`) instead of through a wake-up
-    /// of the relay task, which would only pass it on. At a list change every session of
-    /// the worker is told, so this saves one task's wake and poll per session.
-    relay_waiting: Cell<bool>,
-    /// The caller's reply direction, while the relay task runs.
+    /// The caller's reply direction, while the relay task runs: while the relay waits with
+    /// nothing to do, news for the caller goes straight onto it instead of through a
+    /// wake-up of the relay task, which would only pass it on. At a list change every
+    /// session of the worker is told, so this saves a task's wake and poll per session.
     direct: RefCell<Option<SenderHandle>>,
     /// Lists to announce as changed (a route came back, a cached list changed).
     list_changed: Cell<[bool; 3]>,
@@ -189,6 +191,10 @@ pub enum Lists {
 
 impl ProxySession {
     fn new(id: Rc<str>, hello: &ClientHello, routes: usize, lists: Lists) -> ProxySession {
+        let relay = Arc::new(RelayWake {
+            waiting: AtomicBool::new(false),
+            task: Mutex::new(None),
+        });
         ProxySession {
             lists,
             detached: Cell::new(false),
@@ -220,9 +226,9 @@ impl ProxySession {
             answered: Cell::new(false),
             closed: Cell::new(false),
             changed: Notify::new(),
-            task: RefCell::new(None),
+            relay: relay.clone(),
+            relay_waker: Waker::from(relay),
             poked: Cell::new(false),
-            relay_waiting: Cell::new(false),
             direct: RefCell::new(None),
             list_changed: Cell::new([false; 3]),
             hidden: Cell::new(0),
@@ -270,9 +276,12 @@ impl ProxySession {
     /// Tells the agent (once, however often it is asked before the relay runs) that `list`
     /// changed.
     pub fn announce(&self, list: ListKind) {
-        // With nothing pending in the relay task, nothing it would send can be overtaken.
-        if self.relay_waiting.get()
+        // A relay task that waits, not woken since, with no resume round open (whose
+        // answer the agent's new GET stream starts after), has nothing to send that this
+        // could overtake.
+        if self.relay.waiting.load(Ordering::Relaxed)
             && !self.poked.get()
+            && !self.round.borrow().open()
             && let Some(direct) = self.direct.borrow().as_ref()
         {
             let flush = Flush {
@@ -300,9 +309,7 @@ impl ProxySession {
     /// Wakes the relay task.
     fn poke(&self) {
         self.poked.set(true);
-        if let Some(waker) = self.task.borrow_mut().take() {
-            waker.wake();
-        }
+        self.relay_waker.wake_by_ref();
     }
 
     /// The open session of route `index`, opening it first if it is not open. `force`
@@ -684,6 +691,11 @@ impl ProxySession {
         life.caller.initial.end();
     }
 
+    /// True once the session's lifecycle ended here.
+    pub fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
     fn close(&self) {
         self.closed.set(true);
         for slot in &self.routes {
@@ -809,7 +821,7 @@ async fn serve_as(proxy: Rc<Proxy>, callee: Callee, lists: Lists) {
     if Box::pin(callee.reply.begin(reply)).await.is_ok() {
         relay(&proxy, &session, &callee).await;
     }
-    session.relay_waiting.set(false);
+    session.relay.waiting.store(false, Ordering::Relaxed);
     session.direct.borrow_mut().take();
     session.close();
     callee.reply.end();
@@ -1159,6 +1171,42 @@ pub(super) fn route_instructions(session: &ProxySession, index: usize) -> Option
     serde_json::from_slice(&raw).ok()
 }
 
+/// The waker a session's relay task gives its inputs: it wakes the task, and first marks
+/// it as having something to do (see `ProxySession::announce`).
+struct RelayWake {
+    /// The relay task waits, and nothing woke it since.
+    waiting: AtomicBool,
+    /// The task's own waker.
+    task: Mutex<Option<Waker>>,
+}
+
+impl RelayWake {
+    /// At the start of a poll of the relay: not waiting; the task's waker kept.
+    fn enter(&self, waker: &Waker) {
+        self.waiting.store(false, Ordering::Relaxed);
+        if let Ok(mut task) = self.task.lock()
+            && !task.as_ref().is_some_and(|t| t.will_wake(waker))
+        {
+            *task = Some(waker.clone());
+        }
+    }
+}
+
+impl Wake for RelayWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.waiting.store(false, Ordering::Relaxed);
+        // Woken outside the lock: waking may run code that wakes this again.
+        let task = self.task.lock().ok().and_then(|t| t.clone());
+        if let Some(task) = task {
+            task.wake();
+        }
+    }
+}
+
 /// One thing the relay task woke up for.
 enum Step {
     /// The caller's initial direction (the agent's notifications, the session's end).
@@ -1186,7 +1234,10 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
             }
         }
         let step = poll_fn(|cx| {
-            session.relay_waiting.set(false);
+            // Every input is polled with the relay's own waker, so any of them waking the
+            // task tells `announce` that it no longer waits with nothing to do.
+            session.relay.enter(cx.waker());
+            let cx = &mut Context::from_waker(&session.relay_waker);
             if let Poll::Ready(frame) = callee.initial.poll_next(cx) {
                 return Poll::Ready(Step::Initial(frame));
             }
@@ -1226,8 +1277,7 @@ async fn relay(proxy: &Proxy, session: &Rc<ProxySession>, callee: &Callee) {
             if session.poked.replace(false) {
                 return Poll::Ready(Step::Poke);
             }
-            *session.task.borrow_mut() = Some(cx.waker().clone());
-            session.relay_waiting.set(true);
+            session.relay.waiting.store(true, Ordering::Relaxed);
             Poll::Pending
         })
         .await;

@@ -778,6 +778,17 @@ fn a_waiting_session_is_told_of_a_list_change_at_once_and_once_while_unread() {
         // Read: the next change is news again.
         session.announce(ListKind::Tools);
         assert_eq!(list_changes_queued(&life), 1);
+        // Woken by its caller and not run yet, the relay may have something to send
+        // first: the news waits for it and follows what it sends.
+        life.reply
+            .challenge(Challenge::Suspended)
+            .expect("the relay listens");
+        session.announce(ListKind::Tools);
+        assert_eq!(list_changes_queued(&life), 0);
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(list_changes_queued(&life), 1);
         p.stop();
     });
 }

@@ -490,13 +490,8 @@ impl Session {
 /// the task holds back) goes to the task.
 impl Inline for Session {
     fn take(&self, flush: Flush) -> Option<Flush> {
-        let plain = matches!(
-            flush.event,
-            Event::ListChanged(_)
-                | Event::ResourcesUpdated { .. }
-                | Event::Progress { .. }
-                | Event::Notification { .. }
-        );
+        // A server-to-client request is recorded as awaiting the agent's answer, by the task.
+        let plain = for_agent(&flush.event) && !matches!(flush.event, Event::Request { .. });
         // A sender called from inside the session's own code finds its state borrowed.
         let free = self.st.try_borrow_mut().is_ok();
         if !plain || !free || self.is_closed() || self.get_behind() {
@@ -563,6 +558,18 @@ pub(super) fn notification(method: &str, params: Option<&[u8]>) -> BytesMut {
     let mut out = BytesMut::with_capacity(64 + params.map_or(0, <[u8]>::len));
     jsonrpc::write_notification(method, params, &mut out);
     out
+}
+
+/// True for the events the agent is told of: those [`render_event`] renders.
+fn for_agent(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::ListChanged(_)
+            | Event::ResourcesUpdated { .. }
+            | Event::Progress { .. }
+            | Event::Notification { .. }
+            | Event::Request { .. }
+    )
 }
 
 /// Renders an event from the exit as agent-facing JSON; `None` for control events.
@@ -669,6 +676,11 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             }
         };
         match frame {
+            // Events taken in the exit's call may have filled the ring since this task
+            // looked: one for the agent then waits in the stream until the GET took more.
+            Some(Frame::Flush(flush)) if for_agent(&flush.event) && session.get_behind() => {
+                session.lifecycle.reply.unread(Frame::Flush(flush));
+            }
             Some(Frame::Flush(Flush {
                 event: Event::Handoff(handoff),
                 ..
@@ -876,4 +888,210 @@ pub(super) fn sse_head(session: &str) -> [(&'static str, &[u8]); 3] {
         ("cache-control", b"no-cache"),
         ("mcp-session-id", session.as_bytes()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binding::{Exit, Serving};
+    use crate::config::ServerBinding;
+    use crate::stream::{Begin, Callee, Kind, ListKind};
+    use crate::testing::run_local as run;
+
+    /// An exit that serves nothing: the tests hold the session's lifecycle themselves.
+    struct NoExit;
+
+    impl Exit for NoExit {
+        fn serve(&self, _callee: Callee) -> Option<Serving> {
+            None
+        }
+    }
+
+    fn server() -> Rc<Server> {
+        let cfg = ServerBinding {
+            listen: "127.0.0.1:0".parse().expect("an address"),
+            path: "/mcp".into(),
+            exit: "none".into(),
+            origins: None,
+            hosts: None,
+            session_timeout: Duration::from_secs(600),
+            request_timeout: Duration::from_secs(30),
+            tls: None,
+            sessions_store: None,
+            auth: None,
+        };
+        let (inboxes, _receivers) = crate::runtime::inboxes(1);
+        let common = super::super::Common {
+            tls: None,
+            sessions: None,
+            auth: None,
+        };
+        Server::new("north", 0, cfg, 0, Rc::new(NoExit), inboxes, common)
+    }
+
+    /// A session whose lifecycle's exit end the test holds.
+    fn session(server: &Rc<Server>) -> (Rc<Session>, Callee) {
+        let begin = Begin {
+            kind: Kind::Lifecycle,
+            session: Rc::from(""),
+            target: None,
+            target_at: None,
+            method: None,
+            params_len: 0,
+            deadline: Instant::now() + Duration::from_secs(60),
+            progress_token: None,
+            client: None,
+            authorization: None,
+        };
+        let (caller, callee) = crate::stream::open(begin);
+        let reply = ReplyBegin {
+            session: Some(Rc::from("up-1")),
+            caps: Caps::empty(),
+            instructions: None,
+            handoff: None,
+        };
+        let id: Rc<str> = Rc::from("s-1");
+        let session = Session::create(server, id, "2025-11-25", reply, caller, None, None);
+        (session, callee)
+    }
+
+    fn note(n: usize) -> Flush {
+        Flush {
+            id: None,
+            event: Event::Notification {
+                method: Rc::from("notifications/message"),
+                params: Some(Bytes::from(format!(r#"{{"n":{n}}}"#))),
+            },
+        }
+    }
+
+    /// The seqs the ring holds, oldest first.
+    fn ring(session: &Session) -> Vec<u64> {
+        session
+            .st
+            .borrow()
+            .ring
+            .iter()
+            .map(|(seq, _)| *seq)
+            .collect()
+    }
+
+    async fn settle() {
+        for _ in 0..64 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[test]
+    fn events_the_exit_sends_faster_than_a_live_get_takes_wait_in_the_stream() {
+        run(async {
+            let server = server();
+            let (session, callee) = session(&server);
+            settle().await;
+            // A live GET stream that takes nothing.
+            let taken = {
+                let mut st = session.st.borrow_mut();
+                st.get_live = true;
+                st.get_generation = 1;
+                st.get_taken = st.next_seq - 1;
+                st.get_taken
+            };
+            let total = 3 * SESSION_REPLAY_EVENTS_MAX;
+            let exit = tokio::task::spawn_local(async move {
+                for n in 0..total {
+                    if callee.reply.flush(note(n)).await.is_err() {
+                        break;
+                    }
+                }
+                callee
+            });
+            settle().await;
+            // Taken in the exit's call until the ring is full; then held in the stream,
+            // by the lifecycle task too: nothing the GET has not taken is pushed out.
+            let held: Vec<u64> = (taken + 1..=taken + SESSION_REPLAY_EVENTS_MAX as u64).collect();
+            assert_eq!(ring(&session), held);
+            // The GET takes them: the rest follows, a ring at a time.
+            for _ in 0..2 {
+                {
+                    let mut st = session.st.borrow_mut();
+                    st.get_taken = st.next_seq - 1;
+                }
+                session.taken.notify_waiters();
+                settle().await;
+                let last = session.st.borrow().get_taken;
+                let next: Vec<u64> = (last + 1..=last + SESSION_REPLAY_EVENTS_MAX as u64).collect();
+                assert_eq!(ring(&session), next);
+            }
+            assert_eq!(session.st.borrow().next_seq - 1, taken + total as u64);
+            let _callee = exit.await.expect("the exit's task");
+            close(&server, &session, "test over");
+        });
+    }
+
+    #[test]
+    fn a_closed_session_or_a_control_event_is_left_to_the_lifecycle_task() {
+        run(async {
+            let server = server();
+            let (session, _callee) = session(&server);
+            let list = Flush {
+                id: None,
+                event: Event::ListChanged(ListKind::Tools),
+            };
+            assert!(session.take(list.clone()).is_none());
+            let resumable = Flush {
+                id: None,
+                event: Event::Resumable,
+            };
+            assert!(session.take(resumable).is_some());
+            let request = Flush {
+                id: None,
+                event: Event::Request {
+                    id: Bytes::from_static(b"1"),
+                    method: Rc::from("ping"),
+                    params: None,
+                },
+            };
+            assert!(session.take(request).is_some());
+            {
+                let _busy = session.st.borrow_mut();
+                assert!(session.take(list.clone()).is_some());
+            }
+            close(&server, &session, "test over");
+            assert!(session.take(list).is_some());
+        });
+    }
+
+    #[test]
+    fn the_events_for_the_agent_are_those_rendered() {
+        let events = [
+            Event::ListChanged(ListKind::Prompts),
+            Event::ResourcesUpdated {
+                params: Bytes::from_static(b"{}"),
+            },
+            Event::Progress {
+                params: Bytes::from_static(b"{}"),
+            },
+            Event::Notification {
+                method: Rc::from("notifications/message"),
+                params: None,
+            },
+            Event::Request {
+                id: Bytes::from_static(b"7"),
+                method: Rc::from("ping"),
+                params: None,
+            },
+            Event::Resumable,
+            Event::Suspend { retry_ms: 0 },
+            Event::Handoff(Bytes::new()),
+            Event::Recheck { seq: 1 },
+            Event::Rechecked {
+                seq: 1,
+                handoff: Bytes::new(),
+            },
+            Event::Detach,
+        ];
+        for event in &events {
+            assert_eq!(for_agent(event), render_event(event).is_some(), "{event:?}");
+        }
+    }
 }
