@@ -1089,15 +1089,21 @@ fn cached_proxy(fakes: &[(&str, &Rc<Fake>)], store: Arc<dyn Store>, gate: Durati
     )
 }
 
+/// A memory store whose hydration lease the test holds, so nobody hydrates: the lists in
+/// it are the test's.
+async fn store_leased() -> Arc<dyn Store> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(SystemClock)));
+    let lease = store
+        .lock("tools/lifecycle.lock", Duration::from_secs(600))
+        .await;
+    assert!(matches!(lease, Ok(Some(_))));
+    store
+}
+
 #[test]
 fn a_session_that_fell_back_hears_of_the_first_cached_list_only_if_it_differs() {
     run(async {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(SystemClock)));
-        // Nobody hydrates: the lease is the test's.
-        let lease = store
-            .lock("tools/lifecycle.lock", Duration::from_secs(600))
-            .await;
-        assert!(matches!(lease, Ok(Some(_))));
+        let store = store_leased().await;
         let a = Fake::new("a", r#"{"tools":[{"name":"x"}]}"#);
         let p = cached_proxy(&[("kit", &a)], store.clone(), Duration::from_millis(200));
         // The cache is not ready within the gate: both sessions open the route live.
@@ -1150,12 +1156,7 @@ fn a_session_that_fell_back_hears_of_the_first_cached_list_only_if_it_differs() 
 #[test]
 fn a_list_change_reaches_more_sessions_than_a_batch_each_once() {
     run(async {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(SystemClock)));
-        // Nobody hydrates: the lease is the test's, and so are the lists.
-        let lease = store
-            .lock("tools/lifecycle.lock", Duration::from_secs(600))
-            .await;
-        assert!(matches!(lease, Ok(Some(_))));
+        let store = store_leased().await;
         let list = |name: &'static str| {
             let fragment = Bytes::from(format!(r#"{{"name":"kit__{name}"}}"#));
             cache::encode_list("tools", &["kit"], &[Some(fragment)])

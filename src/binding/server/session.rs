@@ -895,7 +895,7 @@ mod tests {
     use super::*;
     use crate::binding::{Exit, Serving};
     use crate::config::ServerBinding;
-    use crate::stream::{Begin, Callee, Kind, ListKind};
+    use crate::stream::{Begin, Callee, ClientHello, ListKind};
     use crate::testing::run_local as run;
 
     /// An exit that serves nothing: the tests hold the session's lifecycle themselves.
@@ -931,18 +931,14 @@ mod tests {
 
     /// A session whose lifecycle's exit end the test holds.
     fn session(server: &Rc<Server>) -> (Rc<Session>, Callee) {
-        let begin = Begin {
-            kind: Kind::Lifecycle,
-            session: Rc::from(""),
-            target: None,
-            target_at: None,
-            method: None,
-            params_len: 0,
-            deadline: Instant::now() + Duration::from_secs(60),
-            progress_token: None,
-            client: None,
+        let hello = ClientHello {
+            capabilities: Bytes::from_static(b"{}"),
+            protocol_version: "2025-11-25",
             authorization: None,
+            adopt: None,
+            shared: false,
         };
+        let begin = Begin::lifecycle(hello, Instant::now() + Duration::from_secs(60));
         let (caller, callee) = crate::stream::open(begin);
         let reply = ReplyBegin {
             session: Some(Rc::from("up-1")),
