@@ -1397,6 +1397,11 @@ fn pending_flushes(proxy: &Proxy, session: &ProxySession) -> Vec<Flush> {
             event: Event::Recheck { seq: asked },
         });
     }
+    // A list change during a resume round follows the round's answer: the caller's new
+    // stream starts after that answer, so one before it would never reach the agent.
+    if session.round.borrow().open() {
+        return out;
+    }
     let lists = session.list_changed.replace([false; 3]);
     for (changed, kind) in
         lists

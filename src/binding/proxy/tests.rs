@@ -37,6 +37,9 @@ struct Fake {
     refuse: RefCell<Option<Reset>>,
     /// The tools/list result this fake answers with.
     tools: &'static str,
+    /// While set, events (and the answer to a resume) wait in `events`: a route slow to
+    /// answer.
+    held: Cell<bool>,
 }
 
 impl Fake {
@@ -48,6 +51,7 @@ impl Fake {
             ready: Notify::new(),
             refuse: RefCell::new(None),
             tools,
+            held: Cell::new(false),
         })
     }
 
@@ -116,7 +120,7 @@ async fn fake_lifecycle(fake: Rc<Fake>, callee: Callee) {
         return;
     }
     loop {
-        loop {
+        while !fake.held.get() {
             let Some(flush) = fake.events.borrow_mut().pop_front() else {
                 break;
             };
@@ -144,9 +148,7 @@ async fn fake_lifecycle(fake: Rc<Fake>, callee: Callee) {
                 Some(Throttle::Challenge(Challenge::Resume { last_event_id })) => {
                     fake.note(format!("resume {}", last_event_id.as_deref().unwrap_or("-")));
                     let flush = Flush { id: None, event: Event::Resumable };
-                    if callee.reply.flush(flush).await.is_err() {
-                        return;
-                    }
+                    fake.events.borrow_mut().push_back(flush);
                 }
                 Some(Throttle::Challenge(Challenge::Answer { id, .. })) => {
                     fake.note(format!("answer {}", String::from_utf8_lossy(&id)));
@@ -789,6 +791,42 @@ fn a_waiting_session_is_told_of_a_list_change_at_once_and_once_while_unread() {
             tokio::task::yield_now().await;
         }
         assert_eq!(list_changes_queued(&life), 1);
+        p.stop();
+    });
+}
+
+#[test]
+fn a_list_change_during_a_resume_round_follows_the_rounds_answer() {
+    run(async {
+        let a = Fake::new("a", "{}");
+        let p = proxy(&[("solo", &a)], None);
+        let (life, reply) = connect(&p, None).await;
+        let id = reply.session.expect("id");
+        a.saw("initialize auth=None").await;
+        let session = p.sessions.borrow().get(&id).cloned().expect("the session");
+        // The agent's GET asks to resume; the route is slow to answer.
+        a.held.set(true);
+        life.reply
+            .challenge(Challenge::Resume {
+                last_event_id: None,
+            })
+            .expect("the relay listens");
+        a.saw("resume -").await;
+        session.announce(ListKind::Tools);
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            life.reply.try_next().is_none(),
+            "nothing goes before the round's answer"
+        );
+        a.held.set(false);
+        a.ready.notify_one();
+        assert!(matches!(next_flush(&life).await.event, Event::Resumable));
+        assert!(matches!(
+            next_flush(&life).await.event,
+            Event::ListChanged(ListKind::Tools)
+        ));
         p.stop();
     });
 }
