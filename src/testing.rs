@@ -88,6 +88,13 @@ pub fn run_local<F: std::future::Future>(f: F) -> F::Output {
     })
 }
 
+/// Lets the other tasks of a [`run_local`] test run for `turns` turns of its loop.
+pub async fn settle(turns: usize) {
+    for _ in 0..turns {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A CA, written to a directory of its own, that signs leaf certificates.
 pub struct Ca {
     /// Its files and its leaves' (removed on drop).

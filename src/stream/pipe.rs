@@ -125,7 +125,7 @@ impl Shared {
     fn offer(&self, flush: Flush) -> Option<Flush> {
         let taker = {
             let d = self.borrow();
-            if d.refused || d.half != Half::Open || !d.frames.is_empty() {
+            if !d.open() || !d.frames.is_empty() {
                 return Some(flush);
             }
             d.inline.as_ref().and_then(Weak::upgrade)
@@ -136,12 +136,26 @@ impl Shared {
             None => Some(flush),
         }
     }
+
+    /// Hands `flush` to the receiver's taker, or queues it if the direction is open and
+    /// its queue has room; false otherwise.
+    fn try_flush(&self, flush: Flush) -> bool {
+        match self.offer(flush) {
+            None => true,
+            Some(flush) => self.borrow_mut().try_flush(flush),
+        }
+    }
 }
 
 impl Direction {
+    /// Sends are still taken: the receiver has not refused and the sender not closed.
+    fn open(&self) -> bool {
+        !self.refused && self.half == Half::Open
+    }
+
     /// Queues a FLUSH if the direction is open and its queue has room.
     fn try_flush(&mut self, flush: Flush) -> bool {
-        if self.refused || self.half != Half::Open || self.frames.len() >= STREAM_FRAMES_MAX {
+        if !self.open() || self.frames.len() >= STREAM_FRAMES_MAX {
             return false;
         }
         self.frames.push_back(Frame::Flush(flush));
@@ -301,10 +315,7 @@ impl Sender {
     /// Queues a typed event without waiting, for senders that must not wait (several
     /// tasks may share this sender); false if the queue is full or the direction is over.
     pub fn try_flush(&self, flush: Flush) -> bool {
-        match self.dir.offer(flush) {
-            None => true,
-            Some(flush) => self.dir.borrow_mut().try_flush(flush),
-        }
+        self.dir.try_flush(flush)
     }
 
     /// A handle through which other tasks queue events on this direction without keeping
@@ -410,22 +421,15 @@ impl SenderHandle {
             pair,
             reply: self.reply,
         };
-        {
-            // A dropped sender closed the direction, so this fails then too.
+        // A dropped sender closed the direction, so this fails then too.
+        let told = {
             let d = dir.borrow();
-            let open = !d.refused && d.half == Half::Open;
-            let told = d
-                .frames
-                .iter()
-                .any(|f| matches!(f, Frame::Flush(f) if same(f)));
-            if open && told {
-                return true;
-            }
-        }
-        match dir.offer(flush) {
-            None => true,
-            Some(flush) => dir.borrow_mut().try_flush(flush),
-        }
+            d.open()
+                && d.frames
+                    .iter()
+                    .any(|f| matches!(f, Frame::Flush(f) if same(f)))
+        };
+        told || dir.try_flush(flush)
     }
 }
 

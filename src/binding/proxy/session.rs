@@ -276,11 +276,10 @@ impl ProxySession {
     /// Tells the agent (once, however often it is asked before the relay runs) that `list`
     /// changed.
     pub fn announce(&self, list: ListKind) {
-        // A relay task that waits, not woken since, with no resume round open (whose
-        // answer the agent's new GET stream starts after), has nothing to send that this
-        // could overtake.
+        // A relay task that waits, not woken since (a poke wakes it too), with no resume
+        // round open (whose answer the agent's new GET stream starts after), has nothing
+        // to send that this could overtake.
         if self.relay.waiting.load(Ordering::Relaxed)
-            && !self.poked.get()
             && !self.round.borrow().open()
             && let Some(direct) = self.direct.borrow().as_ref()
         {

@@ -22,7 +22,7 @@ use tokio::time::timeout;
 /// Longest a test waits for a frame.
 const WAIT: Duration = Duration::from_secs(5);
 
-use crate::testing::run_local as run;
+use crate::testing::{run_local as run, settle};
 
 /// A scripted route exit: it records what reaches it and lets the test emit lifecycle
 /// events.
@@ -768,9 +768,7 @@ fn a_waiting_session_is_told_of_a_list_change_at_once_and_once_while_unread() {
         let (life, reply) = connect(&p, None).await;
         let id = reply.session.expect("id");
         // The relay task reaches its wait.
-        for _ in 0..8 {
-            tokio::task::yield_now().await;
-        }
+        settle(8).await;
         assert_eq!(list_changes_queued(&life), 0);
         let session = p.sessions.borrow().get(&id).cloned().expect("the session");
         // Queued by the caller of `announce` itself: no turn of the relay task between.
@@ -787,9 +785,7 @@ fn a_waiting_session_is_told_of_a_list_change_at_once_and_once_while_unread() {
             .expect("the relay listens");
         session.announce(ListKind::Tools);
         assert_eq!(list_changes_queued(&life), 0);
-        for _ in 0..8 {
-            tokio::task::yield_now().await;
-        }
+        settle(8).await;
         assert_eq!(list_changes_queued(&life), 1);
         p.stop();
     });
@@ -813,9 +809,7 @@ fn a_list_change_during_a_resume_round_follows_the_rounds_answer() {
             .expect("the relay listens");
         a.saw("resume -").await;
         session.announce(ListKind::Tools);
-        for _ in 0..8 {
-            tokio::task::yield_now().await;
-        }
+        settle(8).await;
         assert!(
             life.reply.try_next().is_none(),
             "nothing goes before the round's answer"

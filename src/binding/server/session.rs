@@ -896,7 +896,7 @@ mod tests {
     use crate::binding::{Exit, Serving};
     use crate::config::ServerBinding;
     use crate::stream::{Begin, Callee, ClientHello, ListKind};
-    use crate::testing::run_local as run;
+    use crate::testing::{run_local as run, settle};
 
     /// An exit that serves nothing: the tests hold the session's lifecycle themselves.
     struct NoExit;
@@ -972,18 +972,12 @@ mod tests {
             .collect()
     }
 
-    async fn settle() {
-        for _ in 0..64 {
-            tokio::task::yield_now().await;
-        }
-    }
-
     #[test]
     fn events_the_exit_sends_faster_than_a_live_get_takes_wait_in_the_stream() {
         run(async {
             let server = server();
             let (session, callee) = session(&server);
-            settle().await;
+            settle(64).await;
             // A live GET stream that takes nothing.
             let taken = {
                 let mut st = session.st.borrow_mut();
@@ -1001,7 +995,7 @@ mod tests {
                 }
                 callee
             });
-            settle().await;
+            settle(64).await;
             // Taken in the exit's call until the ring is full; then held in the stream,
             // by the lifecycle task too: nothing the GET has not taken is pushed out.
             let held: Vec<u64> = (taken + 1..=taken + SESSION_REPLAY_EVENTS_MAX as u64).collect();
@@ -1013,7 +1007,7 @@ mod tests {
                     st.get_taken = st.next_seq - 1;
                 }
                 session.taken.notify_waiters();
-                settle().await;
+                settle(64).await;
                 let last = session.st.borrow().get_taken;
                 let next: Vec<u64> = (last + 1..=last + SESSION_REPLAY_EVENTS_MAX as u64).collect();
                 assert_eq!(ring(&session), next);
