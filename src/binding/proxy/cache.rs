@@ -433,7 +433,7 @@ impl Cache {
             Some(before) => News::Changed(before.changed(&list)),
             None => News::First(list, at),
         };
-        proxy.announce(announced(kind), news);
+        proxy.announce(at, announced(kind), news);
     }
 }
 

@@ -137,6 +137,10 @@ pub struct Proxy {
     minted: Cell<u64>,
     /// The list cache, when the binding has one.
     cache: Option<cache::Cache>,
+    /// Per cached list (by slot): `None` while no pass of [`Proxy::announce`] is under
+    /// way; else the routes changed since that pass began, which the pass takes on next.
+    /// So a list has at most one announcing task, however fast its changes come.
+    announcing: [Cell<Option<cache::Routes>>; cache::KINDS.len()],
 }
 
 /// Sessions told of a list change in one turn of the worker (see [`Proxy::announce`]).
@@ -213,6 +217,7 @@ impl Proxy {
             worker,
             minted: Cell::new(0),
             cache: cache.map(|setup| cache::Cache::new(name, setup)),
+            announcing: Default::default(),
         });
         hydrate::start(&proxy);
         proxy
@@ -230,26 +235,65 @@ impl Proxy {
         Some(found?.for_session(session.hidden()))
     }
 
-    /// Tells the agent sessions of this worker for which `news` is news that `list`
-    /// changed. A session waiting for news is told in this call (the watcher's, see
-    /// `ProxySession::announce`), so a worker with many sessions tells them
-    /// [`ANNOUNCE_BATCH`] at a time, and its connections are served between batches.
-    fn announce(&self, list: ListKind, news: cache::News) {
-        let sessions: Vec<Rc<ProxySession>> = self
-            .sessions
+    /// The sessions of this worker served cached lists.
+    fn cached_sessions(&self) -> Vec<Rc<ProxySession>> {
+        self.sessions
             .borrow()
             .values()
             .filter(|s| s.lists == Lists::Cached)
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Tells the agent sessions of this worker for which `news` is news that `list` (the
+    /// cached list in slot `at`) changed. A session waiting for news is told in this call
+    /// (the watcher's, see `ProxySession::announce`), so a worker with many sessions tells
+    /// them [`ANNOUNCE_BATCH`] at a time in a task, and its connections are served between
+    /// batches. A change that comes while that task is under way joins it: once through
+    /// the sessions, the task goes through them again for the routes changed meanwhile.
+    fn announce(&self, at: usize, list: ListKind, news: cache::News) {
+        let Some(pass) = self.announcing.get(at) else {
+            return;
+        };
+        if let Some(pending) = pass.get() {
+            // The first value of a list is its first news, so no pass can be under way.
+            let cache::News::Changed(routes) = news else {
+                unreachable!("a first value of a list announced twice");
+            };
+            pass.set(Some(pending | routes));
+            return;
+        }
+        let sessions = self.cached_sessions();
         if sessions.len() <= ANNOUNCE_BATCH {
             tell(&sessions, list, &news);
             return;
         }
+        pass.set(Some(0));
+        let me = self.me.clone();
         tokio::task::spawn_local(async move {
-            for batch in sessions.chunks(ANNOUNCE_BATCH) {
-                tell(batch, list, &news);
-                tokio::task::yield_now().await;
+            let (mut sessions, mut news) = (sessions, news);
+            loop {
+                for batch in sessions.chunks(ANNOUNCE_BATCH) {
+                    tell(batch, list, &news);
+                    tokio::task::yield_now().await;
+                }
+                let Some(proxy) = me.upgrade() else {
+                    return;
+                };
+                let Some(pass) = proxy.announcing.get(at) else {
+                    return;
+                };
+                match pass.get() {
+                    Some(routes) if routes != 0 => {
+                        pass.set(Some(0));
+                        news = cache::News::Changed(routes);
+                        sessions = proxy.cached_sessions();
+                    }
+                    _ => {
+                        pass.set(None);
+                        return;
+                    }
+                }
             }
         });
     }

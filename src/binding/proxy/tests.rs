@@ -1185,53 +1185,106 @@ fn a_session_that_fell_back_hears_of_the_first_cached_list_only_if_it_differs() 
     });
 }
 
+/// A tools list of one tool named `name`, as the cache stores it (one route, `kit`).
+fn kit_list(name: &str) -> Bytes {
+    let fragment = Bytes::from(format!(r#"{{"name":"kit__{name}"}}"#));
+    cache::encode_list("tools", &["kit"], &[Some(fragment)])
+}
+
+/// A caching proxy over a leased store holding every list (tools: `kit_list("x")`), and
+/// `count` agent sessions on it.
+async fn cached_fleet(count: usize) -> (Arc<dyn Store>, Rc<Proxy>, Vec<Caller>) {
+    let store = store_leased().await;
+    store
+        .put("tools/tools", kit_list("x"))
+        .await
+        .expect("a put");
+    // The other kinds, empty: the cache is ready once every kind is there.
+    for (key, array) in [
+        ("tools/prompts", "prompts"),
+        ("tools/resources", "resources"),
+        ("tools/resources/templates", "resourceTemplates"),
+    ] {
+        let empty = cache::encode_list(array, &["kit"], &[None]);
+        store.put(key, empty).await.expect("a put");
+    }
+    let caps = cache::StoredCaps {
+        caps: vec![Caps::TOOLS.0 | Caps::TOOLS_LIST_CHANGED.0],
+        instructions: vec![None],
+    };
+    let caps = serde_json::to_vec(&caps).expect("caps as JSON");
+    store
+        .put("tools/caps", Bytes::from(caps))
+        .await
+        .expect("a put");
+    let a = Fake::new("a", r#"{"tools":[{"name":"x"}]}"#);
+    let p = cached_proxy(&[("kit", &a)], store.clone(), Duration::from_secs(5));
+    let mut lives = Vec::new();
+    for _ in 0..count {
+        lives.push(connect(&p, None).await.0);
+    }
+    (store, p, lives)
+}
+
+/// Each of `lives` gets one `tools/list_changed`, then nothing more.
+async fn told_once_each(lives: &[Caller]) {
+    for life in lives {
+        let flush = next_flush(life).await;
+        assert!(
+            matches!(flush.event, Event::ListChanged(ListKind::Tools)),
+            "{flush:?}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(lives.iter().all(|life| life.reply.try_next().is_none()));
+}
+
 #[test]
 fn a_list_change_reaches_more_sessions_than_a_batch_each_once() {
     run(async {
-        let store = store_leased().await;
-        let list = |name: &'static str| {
-            let fragment = Bytes::from(format!(r#"{{"name":"kit__{name}"}}"#));
-            cache::encode_list("tools", &["kit"], &[Some(fragment)])
-        };
-        store.put("tools/tools", list("x")).await.expect("a put");
-        // The other kinds, empty: the cache is ready once every kind is there.
-        for (key, array) in [
-            ("tools/prompts", "prompts"),
-            ("tools/resources", "resources"),
-            ("tools/resources/templates", "resourceTemplates"),
-        ] {
-            let empty = cache::encode_list(array, &["kit"], &[None]);
-            store.put(key, empty).await.expect("a put");
-        }
-        let caps = cache::StoredCaps {
-            caps: vec![Caps::TOOLS.0 | Caps::TOOLS_LIST_CHANGED.0],
-            instructions: vec![None],
-        };
-        let caps = serde_json::to_vec(&caps).expect("caps as JSON");
+        let count = ANNOUNCE_BATCH + 44;
+        let (store, p, lives) = cached_fleet(count).await;
+        let told_before = proxy_metrics::with(|m| m.cache.notifications);
         store
-            .put("tools/caps", Bytes::from(caps))
+            .put("tools/tools", kit_list("y"))
             .await
             .expect("a put");
-        let a = Fake::new("a", r#"{"tools":[{"name":"x"}]}"#);
-        let p = cached_proxy(&[("kit", &a)], store.clone(), Duration::from_secs(5));
-        let count = ANNOUNCE_BATCH + 44;
-        let mut lives = Vec::new();
-        for _ in 0..count {
-            lives.push(connect(&p, None).await.0);
-        }
-        let told_before = proxy_metrics::with(|m| m.cache.notifications);
-        store.put("tools/tools", list("y")).await.expect("a put");
-        for life in &lives {
-            let flush = next_flush(life).await;
-            assert!(
-                matches!(flush.event, Event::ListChanged(ListKind::Tools)),
-                "{flush:?}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(lives.iter().all(|life| life.reply.try_next().is_none()));
+        told_once_each(&lives).await;
         let told = proxy_metrics::with(|m| m.cache.notifications) - told_before;
         assert_eq!(told, count as u64);
+        p.stop();
+    });
+}
+
+#[test]
+fn changes_faster_than_the_batches_join_the_one_pass_under_way() {
+    run(async {
+        let count = 2 * ANNOUNCE_BATCH + 10;
+        let (_store, p, lives) = cached_fleet(count).await;
+        let at = cache::slot(Kind::ToolsList).expect("a cached kind");
+        let told_before = proxy_metrics::with(|m| m.cache.notifications);
+        // A storm of changes, all before the first batch task runs: one task, which goes
+        // through the sessions twice (the first change, then the rest joined).
+        for _ in 0..50 {
+            p.announce(at, ListKind::Tools, cache::News::Changed(1));
+        }
+        assert_eq!(p.announcing[at].get(), Some(1));
+        // Two passes of three batches, each batch a turn.
+        for _ in 0..100 {
+            if p.announcing[at].get().is_none() {
+                break;
+            }
+            settle(1).await;
+        }
+        assert_eq!(p.announcing[at].get(), None);
+        told_once_each(&lives).await;
+        let told = proxy_metrics::with(|m| m.cache.notifications) - told_before;
+        assert_eq!(told, 2 * count as u64);
+        // A change after the pass ended starts a new one.
+        p.announce(at, ListKind::Tools, cache::News::Changed(1));
+        told_once_each(&lives).await;
+        let told = proxy_metrics::with(|m| m.cache.notifications) - told_before;
+        assert_eq!(told, 3 * count as u64);
         p.stop();
     });
 }
