@@ -503,15 +503,7 @@ fn an_agent_that_stops_reading_a_large_answer_is_cut_off_at_the_deadline() {
 
 /// How many `tools/list` requests ended cancelled (`mcpyard_request_seconds`), now.
 fn cancelled_lists(gw: &Gateway) -> u64 {
-    support::scrape(gw)
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(
-                "mcpyard_request_seconds_count{method=\"tools/list\",outcome=\"cancelled\"} ",
-            )
-        })
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    support::requests_counted(&support::scrape(gw), "tools/list", "cancelled")
 }
 
 /// `mcpyard_write_deadline_cuts_total` now.

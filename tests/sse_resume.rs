@@ -161,6 +161,66 @@ fn request_stream_resumes_on_get_with_last_event_id() {
     });
 }
 
+/// `tools/call` requests counted ok and cancelled, now.
+fn call_outcomes(gw: &Gateway) -> (u64, u64) {
+    let text = support::scrape(gw);
+    (
+        support::requests_counted(&text, "tools/call", "ok"),
+        support::requests_counted(&text, "tools/call", "cancelled"),
+    )
+}
+
+#[test]
+fn a_request_stream_its_agent_left_counts_cancelled_and_a_resumed_one_ok() {
+    for mode in support::MODES {
+        eprintln!("--- mode {mode:?}");
+        // A detached stream's exit waits for credit until the agent resumes, or until
+        // the request's deadline, which is made short here.
+        let gw = &Gateway::start_north(
+            mode,
+            ", request_timeout: 2s",
+            "  exit: {kind: demo, progress_interval: 20ms}\n",
+        );
+        let session = gw.initialize();
+        let (ok, cancelled) = call_outcomes(gw);
+        // The agent reads one progress event and goes for good: nothing reaches it, not
+        // the result and not the timeout's error, so the request is cancelled.
+        let (_, mut events) = open_events(
+            gw,
+            &gw.post_bytes(Some(&session), &[], &progress_call(21, 5, Some("1"))),
+        );
+        priming(&mut events);
+        events.expect();
+        drop(events);
+        support::scrape_until(gw, "the left request counted cancelled", |text| {
+            support::requests_counted(text, "tools/call", "cancelled") == cancelled + 1
+        });
+        assert_eq!(call_outcomes(gw), (ok, cancelled + 1));
+        // The agent goes and comes back with a GET resuming the stream: it gets the
+        // result, so the request is `ok`.
+        let (_, mut events) = open_events(
+            gw,
+            &gw.post_bytes(Some(&session), &[], &progress_call(22, 5, Some("2"))),
+        );
+        let stream = priming(&mut events);
+        events.expect();
+        drop(events);
+        let last = format!("{stream}.1");
+        let (_, mut resumed) = open_events(
+            gw,
+            &gw.get_bytes(&session, &[("last-event-id", last.as_str())]),
+        );
+        for step in 2..=5 {
+            assert_progress(&resumed.expect(), stream, step, 5, &serde_json::json!(2));
+        }
+        assert_progress_result(&resumed.expect(), stream, 6, 22, 5);
+        support::scrape_until(gw, "the resumed request counted ok", |text| {
+            support::requests_counted(text, "tools/call", "ok") == ok + 1
+        });
+        assert_eq!(call_outcomes(gw), (ok + 1, cancelled + 1));
+    }
+}
+
 #[test]
 fn cancelled_request_stream_ends_without_result() {
     each_mode(|gw| {

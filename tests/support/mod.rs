@@ -609,6 +609,17 @@ pub fn scrape(gw: &Gateway) -> String {
     r.text()
 }
 
+/// How many `method` requests ended with `outcome` (`mcpyard_request_seconds`), in the
+/// scraped `text`.
+pub fn requests_counted(text: &str, method: &str, outcome: &str) -> u64 {
+    let series =
+        format!("mcpyard_request_seconds_count{{method=\"{method}\",outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// How long a scrape may take to show what a finished exchange recorded: a request's
 /// metrics are recorded just after its response is written, so a scrape sent as soon as
 /// the response arrives can come first.

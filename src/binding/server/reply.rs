@@ -92,27 +92,27 @@ struct Render<'a> {
     parts: Vec<Bytes>,
     /// `auth` rules: a list result loses the items this caller may not see on its way.
     filter: Option<ListFilter<'a>>,
-    /// A write of a JSON reply failed (the agent went, or its write was cut at the
-    /// deadline): whatever happens next, the agent gets no answer.
+    /// The agent's connection for this reply failed a write (it went, or its write was
+    /// cut at the deadline) or went away, and no resuming GET took the stream up since:
+    /// an answer now would reach nobody. A JSON reply, once lost, stays lost; an SSE reply
+    /// is found again when a GET with its `Last-Event-ID` attaches and replays it.
     lost: bool,
 }
 
 impl Render<'_> {
-    /// Lets go of a sink whose write failed. An SSE reply may be picked up again by a
-    /// resuming GET; a JSON reply is lost.
+    /// Lets go of a sink whose write failed or whose agent went. An SSE reply may be
+    /// picked up again by a resuming GET ([`Render::attach`]); a JSON reply is lost.
     fn lose_sink(&mut self) {
         self.sink = None;
-        if self.mode != Mode::Sse {
-            self.lost = true;
-        }
+        self.lost = true;
     }
 
-    /// The outcome of a reply whose answer was written: cancelled when its agent could
-    /// not take it ([`Render::lose_sink`]).
-    fn answered(&self) -> Outcome {
+    /// The outcome of a reply whose answer (`outcome`: a result or an error) was written:
+    /// cancelled when it reached no agent ([`Render::lost`]).
+    fn reached(&self, outcome: Outcome) -> Outcome {
         match self.lost {
             true => Outcome::Cancelled,
-            false => Outcome::Ok,
+            false => outcome,
         }
     }
 
@@ -198,6 +198,8 @@ impl Render<'_> {
         if let Some(old) = self.sink.replace(sink) {
             let _ = old.finish().await;
         }
+        // Found again; a failed write of the replay below loses it anew.
+        self.lost = false;
         let missed: Vec<Bytes> = self
             .ring
             .iter()
@@ -222,15 +224,18 @@ impl Render<'_> {
                         ("content-type", b"application/json"),
                         ("mcp-session-id", self.session.id.as_bytes()),
                     ];
-                    let _ = sink.respond(200, &headers, &body).await;
+                    if sink.respond(200, &headers, &body).await.is_err() {
+                        self.lost = true;
+                    }
                 }
             }
             Mode::Sse if !self.result_started => {
                 self.emit(&body).await;
                 self.finish().await;
             }
-            // A body is half written: the only honest end is an abort (drop).
-            _ => self.sink = None,
+            // A body is half written: the only honest end is an abort (drop), and no
+            // answer reaches the agent.
+            _ => self.lose_sink(),
         }
     }
 
@@ -489,8 +494,15 @@ impl Render<'_> {
                 };
                 w.write(jsonrpc::RESULT_SUFFIX, &mut out);
                 w.finish(&mut out);
-                if let Some(sink) = self.sink.take() {
-                    let _ = sink.finish_of([Piece::Copy(&out)]).await;
+                // The result's last event: without a connection to take it, or with its
+                // write failed, the reply ends here and nobody can resume it.
+                match self.sink.take() {
+                    Some(sink) => {
+                        if sink.finish_of([Piece::Copy(&out)]).await.is_err() {
+                            self.lost = true;
+                        }
+                    }
+                    None => self.lost = true,
                 }
             }
         }
@@ -604,7 +616,7 @@ pub async fn pump(
                 }
                 r.error(jsonrpc::INTERNAL_ERROR, "Request timed out", None)
                     .await;
-                return Outcome::Error;
+                return r.reached(Outcome::Error);
             }
             Step::SessionClosed => {
                 caller.reply.reset(Reset::Plain);
@@ -613,7 +625,7 @@ pub async fn pump(
                 return Outcome::Cancelled;
             }
             Step::Detached => {
-                r.sink = None;
+                r.lose_sink();
                 let _ = caller.reply.challenge(Challenge::Suspended);
             }
             Step::Frame(Some(Frame::Begin(_))) => {}
@@ -647,18 +659,18 @@ pub async fn pump(
                 // loses the sink, and the timeout above ends the reply.
                 if r.on_data(d).await {
                     caller.initial.end();
-                    return r.answered();
+                    return r.reached(Outcome::Ok);
                 }
             }
             Step::Frame(Some(Frame::End)) => {
                 caller.initial.end();
                 r.on_end().await;
-                return r.answered();
+                return r.reached(Outcome::Ok);
             }
             Step::Frame(Some(Frame::Abort) | None) => {
                 r.on_abort().await;
                 caller.initial.abort();
-                return Outcome::Error;
+                return r.reached(Outcome::Error);
             }
         }
     }
