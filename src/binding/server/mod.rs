@@ -31,7 +31,7 @@ use crate::runtime::Inboxes;
 use crate::store::Store;
 use net::Request;
 use session::Session;
-use sink::{ConnShared, Handoff, Part, Sink};
+use sink::{ConnShared, Handoff, Part, Sink, Verdict};
 use std::cell::{Cell, RefCell};
 use std::net::IpAddr;
 use std::rc::Rc;
@@ -313,6 +313,7 @@ async fn relay(
     handoff: Arc<Handoff>,
 ) {
     let _ = shared; // the sink holds the connection; kept for symmetry of ownership
+    let mut verdict = Verdict::new(handoff.clone());
     loop {
         let part = tokio::select! {
             biased;
@@ -332,6 +333,7 @@ async fn relay(
                 Some(Part::Parts(parts)) => sink.write_raw_parts(parts).await.is_ok(),
                 Some(Part::End { keep_alive }) => {
                     sink.complete_raw(keep_alive);
+                    verdict.written();
                     false
                 }
                 // The owner dropped the response unfinished: dropping the sink aborts.

@@ -16,6 +16,7 @@ use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -237,7 +238,16 @@ pub struct Handoff {
     pub aborted: tokio::sync::Notify,
     /// The response's deadline ([`Sink::bound_until`]), once it has one.
     until: std::sync::Mutex<Option<Instant>>,
+    /// The relay's verdict: [`VERDICT_PENDING`] while it writes, then whether the whole
+    /// response reached the connection ([`VERDICT_WRITTEN`]) or not ([`VERDICT_FAILED`]).
+    verdict: AtomicU8,
+    /// Told once, when the verdict is in (a permit: the owner may wait after it came).
+    settled: tokio::sync::Notify,
 }
+
+const VERDICT_PENDING: u8 = 0;
+const VERDICT_WRITTEN: u8 = 1;
+const VERDICT_FAILED: u8 = 2;
 
 impl Handoff {
     /// The response's deadline, if it has one yet.
@@ -255,6 +265,57 @@ impl Handoff {
         self.until
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The relay's verdict: `written`, the whole response reached the connection (its end
+    /// included), or not. Given once, by [`Verdict`]'s drop.
+    fn settle(&self, written: bool) {
+        let verdict = if written {
+            VERDICT_WRITTEN
+        } else {
+            VERDICT_FAILED
+        };
+        self.verdict.store(verdict, Ordering::Release);
+        self.settled.notify_one();
+    }
+
+    /// Waits for the relay's verdict: true if the whole response reached the connection.
+    /// The relay's writes are bounded (by the response's deadline, else each by the
+    /// connection's write limit), and it gives a verdict however it stops.
+    async fn written(&self) -> bool {
+        loop {
+            match self.verdict.load(Ordering::Acquire) {
+                VERDICT_PENDING => self.settled.notified().await,
+                verdict => return verdict == VERDICT_WRITTEN,
+            }
+        }
+    }
+}
+
+/// The relay's side of a [`Handoff`]'s verdict: failed unless [`Verdict::written`] was
+/// called, however the relay stops (its task may be dropped at a worker's end).
+pub struct Verdict {
+    handoff: Arc<Handoff>,
+    written: bool,
+}
+
+impl Verdict {
+    pub fn new(handoff: Arc<Handoff>) -> Verdict {
+        Verdict {
+            handoff,
+            written: false,
+        }
+    }
+
+    /// The response's end reached the connection, every byte before it written.
+    pub fn written(&mut self) {
+        self.written = true;
+    }
+}
+
+impl Drop for Verdict {
+    fn drop(&mut self) {
+        self.handoff.settle(self.written);
     }
 }
 
@@ -553,10 +614,15 @@ impl Sink {
                 }
                 Ok(())
             }
-            Out::Remote { tx, ended, .. } => {
+            Out::Remote { tx, ended, handoff } => {
                 tx.send(Part::End { keep_alive }).await.map_err(|_| Gone)?;
                 *ended = true;
-                Ok(())
+                // Done when the relay wrote it, as a local response is: a write cut there
+                // (an agent that stopped reading) fails this response here too.
+                match handoff.written().await {
+                    true => Ok(()),
+                    false => Err(Gone),
+                }
             }
         }
     }
@@ -696,7 +762,7 @@ mod tests {
             let length = format!("content-length: {}\r\n\r\n", want_body.len());
 
             let (tx, rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, Default::default(), true);
+            let sink = Sink::from_channel(tx, relayed(true), true);
             assert!(sink.respond_of(200, &headers, &body).await.is_ok());
             let got = sent(rx);
             let split = got
@@ -714,9 +780,46 @@ mod tests {
 
             let fields = http::response_head_fields(200, &headers).expect("fields");
             let (tx, rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, Default::default(), true);
+            let sink = Sink::from_channel(tx, relayed(true), true);
             assert!(sink.respond_with_fields(&fields, &body).await.is_ok());
             assert_eq!(sent(rx), got, "the same bytes either way");
+        });
+    }
+
+    /// A handoff whose relay already gave its verdict: `written`, or not.
+    fn relayed(written: bool) -> Arc<Handoff> {
+        let handoff = Arc::new(Handoff::default());
+        let mut verdict = Verdict::new(handoff.clone());
+        if written {
+            verdict.written();
+        }
+        handoff
+    }
+
+    /// A response handed to another worker is done when the relay there wrote it: one
+    /// whose relay failed (its agent stopped reading, or went) fails, and one still being
+    /// written is not done yet.
+    #[test]
+    fn a_remote_response_is_done_when_its_relay_wrote_it() {
+        crate::testing::run_local(async {
+            let (tx, _rx) = mpsc::channel(8);
+            let sink = Sink::from_channel(tx, relayed(false), true);
+            assert!(sink.respond(200, &[], b"{}").await.is_err());
+
+            let handoff = Arc::new(Handoff::default());
+            let verdict = Verdict::new(handoff.clone());
+            let (tx, _rx) = mpsc::channel(8);
+            let sink = Sink::from_channel(tx, handoff, true);
+            let mut respond = std::pin::pin!(sink.respond(200, &[], b"{}"));
+            let pending =
+                std::future::poll_fn(|cx| Poll::Ready(respond.as_mut().poll(cx).is_pending()))
+                    .await;
+            assert!(pending, "done before the relay wrote it");
+            drop(verdict);
+            assert!(
+                respond.await.is_err(),
+                "the relay stopped without writing it"
+            );
         });
     }
 
@@ -755,7 +858,7 @@ mod tests {
             drop(sink);
             assert!(told(&handoff), "dropped halfway: told");
 
-            let handoff = Arc::new(Handoff::default());
+            let handoff = relayed(true);
             let (tx, _rx) = mpsc::channel(8);
             let sink = Sink::from_channel(tx, handoff.clone(), true);
             assert!(sink.respond(200, &headers, b"{}").await.is_ok());
