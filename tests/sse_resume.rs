@@ -221,6 +221,36 @@ fn a_request_stream_its_agent_left_counts_cancelled_and_a_resumed_one_ok() {
     }
 }
 
+/// A request's stream number is known only from its events, so a `Last-Event-ID` naming
+/// a request answered as JSON (or not decided yet) names no stream to resume: 400, and the
+/// request's own answer is not touched.
+#[test]
+fn a_resume_naming_a_request_without_an_event_stream_is_refused() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        // A call without a progress token, slow enough to be in flight meanwhile.
+        let mut call = support::Conn::open(gw.addr);
+        call.send(&gw.post_bytes(Some(&session), &[], &progress_call(31, 40, None)));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        for stream in 1..=4 {
+            let last = format!("{stream}.0");
+            let r = gw.raw(&gw.get_bytes(&session, &[("last-event-id", last.as_str())]));
+            assert_eq!(r.status, 400, "{last}: {}", r.text());
+            assert_eq!(
+                r.json()["error"]["message"],
+                "Bad Request: Last-Event-ID names no live stream"
+            );
+        }
+        let answer = call.read_response();
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("content-type"), Some("application/json"));
+        let v = answer.json();
+        assert_eq!(v["id"], 31);
+        assert_eq!(v["result"]["content"][0]["text"], "done after 40 steps");
+        gw.assert_serving();
+    });
+}
+
 #[test]
 fn cancelled_request_stream_ends_without_result() {
     each_mode(|gw| {

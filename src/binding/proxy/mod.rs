@@ -255,6 +255,10 @@ impl Proxy {
         let Some(pass) = self.announcing.get(at) else {
             return;
         };
+        if matches!(news, cache::News::Changed(0)) {
+            // New bytes, and no route's items changed (their order, say): news to nobody.
+            return;
+        }
         if let Some(pending) = pass.get() {
             // The first value of a list is its first news, so no pass can be under way.
             let cache::News::Changed(routes) = news else {

@@ -1280,6 +1280,9 @@ fn changes_faster_than_the_batches_join_the_one_pass_under_way() {
         told_once_each(&lives).await;
         let told = proxy_metrics::with(|m| m.cache.notifications) - told_before;
         assert_eq!(told, 2 * count as u64);
+        // New bytes with no route's items changed are news to nobody: no pass.
+        p.announce(at, ListKind::Tools, cache::News::Changed(0));
+        assert_eq!(p.announcing[at].get(), None);
         // A change after the pass ended starts a new one.
         p.announce(at, ListKind::Tools, cache::News::Changed(1));
         told_once_each(&lives).await;

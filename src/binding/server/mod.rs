@@ -212,7 +212,10 @@ impl Server {
             return;
         }
         server_metrics::with(|m| m.handoffs += 1);
-        tokio::task::spawn_local(relay(rx, sink, shared, handoff));
+        // The verdict exists before the relay's task first runs, so a task dropped
+        // unpolled (the worker stopping) still gives one.
+        let verdict = Verdict::new(handoff.clone());
+        tokio::task::spawn_local(relay(rx, sink, shared, handoff, verdict));
     }
 
     /// Path, method, Host and Origin checks: `Err((status, message))` to refuse.
@@ -311,9 +314,9 @@ async fn relay(
     mut sink: Sink,
     shared: Rc<ConnShared>,
     handoff: Arc<Handoff>,
+    mut verdict: Verdict,
 ) {
     let _ = shared; // the sink holds the connection; kept for symmetry of ownership
-    let mut verdict = Verdict::new(handoff.clone());
     loop {
         let part = tokio::select! {
             biased;

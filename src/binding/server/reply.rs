@@ -10,6 +10,7 @@
 //! copy, take it a window at a time.
 
 use super::auth::rules::ListFilter;
+use super::edge;
 use super::session::{
     AnswerTo, Inflight, Session, data_event, refuse_request, render_event, sse_head,
 };
@@ -97,6 +98,9 @@ struct Render<'a> {
     /// an answer now would reach nobody. A JSON reply, once lost, stays lost; an SSE reply
     /// is found again when a GET with its `Last-Event-ID` attaches and replays it.
     lost: bool,
+    /// The answer written (or being written) is a JSON-RPC error or a bearer challenge,
+    /// not a result.
+    errored: bool,
 }
 
 impl Render<'_> {
@@ -107,12 +111,14 @@ impl Render<'_> {
         self.lost = true;
     }
 
-    /// The outcome of a reply whose answer (`outcome`: a result or an error) was written:
-    /// cancelled when it reached no agent ([`Render::lost`]).
-    fn reached(&self, outcome: Outcome) -> Outcome {
-        match self.lost {
-            true => Outcome::Cancelled,
-            false => outcome,
+    /// The outcome of a reply whose answer was written: an error when that answer was a
+    /// JSON-RPC error or a challenge ([`Render::errored`]), cancelled when it reached no
+    /// agent ([`Render::lost`]).
+    fn outcome(&self) -> Outcome {
+        match (self.lost, self.errored) {
+            (true, _) => Outcome::Cancelled,
+            (false, true) => Outcome::Error,
+            (false, false) => Outcome::Ok,
         }
     }
 
@@ -164,7 +170,7 @@ impl Render<'_> {
         };
         let headers = sse_head(&self.session.id);
         if sink.head(200, &headers).await.is_err() {
-            self.sink = None;
+            self.lose_sink();
             return;
         }
         if self.session.version >= "2025-11-25" {
@@ -196,7 +202,11 @@ impl Render<'_> {
             return;
         }
         if let Some(old) = self.sink.replace(sink) {
-            let _ = old.finish().await;
+            // The replaced connection gets its stream's clean end, without this reply
+            // waiting for it (a sink on another worker is done when its relay wrote it).
+            tokio::task::spawn_local(async move {
+                let _ = old.finish().await;
+            });
         }
         // Found again; a failed write of the replay below loses it anew.
         self.lost = false;
@@ -219,19 +229,29 @@ impl Render<'_> {
         jsonrpc::write_error(Some(self.id()), code, message, data, &mut body);
         match self.mode {
             Mode::Undecided => {
-                if let Some(sink) = self.sink.take() {
-                    let headers: [(&str, &[u8]); 2] = [
-                        ("content-type", b"application/json"),
-                        ("mcp-session-id", self.session.id.as_bytes()),
-                    ];
-                    if sink.respond(200, &headers, &body).await.is_err() {
-                        self.lost = true;
+                self.errored = true;
+                match self.sink.take() {
+                    Some(sink) => {
+                        let headers: [(&str, &[u8]); 2] = [
+                            ("content-type", b"application/json"),
+                            ("mcp-session-id", self.session.id.as_bytes()),
+                        ];
+                        if sink.respond(200, &headers, &body).await.is_err() {
+                            self.lost = true;
+                        }
                     }
+                    None => self.lost = true,
                 }
             }
             Mode::Sse if !self.result_started => {
+                self.errored = true;
                 self.emit(&body).await;
-                self.finish().await;
+                // The error is the stream's last event: without a connection to take it,
+                // or with its end not written, nobody can resume it.
+                match self.sink.is_some() {
+                    true => self.finish().await,
+                    false => self.lost = true,
+                }
             }
             // A body is half written: the only honest end is an abort (drop), and no
             // answer reaches the agent.
@@ -243,9 +263,12 @@ impl Render<'_> {
         std::str::from_utf8(&self.inflight.id_raw).unwrap_or("null")
     }
 
+    /// Ends the stream on the agent's connection; a failed end loses the reply.
     async fn finish(&mut self) {
-        if let Some(sink) = self.sink.take() {
-            let _ = sink.finish().await;
+        if let Some(sink) = self.sink.take()
+            && sink.finish().await.is_err()
+        {
+            self.lost = true;
         }
     }
 
@@ -275,7 +298,10 @@ impl Render<'_> {
                         ("content-type", b"application/json"),
                         ("www-authenticate", header.as_bytes()),
                     ];
-                    let _ = sink.respond(status, &headers, &body).await;
+                    self.errored = true;
+                    if sink.respond(status, &headers, &body).await.is_err() {
+                        self.lost = true;
+                    }
                 }
             }
             _ => {
@@ -545,6 +571,7 @@ pub async fn pump(
         parts: Vec::new(),
         filter,
         lost: false,
+        errored: false,
     };
     if progress {
         r.start_sse().await;
@@ -598,6 +625,17 @@ pub async fn pump(
                 }
                 let attach = inflight.attach.borrow_mut().take();
                 if let Some((mut sink, last)) = attach {
+                    if r.mode != Mode::Sse {
+                        // Only an SSE stream has events to resume from: the agent cannot
+                        // have had an id of this one.
+                        tokio::task::spawn_local(edge::http_error(
+                            sink,
+                            400,
+                            "Bad Request: Last-Event-ID names no live stream",
+                            None,
+                        ));
+                        continue;
+                    }
                     sink.bound_until(deadline);
                     r.attach(sink, last).await;
                 }
@@ -616,7 +654,7 @@ pub async fn pump(
                 }
                 r.error(jsonrpc::INTERNAL_ERROR, "Request timed out", None)
                     .await;
-                return r.reached(Outcome::Error);
+                return r.outcome();
             }
             Step::SessionClosed => {
                 caller.reply.reset(Reset::Plain);
@@ -659,18 +697,18 @@ pub async fn pump(
                 // loses the sink, and the timeout above ends the reply.
                 if r.on_data(d).await {
                     caller.initial.end();
-                    return r.reached(Outcome::Ok);
+                    return r.outcome();
                 }
             }
             Step::Frame(Some(Frame::End)) => {
                 caller.initial.end();
                 r.on_end().await;
-                return r.reached(Outcome::Ok);
+                return r.outcome();
             }
             Step::Frame(Some(Frame::Abort) | None) => {
                 r.on_abort().await;
                 caller.initial.abort();
-                return r.reached(Outcome::Error);
+                return r.outcome();
             }
         }
     }
