@@ -195,6 +195,37 @@ fn deleted_session_gets_404() {
     });
 }
 
+/// An agent deleting its session while one of its requests waits for its result: that
+/// request gets an error naming why, and the gateway serves on (it aborted before).
+#[test]
+fn deleting_a_session_answers_its_request_in_flight() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let slow = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"progress","arguments":{"steps":50}}}"#;
+        let mut call = support::Conn::open(gw.addr);
+        call.send(&gw.post_bytes(Some(&session), &[], slow));
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        let r = gw.raw(&request(
+            &gw.host(),
+            "DELETE",
+            "/mcp",
+            &[("mcp-session-id", session.as_str())],
+            b"",
+        ));
+        assert_eq!(r.status, 200);
+        let answer = call.read_response();
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("content-type"), Some("application/json"));
+        let v = answer.json();
+        assert_eq!(v["id"], 7, "{v}");
+        // The session's end, or the exit's abort of its call, whichever the reply sees
+        // first.
+        assert_eq!(v["error"]["code"], -32603, "{v}");
+        assert!(v["error"]["message"].is_string(), "{v}");
+        gw.assert_serving();
+    });
+}
+
 #[test]
 fn bad_protocol_version_header_gets_400() {
     each_mode(|gw| {

@@ -263,8 +263,9 @@ impl Render<'_> {
         std::str::from_utf8(&self.inflight.id_raw).unwrap_or("null")
     }
 
-    /// Ends the stream on the agent's connection; a failed end loses the reply.
+    /// Ends the SSE stream on the agent's connection; a failed end loses the reply.
     async fn finish(&mut self) {
+        assert!(self.mode == Mode::Sse, "only an event stream is finished");
         if let Some(sink) = self.sink.take()
             && sink.finish().await.is_err()
         {
@@ -659,7 +660,13 @@ pub async fn pump(
             Step::SessionClosed => {
                 caller.reply.reset(Reset::Plain);
                 caller.initial.abort();
-                r.finish().await;
+                match r.mode {
+                    Mode::Sse => r.finish().await,
+                    // Nothing written yet: the agent learns why it gets no result.
+                    Mode::Undecided => r.error(jsonrpc::INTERNAL_ERROR, SESSION_ENDED, None).await,
+                    // A body half written cannot be ended honestly: the connection is cut.
+                    Mode::Json => r.lose_sink(),
+                }
                 return Outcome::Cancelled;
             }
             Step::Detached => {
@@ -713,6 +720,10 @@ pub async fn pump(
         }
     }
 }
+
+/// The error a request in flight gets when its session ends (the agent deleted it, or it
+/// expired) before anything of its answer was written.
+const SESSION_ENDED: &str = "Session ended before the request was answered";
 
 #[cfg(test)]
 mod tests {
