@@ -448,6 +448,34 @@ fn a_pooled_connection_the_upstream_closed_is_never_used() {
     });
 }
 
+/// Params larger than a stream window go upstream piece by piece; a pooled connection the
+/// upstream closed fails partway through them, and the call is resent whole on a fresh
+/// connection (the gateway aborted here before: a resend expected no params or all).
+#[test]
+fn a_large_call_on_a_connection_the_upstream_closed_is_resent_whole() {
+    let addr = closing_upstream();
+    let exit = format!("{{kind: client, server: \"http://{addr}/mcp\"}}");
+    each_mode_exit(&exit, |gw| {
+        let session = gw.initialize();
+        let text = "x".repeat(100 * 1024);
+        for i in 0..5 {
+            std::thread::sleep(Duration::from_millis(20));
+            let r = gw.post(
+                Some(&session),
+                &format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"x","arguments":{{"text":"{text}"}}}}}}"#),
+            );
+            assert!(r.json()["result"].is_object(), "call {i}: {}", r.text());
+        }
+        let metrics = scrape(gw);
+        assert_eq!(
+            metric(&metrics, "mcpyard_upstream_failed_total"),
+            0,
+            "{metrics}"
+        );
+        gw.assert_serving();
+    });
+}
+
 #[test]
 fn a_pooled_connection_closed_just_after_its_last_use_is_resent_once_and_answered() {
     let addr = closing_upstream();

@@ -255,25 +255,39 @@ impl Exchange<'_> {
             body.push(Bytes::from_static(suffix));
             return write_known(lease, out, &body, deadline).await;
         }
-        assert!(self.params_read == 0, "params are streamed only once");
-        // Coalesce what is already queued if it is small; stream the rest.
-        while let Some(frame) = self.callee.initial.try_next() {
-            match frame {
-                Frame::Data(piece) if out.len() + piece.len() <= UPSTREAM_COALESCE_BYTES_MAX => {
-                    self.take_piece(&piece)?;
-                    out.put_slice(&piece);
-                }
-                other => {
-                    self.callee.initial.unread(other);
-                    break;
+        if self.params_read > 0 {
+            // A resend after a write failed partway through the params (a pooled
+            // connection the upstream had closed): the pieces read so far, kept, then the
+            // rest as it comes.
+            let kept: Vec<Bytes> = self
+                .params
+                .iter()
+                .chain(&self.params_more)
+                .cloned()
+                .collect();
+            write_known(lease, out, &kept, deadline).await?;
+        } else {
+            // Coalesce what is already queued if it is small; stream the rest.
+            while let Some(frame) = self.callee.initial.try_next() {
+                match frame {
+                    Frame::Data(piece)
+                        if out.len() + piece.len() <= UPSTREAM_COALESCE_BYTES_MAX =>
+                    {
+                        self.take_piece(&piece)?;
+                        out.put_slice(&piece);
+                    }
+                    other => {
+                        self.callee.initial.unread(other);
+                        break;
+                    }
                 }
             }
+            if self.params_read == params_len {
+                out.put_slice(suffix);
+                return write_bounded(lease, out.freeze(), deadline).await;
+            }
+            write_bounded(lease, out.freeze(), deadline).await?;
         }
-        if self.params_read == params_len {
-            out.put_slice(suffix);
-            return write_bounded(lease, out.freeze(), deadline).await;
-        }
-        write_bounded(lease, out.freeze(), deadline).await?;
         while self.params_read < params_len {
             match self.callee.initial.next().await {
                 Some(Frame::Data(piece)) => {
