@@ -169,28 +169,27 @@ fn unknown_session_gets_404() {
     });
 }
 
+/// DELETE of `session`.
+fn delete(gw: &Gateway, session: &str) -> support::Response {
+    gw.raw(&request(
+        &gw.host(),
+        "DELETE",
+        "/mcp",
+        &[("mcp-session-id", session)],
+        b"",
+    ))
+}
+
 #[test]
 fn deleted_session_gets_404() {
     each_mode(|gw| {
         let session = gw.initialize();
         let list = r#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#;
         assert_eq!(gw.post(Some(&session), list).status, 200);
-        let r = gw.raw(&request(
-            &gw.host(),
-            "DELETE",
-            "/mcp",
-            &[("mcp-session-id", session.as_str())],
-            b"",
-        ));
+        let r = delete(gw, &session);
         assert_eq!(r.status, 200);
         assert_eq!(gw.post(Some(&session), list).status, 404);
-        let r = gw.raw(&request(
-            &gw.host(),
-            "DELETE",
-            "/mcp",
-            &[("mcp-session-id", session.as_str())],
-            b"",
-        ));
+        let r = delete(gw, &session);
         assert_eq!(r.status, 404);
     });
 }
@@ -205,13 +204,7 @@ fn deleting_a_session_answers_its_request_in_flight() {
         let mut call = support::Conn::open(gw.addr);
         call.send(&gw.post_bytes(Some(&session), &[], slow));
         std::thread::sleep(std::time::Duration::from_millis(150));
-        let r = gw.raw(&request(
-            &gw.host(),
-            "DELETE",
-            "/mcp",
-            &[("mcp-session-id", session.as_str())],
-            b"",
-        ));
+        let r = delete(gw, &session);
         assert_eq!(r.status, 200);
         let answer = call.read_response();
         assert_eq!(answer.status, 200);
