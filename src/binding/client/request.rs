@@ -246,12 +246,7 @@ impl Exchange<'_> {
         let deadline = pass::now() + self.client.response_timeout;
         if self.params_read == params_len {
             // All params are known (none, or a resend).
-            let mut body: Vec<Bytes> = self
-                .params
-                .iter()
-                .chain(&self.params_more)
-                .cloned()
-                .collect();
+            let mut body = self.kept_params();
             body.push(Bytes::from_static(suffix));
             return write_known(lease, out, &body, deadline).await;
         }
@@ -259,13 +254,7 @@ impl Exchange<'_> {
             // A resend after a write failed partway through the params (a pooled
             // connection the upstream had closed): the pieces read so far, kept, then the
             // rest as it comes.
-            let kept: Vec<Bytes> = self
-                .params
-                .iter()
-                .chain(&self.params_more)
-                .cloned()
-                .collect();
-            write_known(lease, out, &kept, deadline).await?;
+            write_known(lease, out, &self.kept_params(), deadline).await?;
         } else {
             // Coalesce what is already queued if it is small; stream the rest.
             while let Some(frame) = self.callee.initial.try_next() {
@@ -299,6 +288,15 @@ impl Exchange<'_> {
             }
         }
         write_bounded(lease, Bytes::from_static(suffix), deadline).await
+    }
+
+    /// The params pieces read so far, in order (shared, not copied).
+    fn kept_params(&self) -> Vec<Bytes> {
+        self.params
+            .iter()
+            .chain(&self.params_more)
+            .cloned()
+            .collect()
     }
 
     /// Accounts one params piece: acknowledged, kept for a resend.

@@ -246,12 +246,8 @@ impl Render<'_> {
             Mode::Sse if !self.result_started => {
                 self.errored = true;
                 self.emit(&body).await;
-                // The error is the stream's last event: without a connection to take it,
-                // or with its end not written, nobody can resume it.
-                match self.sink.is_some() {
-                    true => self.finish().await,
-                    false => self.lost = true,
-                }
+                // The error is the stream's last event.
+                self.finish(&[]).await;
             }
             // A body is half written: the only honest end is an abort (drop), and no
             // answer reaches the agent.
@@ -263,12 +259,16 @@ impl Render<'_> {
         std::str::from_utf8(&self.inflight.id_raw).unwrap_or("null")
     }
 
-    /// Ends the SSE stream on the agent's connection; a failed end loses the reply.
-    async fn finish(&mut self) {
+    /// Ends the SSE stream on the agent's connection, `last` (encoded events) written
+    /// with its end. Without a connection to take them, or with that write failed, the
+    /// reply ends here and nobody can resume it: it is lost.
+    async fn finish(&mut self, last: &[u8]) {
         assert!(self.mode == Mode::Sse, "only an event stream is finished");
-        if let Some(sink) = self.sink.take()
-            && sink.finish().await.is_err()
-        {
+        let written = match self.sink.take() {
+            Some(sink) => sink.finish_of([Piece::Copy(last)]).await.is_ok(),
+            None => false,
+        };
+        if !written {
             self.lost = true;
         }
     }
@@ -521,16 +521,8 @@ impl Render<'_> {
                 };
                 w.write(jsonrpc::RESULT_SUFFIX, &mut out);
                 w.finish(&mut out);
-                // The result's last event: without a connection to take it, or with its
-                // write failed, the reply ends here and nobody can resume it.
-                match self.sink.take() {
-                    Some(sink) => {
-                        if sink.finish_of([Piece::Copy(&out)]).await.is_err() {
-                            self.lost = true;
-                        }
-                    }
-                    None => self.lost = true,
-                }
+                // The result's last event.
+                self.finish(&out).await;
             }
         }
     }
@@ -661,7 +653,7 @@ pub async fn pump(
                 caller.reply.reset(Reset::Plain);
                 caller.initial.abort();
                 match r.mode {
-                    Mode::Sse => r.finish().await,
+                    Mode::Sse => r.finish(&[]).await,
                     // Nothing written yet: the agent learns why it gets no result.
                     Mode::Undecided => r.error(jsonrpc::INTERNAL_ERROR, SESSION_ENDED, None).await,
                     // A body half written cannot be ended honestly: the connection is cut.
