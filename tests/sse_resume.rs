@@ -251,6 +251,49 @@ fn a_resume_naming_a_request_without_an_event_stream_is_refused() {
     });
 }
 
+/// The result event is not kept for replay: a GET resuming the stream while that event is
+/// being written on the connection the stream has gets 400, and the old connection carries
+/// the whole result to its end (before, the GET took the rest of the event, without its
+/// start, and the old stream ended in the middle of it).
+#[test]
+fn a_resume_while_the_result_is_being_written_is_refused() {
+    // A result far larger than what the socket buffers between the gateway and a reader
+    // with a narrow window hold, so its writing waits for that reader.
+    let text = "w".repeat(3_900_000);
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}"}},"_meta":{{"progressToken":"w"}}}}}}"#
+    );
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let mut conn = support::Conn::open_narrow(gw.addr, 4096);
+        conn.send(&gw.post_bytes(Some(&session), &[], &call));
+        let head = conn.read_head();
+        assert_eq!(head.header("content-type"), Some("text/event-stream"));
+        let mut events = conn.into_events();
+        let stream = priming(&mut events);
+        // The result event has started; this side now stops reading.
+        events.read_into(br#""result""#);
+        let last = format!("{stream}.0");
+        let r = gw.raw(&gw.get_bytes(&session, &[("last-event-id", last.as_str())]));
+        let start: String = r.text().chars().take(200).collect();
+        assert_eq!(r.status, 400, "{start}");
+        assert_eq!(
+            r.json()["error"]["message"],
+            "Bad Request: Last-Event-ID names a stream whose result is being written on another connection"
+        );
+        let result = events.expect();
+        assert_eq!(event_id(&result), (stream, 1));
+        let v = result.json();
+        assert_eq!(v["id"], 41);
+        assert_eq!(
+            v["result"]["content"][0]["text"].as_str(),
+            Some(text.as_str())
+        );
+        assert_eq!(events.next(), None);
+        gw.assert_serving();
+    });
+}
+
 #[test]
 fn cancelled_request_stream_ends_without_result() {
     each_mode(|gw| {

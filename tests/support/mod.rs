@@ -340,7 +340,10 @@ pub struct Conn {
 impl Conn {
     /// Connects with [`READ_TIMEOUT`] on reads.
     pub fn open(addr: SocketAddr) -> Conn {
-        let stream = TcpStream::connect(addr).expect("connect");
+        Conn::of(TcpStream::connect(addr).expect("connect"))
+    }
+
+    fn of(stream: TcpStream) -> Conn {
         stream
             .set_read_timeout(Some(READ_TIMEOUT))
             .expect("read timeout");
@@ -349,6 +352,21 @@ impl Conn {
             stream,
             buf: Vec::new(),
         }
+    }
+
+    /// Like [`Conn::open`], with the receive buffer set to `bytes` before connecting, so
+    /// the window it offers stays that small: a peer writing more than the buffers on the
+    /// way hold waits for this side's reads.
+    pub fn open_narrow(addr: SocketAddr, bytes: usize) -> Conn {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            None,
+        )
+        .expect("socket");
+        socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
+        socket.connect(&addr.into()).expect("connect");
+        Conn::of(socket.into())
     }
 
     /// Writes all of `bytes`.
@@ -566,6 +584,15 @@ impl Events {
                 }
                 None => self.ended = true,
             }
+        }
+    }
+
+    /// Reads the body until what is read of the next event contains `needle` (without
+    /// taking the event).
+    pub fn read_into(&mut self, needle: &[u8]) {
+        while !self.pending.windows(needle.len()).any(|w| w == needle) {
+            let chunk = self.conn.next_chunk().expect("the body goes on");
+            self.pending.extend_from_slice(&chunk);
         }
     }
 

@@ -10,7 +10,9 @@ use super::auth::Identity;
 use super::edge::{accepts_sse, http_error};
 use super::lookup::session_for;
 use super::net::Request;
-use super::session::{GetHold, Session, Support, data_event, exit_id_carried, sse_head};
+use super::session::{
+    GetHold, NO_LIVE_STREAM, Session, Support, data_event, exit_id_carried, sse_head,
+};
 use super::sink::Sink;
 use crate::binding::server::metrics as server_metrics;
 use crate::limits::{EVENTS_PROBE_TIMEOUT, SSE_KEEPALIVE_INTERVAL};
@@ -90,14 +92,12 @@ pub async fn get(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc<Id
                 .get(&stream)
                 .and_then(Weak::upgrade);
             let Some(inflight) = inflight else {
-                return http_error(
-                    sink,
-                    400,
-                    "Bad Request: Last-Event-ID names no live stream",
-                    None,
-                )
-                .await;
+                return http_error(sink, 400, NO_LIVE_STREAM, None).await;
             };
+            // Answered here, not by the reply, which may be waiting for a write.
+            if let Some(message) = inflight.stream.get().refusal() {
+                return http_error(sink, 400, message, None).await;
+            }
             let old = inflight.attach.borrow_mut().replace((sink, seq));
             drop(old); // a resume that never got picked up: its connection is aborted
             inflight.wake.notify_one();

@@ -12,7 +12,7 @@
 use super::auth::rules::ListFilter;
 use super::edge;
 use super::session::{
-    AnswerTo, Inflight, Session, data_event, refuse_request, render_event, sse_head,
+    AnswerTo, Inflight, ReplyStream, Session, data_event, refuse_request, render_event, sse_head,
 };
 use super::sink::{Piece, Sink};
 use crate::jsonrpc::{self};
@@ -165,6 +165,7 @@ impl Render<'_> {
     async fn start_sse(&mut self) {
         assert!(self.mode == Mode::Undecided);
         self.mode = Mode::Sse;
+        self.inflight.stream.set(ReplyStream::Events);
         let Some(sink) = self.sink.as_mut() else {
             return;
         };
@@ -450,6 +451,7 @@ impl Render<'_> {
         out.reserve(parts.iter().map(Bytes::len).sum::<usize>() + 64);
         if !self.result_started {
             self.result_started = true;
+            self.inflight.stream.set(ReplyStream::Result);
             let seq = self.next_seq;
             self.next_seq += 1;
             let id = self.event_id(seq);
@@ -618,15 +620,10 @@ pub async fn pump(
                 }
                 let attach = inflight.attach.borrow_mut().take();
                 if let Some((mut sink, last)) = attach {
-                    if r.mode != Mode::Sse {
-                        // Only an SSE stream has events to resume from: the agent cannot
-                        // have had an id of this one.
-                        tokio::task::spawn_local(edge::http_error(
-                            sink,
-                            400,
-                            "Bad Request: Last-Event-ID names no live stream",
-                            None,
-                        ));
+                    // The GET checked this before it attached; the reply may have moved
+                    // on since.
+                    if let Some(message) = inflight.stream.get().refusal() {
+                        tokio::task::spawn_local(edge::http_error(sink, 400, message, None));
                         continue;
                     }
                     sink.bound_until(deadline);

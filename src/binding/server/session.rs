@@ -139,7 +139,39 @@ pub struct Inflight {
     pub(super) wake: Notify,
     /// A connection resuming this request's SSE stream, with the last seq it saw.
     pub(super) attach: RefCell<Option<(Sink, u64)>>,
+    /// How far its reply is, as a GET resuming it sees it (set by the reply's renderer).
+    pub(super) stream: Cell<ReplyStream>,
 }
+
+/// A request's reply as a GET naming its stream sees it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum ReplyStream {
+    /// No event stream (not decided yet, or answered as JSON): the agent cannot have had
+    /// an id of one, and there is nothing to resume.
+    None,
+    /// An event stream before its result: a GET takes it up and gets what it missed.
+    Events,
+    /// The result event is being written on the connection the stream has. It is not
+    /// kept for replay, so a new connection could only get its rest, without its start:
+    /// the old connection carries it to its end.
+    Result,
+}
+
+impl ReplyStream {
+    /// Why a GET cannot take this stream up (the message of its 400); `None` when it can.
+    pub(super) fn refusal(self) -> Option<&'static str> {
+        match self {
+            ReplyStream::None => Some(NO_LIVE_STREAM),
+            ReplyStream::Events => None,
+            ReplyStream::Result => Some(
+                "Bad Request: Last-Event-ID names a stream whose result is being written on another connection",
+            ),
+        }
+    }
+}
+
+/// The 400 a GET gets when its `Last-Event-ID` names no stream it can resume.
+pub(super) const NO_LIVE_STREAM: &str = "Bad Request: Last-Event-ID names no live stream";
 
 impl Session {
     /// Creates and registers a session whose lifecycle the exit just accepted.
@@ -311,6 +343,7 @@ impl Session {
             cancelled: Cell::new(false),
             wake: Notify::new(),
             attach: RefCell::new(None),
+            stream: Cell::new(ReplyStream::None),
         });
         st.requests.insert(key, inflight.clone());
         st.streams.insert(stream_no, Rc::downgrade(&inflight));
