@@ -1071,6 +1071,11 @@ impl ItemRewriter {
     /// A name of the open item closed: note the key. A second key makes the item ambiguous,
     /// so Items mode drops it; Document mode prefixes every occurrence.
     fn field_named(&mut self, cx: &mut Cx<'_>) {
+        if self.item == Item::Dropped {
+            // Dropped while this name was read (a piece ended inside it with the item past
+            // its limit): nothing of the item matters any more.
+            return;
+        }
         assert_eq!(self.item, Item::Open);
         if self.decoded_name() != Some(self.rules.key) {
             return;

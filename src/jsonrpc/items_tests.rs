@@ -614,6 +614,34 @@ fn items_past_the_limit_are_dropped_and_later_items_come_through() {
     }
 }
 
+/// An item that outgrows the limit while a piece ends inside one of its member names (the
+/// name runs on past the limit by more than a piece) is
+/// dropped there; the name's closing quote then comes inside a dropped item, and the items
+/// after it come through (before, that quote aborted the process on an assert).
+#[test]
+fn an_item_outgrowing_the_limit_inside_a_member_name_is_dropped() {
+    let name = "a".repeat(LIST_ITEM_BYTES_MAX + 150_000);
+    let doc = format!(r#"{{"tools":[{{"{name}":0,"name":"x"}},{{"name":"after"}}]}}"#);
+    let all = Bytes::from(doc.into_bytes());
+    for piece_bytes in [32 * 1024, 32 * 1024 + 7, 100_000, 4093] {
+        let mut rewriter = ItemRewriter::new(tools(), ItemMode::Items);
+        let mut sink = ItemSink::new();
+        for at in (0..all.len()).step_by(piece_bytes) {
+            let piece = all.slice(at..(at + piece_bytes).min(all.len()));
+            assert_eq!(rewriter.feed(piece, &mut |_: &str| true, &mut sink), Ok(()));
+            assert!(rewriter.held_bytes() <= LIST_ITEM_BYTES_MAX);
+        }
+        assert_eq!(rewriter.finish(), Ok(None), "pieces of {piece_bytes}");
+        assert_eq!(
+            (sink.items, sink.dropped),
+            (1, 1),
+            "pieces of {piece_bytes}"
+        );
+        let out: Vec<u8> = sink.parts.iter().flat_map(|p| p.to_vec()).collect();
+        assert_eq!(out, br#"{"name":"gh__after"}"#, "pieces of {piece_bytes}");
+    }
+}
+
 #[test]
 fn a_hundred_thousand_items_stream_in_bounded_memory() {
     const ITEMS: usize = 100_000;
