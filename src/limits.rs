@@ -62,8 +62,14 @@ pub const CROSS_WORKER_QUEUE_LEN: usize = 1024;
 /// Response parts queued from an owning worker back to the connection's worker.
 pub const CROSS_WORKER_REPLY_QUEUE_LEN: usize = 64;
 
+/// Pieces of body bytes smaller than this are copied onto a small neighbour where pieces
+/// are kept (DATA queues, held items and results), so a peer's one-byte chunks do not cost
+/// a handle each (`stream::pieces`).
+pub const PIECE_JOIN_BYTES: usize = 512;
+
 /// Frames buffered on one direction of an internal stream beyond its byte credit
-/// (FLUSH events, END); DATA is bounded by the window itself (and one answer sent whole).
+/// (FLUSH events, END); DATA is bounded by the window itself (and one answer sent whole),
+/// in frames too: small ones are joined ([`PIECE_JOIN_BYTES`]).
 pub const STREAM_FRAMES_MAX: usize = 256;
 
 /// Events kept per session for GET-stream `Last-Event-ID` replay.

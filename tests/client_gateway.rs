@@ -356,6 +356,13 @@ fn each_mode_exit(exit: &str, body: impl Fn(&Gateway)) {
 /// A minimal upstream that answers each request and then closes the connection without
 /// saying so (no `Connection: close`), like a server whose keep-alive timer fired.
 fn closing_upstream() -> SocketAddr {
+    raw_upstream(None)
+}
+
+/// A minimal upstream that answers each request (a call's result echoes its `text`
+/// argument), with `Content-Length`, or in chunks of `chunk` bytes, and then closes the
+/// connection without saying so.
+fn raw_upstream(chunk: Option<usize>) -> SocketAddr {
     use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -378,29 +385,88 @@ fn closing_upstream() -> SocketAddr {
                 continue;
             }
             let text = String::from_utf8_lossy(&body);
-            let reply = if text.contains("\"initialize\"") {
-                let json = r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"closing","version":"1"}}}"#;
-                format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: s1\r\ncontent-length: {}\r\n\r\n{json}",
-                    json.len()
+            let (head, json) = if text.contains("\"initialize\"") {
+                (
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: s1\r\n",
+                    r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"closing","version":"1"}}}"#.to_owned(),
                 )
             } else if !text.contains("\"id\"") {
-                "HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n".to_owned()
+                ("HTTP/1.1 202 Accepted\r\n", String::new())
             } else {
-                let id =
-                    serde_json::from_str::<serde_json::Value>(&text).expect("json")["id"].clone();
-                let json = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[]}}}}"#);
-                format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{json}",
-                    json.len()
+                let request = serde_json::from_str::<serde_json::Value>(&text).expect("json");
+                let content = match request["params"]["arguments"]["text"].as_str() {
+                    Some(t) => serde_json::json!([{"type": "text", "text": t}]),
+                    None => serde_json::json!([]),
+                };
+                let answer = serde_json::json!({
+                    "jsonrpc": "2.0", "id": request["id"], "result": {"content": content}
+                });
+                (
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n",
+                    answer.to_string(),
                 )
             };
+            let mut reply = head.as_bytes().to_vec();
+            match chunk {
+                Some(n) if !json.is_empty() => {
+                    reply.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
+                    for piece in json.as_bytes().chunks(n) {
+                        reply.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                        reply.extend_from_slice(piece);
+                        reply.extend_from_slice(b"\r\n");
+                    }
+                    reply.extend_from_slice(b"0\r\n\r\n");
+                }
+                _ => {
+                    reply.extend_from_slice(
+                        format!("content-length: {}\r\n\r\n", json.len()).as_bytes(),
+                    );
+                    reply.extend_from_slice(json.as_bytes());
+                }
+            }
             let mut stream = reader.into_inner();
-            let _ = stream.write_all(reply.as_bytes());
+            let _ = stream.write_all(&reply);
             // Dropping the stream closes it: the connection the gateway pooled is dead.
         }
     });
     addr
+}
+
+/// A body cut into one-byte chunks, both ways: an agent's params and the upstream's
+/// result come through whole. Each chunk is a piece of its own as it is read; small pieces
+/// are joined where they are kept (DATA queues, the held result), so such a body does not
+/// cost a handle per byte.
+#[test]
+fn bodies_in_one_byte_chunks_come_through_whole() {
+    let addr = raw_upstream(Some(1));
+    let exit = format!("{{kind: client, server: \"http://{addr}/mcp\"}}");
+    each_mode_exit(&exit, |gw| {
+        let session = gw.initialize();
+        let text = "z".repeat(60_000);
+        let call = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"x","arguments":{{"text":"{text}"}}}}}}"#
+        );
+        let mut request = format!(
+            "POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\nmcp-session-id: {session}\r\ntransfer-encoding: chunked\r\n\r\n",
+            gw.host()
+        )
+        .into_bytes();
+        for byte in call.as_bytes() {
+            request.extend_from_slice(b"1\r\n");
+            request.push(*byte);
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(b"0\r\n\r\n");
+        let r = gw.raw(&request);
+        assert_eq!(r.status, 200);
+        let v = r.json();
+        assert_eq!(v["id"], 7);
+        assert_eq!(
+            v["result"]["content"][0]["text"].as_str(),
+            Some(text.as_str())
+        );
+        gw.assert_serving();
+    });
 }
 
 /// A session and `calls` tools/calls, each after `pause`, each answered with a result;

@@ -47,6 +47,7 @@ use super::scan::{
     plain_run,
 };
 use crate::limits::{LIST_CURSOR_BYTES_MAX, LIST_ITEM_BYTES_MAX, LIST_KEY_BYTES_MAX};
+use crate::stream::pieces;
 
 /// Longest decoded member name compared against the rules' `array` and `key` and against
 /// `nextCursor`; a longer name is none of them and is skipped without being kept.
@@ -338,7 +339,8 @@ pub struct ItemRewriter {
     key_bad: bool,
     /// A high surrogate escape waiting for its low half.
     key_high: Option<u16>,
-    /// The open item's bytes so far (Items mode): slices and the prefix.
+    /// The open item's bytes so far (Items mode): slices and the prefix, small ones joined
+    /// ([`pieces::keep`]).
     held: Vec<Bytes>,
     /// Invariant: `held_len` is the sum of `held`'s lengths and `<= LIST_ITEM_BYTES_MAX`.
     held_len: usize,
@@ -743,8 +745,9 @@ impl ItemRewriter {
             self.drop_item(cx);
             return false;
         }
-        if !part.is_empty() {
-            self.held_len += part.len();
+        self.held_len += part.len();
+        let kept = self.held.len();
+        if let Some(part) = pieces::keep(kept, self.held.last_mut(), part) {
             self.held.push(part);
         }
         assert!(self.held_len <= LIST_ITEM_BYTES_MAX);

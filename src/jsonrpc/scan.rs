@@ -22,7 +22,10 @@
 //! \r \t \uXXXX`; numbers follow the §6 grammar; `true`, `false`, `null` are spelled out.
 //! What it does not check: that strings are UTF-8, that `\u` surrogates pair up, that names
 //! other than `result`, `id` and `error` are unique, and what `jsonrpc` says. The total body
-//! size is not bounded here; the caller caps it (`limits::MESSAGE_BYTES_MAX`).
+//! size is not bounded: the result streams on as it is scanned (what the scanner itself holds
+//! is bounded, see `ERROR_BYTES_MAX` and `ID_BYTES_MAX`), and what its caller holds of it is
+//! bounded by the stream's credit window, so a result may be larger than a message the
+//! gateway holds whole (`limits::MESSAGE_BYTES_MAX`).
 
 use std::fmt;
 

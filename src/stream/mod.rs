@@ -34,6 +34,7 @@
 //! Streams live on one worker: the pipe is `Rc<RefCell<..>>` with wakers, no atomics.
 
 mod frame;
+pub mod pieces;
 mod pipe;
 mod window;
 

@@ -2,6 +2,7 @@
 //! credit window, plus the throttle frames (RESET, CHALLENGE) flowing against it.
 
 use super::frame::{Begin, Challenge, Flush, Frame, Reset};
+use super::pieces;
 use super::window::Window;
 use crate::limits::{STREAM_FRAMES_MAX, STREAM_WINDOW_BYTES};
 use crate::metrics;
@@ -153,6 +154,21 @@ impl Direction {
         !self.refused && self.half == Half::Open
     }
 
+    /// Queues DATA (within the window, or lent outside it), copied onto the DATA frame
+    /// queued last when both are small ([`pieces::keep`]): a sender of many tiny pieces
+    /// queues few frames.
+    fn push_data(&mut self, piece: Bytes) {
+        let queued = self.frames.len();
+        let last = match self.frames.back_mut() {
+            Some(Frame::Data(last)) => Some(last),
+            _ => None,
+        };
+        if let Some(piece) = pieces::keep(queued, last, piece) {
+            self.frames.push_back(Frame::Data(piece));
+        }
+        self.recv.wake();
+    }
+
     /// Queues a FLUSH if the direction is open and its queue has room.
     fn try_flush(&mut self, flush: Flush) -> bool {
         if !self.open() || self.frames.len() >= STREAM_FRAMES_MAX {
@@ -194,8 +210,7 @@ impl Sender {
             let mut d = self.dir.borrow_mut();
             assert!(d.half == Half::Open);
             d.window.on_sent(piece.len() as u32);
-            d.frames.push_back(Frame::Data(piece));
-            d.recv.wake();
+            d.push_data(piece);
         }
         Ok(())
     }
@@ -223,8 +238,7 @@ impl Sender {
         let mut d = self.dir.borrow_mut();
         assert!(d.half == Half::Open);
         d.window.lend(data.len() as u64);
-        d.frames.push_back(Frame::Data(data));
-        d.recv.wake();
+        d.push_data(data);
         Ok(())
     }
 
@@ -242,8 +256,7 @@ impl Sender {
         assert!(d.half == Half::Open);
         let piece = data.split_to(data.len().min(credit));
         d.window.on_sent(piece.len() as u32);
-        d.frames.push_back(Frame::Data(piece));
-        d.recv.wake();
+        d.push_data(piece);
         Ok(())
     }
 

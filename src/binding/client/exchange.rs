@@ -156,9 +156,13 @@ impl BadBody {
 /// Splits a response body into messages.
 pub struct Messages {
     kind: BodyKind,
-    /// JSON: the body pieces so far. Invariant: their total is at most `MESSAGE_BYTES_MAX`.
-    pieces: Vec<Bytes>,
-    pieces_len: usize,
+    /// JSON: the body so far, while it came in one piece (a body read whole is not
+    /// copied)...
+    whole: Bytes,
+    /// ...and once a second piece came, all of it joined here (copied as it comes, so a
+    /// body sent in many small chunks holds no handle per chunk). Invariant: the two
+    /// together are at most `MESSAGE_BYTES_MAX`, and one of them is empty.
+    joined: BytesMut,
     /// SSE: undecoded bytes and the decoder.
     sse_buf: BytesMut,
     sse: sse::Decoder,
@@ -171,8 +175,8 @@ impl Messages {
     pub fn new(kind: BodyKind) -> Messages {
         Messages {
             kind,
-            pieces: Vec::new(),
-            pieces_len: 0,
+            whole: Bytes::new(),
+            joined: BytesMut::new(),
             sse_buf: BytesMut::new(),
             sse: sse::Decoder::new(),
             ended: false,
@@ -188,11 +192,16 @@ impl Messages {
                 Ok(())
             }
             BodyKind::Json | BodyKind::Other => {
-                self.pieces_len += data.len();
-                if self.pieces_len > MESSAGE_BYTES_MAX {
+                if self.whole.len() + self.joined.len() + data.len() > MESSAGE_BYTES_MAX {
                     return Err(BadBody::TooLarge);
                 }
-                self.pieces.push(data);
+                if self.whole.is_empty() && self.joined.is_empty() {
+                    self.whole = data;
+                } else if !data.is_empty() {
+                    let first = std::mem::take(&mut self.whole);
+                    self.joined.extend_from_slice(&first);
+                    self.joined.extend_from_slice(&data);
+                }
                 Ok(())
             }
         }
@@ -222,18 +231,14 @@ impl Messages {
                     return Ok(None);
                 }
                 self.taken = true;
-                let data = match self.pieces.len() {
-                    // An empty body (a 202 that still names a type) holds no message.
-                    0 => return Ok(None),
-                    1 => self.pieces.pop().unwrap_or_default(),
-                    _ => {
-                        let mut all = BytesMut::with_capacity(self.pieces_len);
-                        for p in self.pieces.drain(..) {
-                            all.extend_from_slice(&p);
-                        }
-                        all.freeze()
-                    }
+                let data = match self.joined.is_empty() {
+                    true => std::mem::take(&mut self.whole),
+                    false => self.joined.split().freeze(),
                 };
+                if data.is_empty() {
+                    // An empty body (a 202 that still names a type) holds no message.
+                    return Ok(None);
+                }
                 Ok(Some(Incoming {
                     data: Some(data),
                     ..Incoming::default()

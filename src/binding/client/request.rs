@@ -27,14 +27,15 @@ use crate::limits::{
     UPSTREAM_RESUME_ATTEMPTS_MAX, UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
 };
 use crate::runtime::{encode_pool, pass};
-use crate::stream::{Callee, Challenge, Flush, Frame, ReplyBegin, Throttle};
+use crate::stream::{Callee, Challenge, Flush, Frame, ReplyBegin, Throttle, pieces};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 /// Result slices of one answer held back inline: a result read in one or two pieces is a
-/// slice or a few, so holding it allocates nothing.
+/// slice or a few, so holding it allocates nothing (small slices are joined: a result in
+/// one-byte chunks is held in few pieces, see [`pieces::keep`]).
 type HeldResult = smallvec::SmallVec<[Bytes; 4]>;
 
 /// Bytes set aside for an upstream request's head (request line and a handful of short
@@ -564,7 +565,10 @@ impl Exchange<'_> {
                 match event {
                     ScanEvent::Result(slice) => {
                         held_len += slice.len();
-                        held.push(slice);
+                        let kept = held.len();
+                        if let Some(slice) = pieces::keep(kept, held.last_mut(), slice) {
+                            held.push(slice);
+                        }
                         if committed || held_len > UPSTREAM_RESULT_HOLD_BYTES {
                             committed = true;
                             self.relay_held(&mut held).await?;
