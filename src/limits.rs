@@ -337,6 +337,8 @@ const _: () = assert!(CONNECTION_STREAM_READ_BYTES > 0);
 const _: () = assert!(CONNECTION_STREAM_READ_BYTES < SLOT_BYTES);
 const _: () = assert!(UPSTREAM_COALESCE_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(UPSTREAM_OUTBOX_EVENTS_MAX <= STREAM_FRAMES_MAX);
+// A frame joined from small pieces stays far below a window.
+const _: () = assert!(2 * PIECE_JOIN_BYTES <= STREAM_WINDOW_BYTES as usize);
 const _: () = assert!(LIST_KEY_BYTES_MAX < LIST_ITEM_BYTES_MAX);
 const _: () = assert!(LIST_ITEM_BYTES_MAX <= MESSAGE_BYTES_MAX);
 // The next page's request carries the cursor; with its envelope it stays within one slot.

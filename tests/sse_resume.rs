@@ -279,7 +279,7 @@ fn a_resume_while_the_result_is_being_written_is_refused() {
         assert_eq!(r.status, 400, "{start}");
         assert_eq!(
             r.json()["error"]["message"],
-            "Bad Request: Last-Event-ID names a stream whose result is being written on another connection"
+            "Bad Request: Last-Event-ID names a stream whose last event is being written on another connection"
         );
         let result = events.expect();
         assert_eq!(event_id(&result), (stream, 1));

@@ -67,9 +67,9 @@ impl Spans {
 }
 
 /// Feeds `pieces` to `rewriter`, checking the rewriter's own rules after each: every new part
-/// is non-empty and is `,`, the prefix itself, a slice of a piece fed so far, or small parts
-/// of an item joined (`stream::pieces`: shorter than two of the smallest kept whole); and
-/// what is held stays within one item.
+/// is non-empty and is `,`, the prefix itself, a slice of a piece fed so far, or, when some
+/// pieces fed are small, small parts of an item joined (`stream::pieces`: shorter than two
+/// of the smallest kept whole); and what is held stays within one item.
 fn feed_all(
     rewriter: &mut ItemRewriter,
     rules: &ItemRules,
@@ -78,6 +78,7 @@ fn feed_all(
     sink: &mut ItemSink,
 ) -> Result<(), ItemError> {
     let mut spans = Spans::default();
+    let small_pieces = pieces.iter().any(|p| p.len() < PIECE_JOIN_BYTES);
     for piece in pieces {
         let before = sink.parts.len();
         let fed = rewriter.feed(piece.clone(), admit, sink);
@@ -86,7 +87,7 @@ fn feed_all(
             assert!(!part.is_empty(), "empty part");
             let prefix = part.as_ptr() == rules.prefix.as_ptr() && part.len() == rules.prefix.len();
             let zero_copy = &part[..] == b"," || prefix || spans.holds(part);
-            let joined = part.len() < 2 * PIECE_JOIN_BYTES;
+            let joined = small_pieces && part.len() < 2 * PIECE_JOIN_BYTES;
             assert!(zero_copy || joined, "part {part:?} was copied");
         }
         let held_max = LIST_ITEM_BYTES_MAX + LIST_KEY_BYTES_MAX + LIST_CURSOR_BYTES_MAX;

@@ -51,6 +51,58 @@ pub fn keep(kept: usize, last: Option<&mut Bytes>, piece: Bytes) -> Option<Bytes
     None
 }
 
+/// A message gathered whole into one `Bytes`. The common case, a message that came in one
+/// piece, stays the slice the decoder gave (no copy, no allocation); one in several pieces
+/// is copied together as they come, so it holds no handle per piece.
+#[derive(Default)]
+pub struct Whole {
+    first: Bytes,
+    joined: Option<BytesMut>,
+}
+
+impl Whole {
+    /// Adds the next piece.
+    pub fn push(&mut self, piece: Bytes) {
+        match &mut self.joined {
+            Some(joined) => joined.extend_from_slice(&piece),
+            None if self.first.is_empty() => self.first = piece,
+            None if piece.is_empty() => {}
+            None => {
+                let mut joined = BytesMut::with_capacity(self.first.len() + piece.len());
+                joined.extend_from_slice(&std::mem::take(&mut self.first));
+                joined.extend_from_slice(&piece);
+                self.joined = Some(joined);
+            }
+        }
+    }
+
+    /// Bytes gathered so far.
+    pub fn len(&self) -> usize {
+        match &self.joined {
+            Some(joined) => joined.len(),
+            None => self.first.len(),
+        }
+    }
+
+    /// True when nothing was gathered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes what was gathered, leaving this empty. A joined message whose buffer grew
+    /// well past it (growth doubles) is copied into one of its size, so a message held
+    /// after this (its slices live on) holds no spare room.
+    pub fn take(&mut self) -> Bytes {
+        match self.joined.take() {
+            Some(joined) if joined.capacity() > joined.len() + joined.len() / 4 => {
+                Bytes::copy_from_slice(&joined)
+            }
+            Some(joined) => joined.freeze(),
+            None => std::mem::take(&mut self.first),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +159,26 @@ mod tests {
         assert_eq!(out[3], "def");
         assert_eq!(out[5], "s1");
         assert_eq!(out[7], "s2s3");
+    }
+
+    #[test]
+    fn a_whole_message_in_one_piece_is_that_piece_and_in_many_is_joined() {
+        let piece = Bytes::from_static(b"{\"a\":1}");
+        let mut one = Whole::default();
+        one.push(Bytes::new());
+        one.push(piece.clone());
+        one.push(Bytes::new());
+        assert_eq!(one.len(), piece.len());
+        let taken = one.take();
+        assert_eq!(taken.as_ptr(), piece.as_ptr());
+        assert!(one.is_empty());
+        let mut many = Whole::default();
+        for b in piece.iter() {
+            many.push(Bytes::copy_from_slice(&[*b]));
+        }
+        assert_eq!(many.len(), piece.len());
+        assert_eq!(many.take(), piece);
+        assert_eq!(many.take(), Bytes::new());
     }
 
     #[test]

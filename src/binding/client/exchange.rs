@@ -12,6 +12,7 @@ use crate::jsonrpc::Raw;
 use crate::jsonrpc::{self, Kind as RpcKind};
 use crate::limits::MESSAGE_BYTES_MAX;
 use crate::sse;
+use crate::stream::pieces::Whole;
 use crate::stream::{Event, ListKind, Reset};
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
@@ -156,13 +157,8 @@ impl BadBody {
 /// Splits a response body into messages.
 pub struct Messages {
     kind: BodyKind,
-    /// JSON: the body so far, while it came in one piece (a body read whole is not
-    /// copied)...
-    whole: Bytes,
-    /// ...and once a second piece came, all of it joined here (copied as it comes, so a
-    /// body sent in many small chunks holds no handle per chunk). Invariant: the two
-    /// together are at most `MESSAGE_BYTES_MAX`, and one of them is empty.
-    joined: BytesMut,
+    /// JSON: the body so far. Invariant: at most `MESSAGE_BYTES_MAX`.
+    body: Whole,
     /// SSE: undecoded bytes and the decoder.
     sse_buf: BytesMut,
     sse: sse::Decoder,
@@ -175,8 +171,7 @@ impl Messages {
     pub fn new(kind: BodyKind) -> Messages {
         Messages {
             kind,
-            whole: Bytes::new(),
-            joined: BytesMut::new(),
+            body: Whole::default(),
             sse_buf: BytesMut::new(),
             sse: sse::Decoder::new(),
             ended: false,
@@ -192,16 +187,10 @@ impl Messages {
                 Ok(())
             }
             BodyKind::Json | BodyKind::Other => {
-                if self.whole.len() + self.joined.len() + data.len() > MESSAGE_BYTES_MAX {
+                if self.body.len() + data.len() > MESSAGE_BYTES_MAX {
                     return Err(BadBody::TooLarge);
                 }
-                if self.whole.is_empty() && self.joined.is_empty() {
-                    self.whole = data;
-                } else if !data.is_empty() {
-                    let first = std::mem::take(&mut self.whole);
-                    self.joined.extend_from_slice(&first);
-                    self.joined.extend_from_slice(&data);
-                }
+                self.body.push(data);
                 Ok(())
             }
         }
@@ -231,10 +220,7 @@ impl Messages {
                     return Ok(None);
                 }
                 self.taken = true;
-                let data = match self.joined.is_empty() {
-                    true => std::mem::take(&mut self.whole),
-                    false => self.joined.split().freeze(),
-                };
+                let data = self.body.take();
                 if data.is_empty() {
                     // An empty body (a 202 that still names a type) holds no message.
                     return Ok(None);

@@ -24,6 +24,7 @@ use crate::limits::{
 use crate::log;
 use crate::runtime::notify::Notify;
 use crate::runtime::{Conn, ReadBuf, Slots, pass, tls};
+use crate::stream::pieces::Whole;
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -36,37 +37,6 @@ use tokio::time::Sleep;
 pub struct Request {
     pub head: RequestHead,
     pub body: Bytes,
-}
-
-/// A request body as it arrives. The common case, a body that came in one piece, stays
-/// the slice of the connection's buffer the decoder gave (no copy, no allocation, and
-/// slices of it cost a reference count); a body in several pieces is joined into one.
-#[derive(Default)]
-struct Body {
-    first: Bytes,
-    joined: Option<BytesMut>,
-}
-
-impl Body {
-    fn push(&mut self, data: Bytes) {
-        match &mut self.joined {
-            Some(joined) => joined.extend_from_slice(&data),
-            None if self.first.is_empty() => self.first = data,
-            None => {
-                let mut joined = BytesMut::with_capacity(self.first.len() + data.len());
-                joined.extend_from_slice(&std::mem::take(&mut self.first));
-                joined.extend_from_slice(&data);
-                self.joined = Some(joined);
-            }
-        }
-    }
-
-    fn finish(self) -> Bytes {
-        match self.joined {
-            Some(joined) => joined.freeze(),
-            None => self.first,
-        }
-    }
 }
 
 enum Item {
@@ -328,7 +298,7 @@ fn push(link: &Link, item: Item) {
 async fn read_loop(link: &Link, slots: &Slots) {
     let mut decoder = RequestDecoder::new(MESSAGE_BYTES_MAX);
     let mut buf = BytesMut::new();
-    let mut partial: Option<(RequestHead, Body)> = None;
+    let mut partial: Option<(RequestHead, Whole)> = None;
     // The last request read was a GET (an event stream): its connection most likely stays
     // quiet until the agent closes it, so the next read waits in a small heap buffer.
     let mut streaming = false;
@@ -391,7 +361,7 @@ async fn read_loop(link: &Link, slots: &Slots) {
                         let interim = Bytes::from_static(b"HTTP/1.1 100 Continue\r\n\r\n");
                         let _ = Box::pin(link.shared.write_bounded(interim)).await;
                     }
-                    partial = Some((head, Body::default()));
+                    partial = Some((head, Whole::default()));
                 }
                 Ok(Some(RequestEvent::Data(data))) => {
                     if let Some((_, body)) = partial.as_mut() {
@@ -399,13 +369,13 @@ async fn read_loop(link: &Link, slots: &Slots) {
                     }
                 }
                 Ok(Some(RequestEvent::End)) => {
-                    if let Some((head, body)) = partial.take() {
+                    if let Some((head, mut body)) = partial.take() {
                         streaming = head.method == Method::Get;
                         push(
                             link,
                             Item::Request(Request {
                                 head,
-                                body: body.finish(),
+                                body: body.take(),
                             }),
                         );
                     }

@@ -246,6 +246,7 @@ impl Render<'_> {
             }
             Mode::Sse if !self.result_started => {
                 self.errored = true;
+                self.inflight.stream.set(ReplyStream::Closing);
                 self.emit(&body).await;
                 // The error is the stream's last event.
                 self.finish(&[]).await;
@@ -265,6 +266,7 @@ impl Render<'_> {
     /// reply ends here and nobody can resume it: it is lost.
     async fn finish(&mut self, last: &[u8]) {
         assert!(self.mode == Mode::Sse, "only an event stream is finished");
+        self.inflight.stream.set(ReplyStream::Closing);
         let written = match self.sink.take() {
             Some(sink) => sink.finish_of([Piece::Copy(last)]).await.is_ok(),
             None => false,
@@ -451,7 +453,7 @@ impl Render<'_> {
         out.reserve(parts.iter().map(Bytes::len).sum::<usize>() + 64);
         if !self.result_started {
             self.result_started = true;
-            self.inflight.stream.set(ReplyStream::Result);
+            self.inflight.stream.set(ReplyStream::Closing);
             let seq = self.next_seq;
             self.next_seq += 1;
             let id = self.event_id(seq);

@@ -16,6 +16,7 @@
 //! live GET has not taken.
 
 use super::Server;
+use super::edge::http_error;
 use super::shared::{self, Ending, Link, Write, Written};
 use super::sink::Sink;
 use crate::FastMap;
@@ -151,10 +152,11 @@ pub(super) enum ReplyStream {
     None,
     /// An event stream before its result: a GET takes it up and gets what it missed.
     Events,
-    /// The result event is being written on the connection the stream has. It is not
-    /// kept for replay, so a new connection could only get its rest, without its start:
-    /// the old connection carries it to its end.
-    Result,
+    /// The stream's last event (its result, or an error) is being written on the
+    /// connection the stream has, or the stream ended. That event is not kept for replay,
+    /// so a new connection could only get its rest, without its start: the old connection
+    /// carries it to its end.
+    Closing,
 }
 
 impl ReplyStream {
@@ -163,8 +165,8 @@ impl ReplyStream {
         match self {
             ReplyStream::None => Some(NO_LIVE_STREAM),
             ReplyStream::Events => None,
-            ReplyStream::Result => Some(
-                "Bad Request: Last-Event-ID names a stream whose result is being written on another connection",
+            ReplyStream::Closing => Some(
+                "Bad Request: Last-Event-ID names a stream whose last event is being written on another connection",
             ),
         }
     }
@@ -361,6 +363,10 @@ impl Session {
             st.requests.remove(&inflight.key);
         }
         st.streams.remove(&inflight.stream_no);
+        if let Some((sink, _)) = inflight.attach.borrow_mut().take() {
+            // A resume the reply ended without taking (it came as the last event went).
+            tokio::task::spawn_local(http_error(sink, 400, NO_LIVE_STREAM, None));
+        }
         st.answers.retain(|_, pending| match &pending.to {
             AnswerTo::Request(w) => w.upgrade().is_some_and(|i| !Rc::ptr_eq(&i, inflight)),
             AnswerTo::Lifecycle => true,
