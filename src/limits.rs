@@ -122,6 +122,12 @@ pub const SHARED_SESSION_ADOPTIONS_MAX: usize = 256;
 /// not ours (what mcpyard writes is the agent's capabilities and a few ids).
 pub const SHARED_SESSION_RECORD_BYTES_MAX: usize = 256 * 1024;
 
+/// The largest `capabilities` object an agent's `initialize` may carry (MCP's are a few
+/// small members): it is kept for the session's life and written into its shared record,
+/// which another node reads only up to [`SHARED_SESSION_RECORD_BYTES_MAX`].
+pub const SESSION_CAPABILITIES_BYTES_MAX: usize = 64 * 1024;
+const _: () = assert!(2 * SESSION_CAPABILITIES_BYTES_MAX <= SHARED_SESSION_RECORD_BYTES_MAX);
+
 /// A node in use of a shared session writes its activity to the record at most once per
 /// this fraction of the session timeout (never per request).
 pub const SHARED_SESSION_TOUCHES_PER_TIMEOUT: u32 = 4;

@@ -62,6 +62,35 @@ fn initialize_with_non_object_capabilities_gets_32602() {
     });
 }
 
+/// Capabilities are kept for the session's life (and written to its shared record):
+/// past 64 KiB an `initialize` is refused, and no session is made.
+#[test]
+fn initialize_with_oversized_capabilities_gets_32602() {
+    each_mode(|gw| {
+        for (extra, refused) in [(65_536 - 8, false), (65_536 - 7, true)] {
+            let caps = format!(r#"{{"x":"{}"}}"#, "c".repeat(extra));
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":43,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{caps},"clientInfo":{{"name":"x","version":"0"}}}}}}"#
+            );
+            let r = gw.post(None, &body);
+            assert_eq!(r.status, 200);
+            let v = r.json();
+            assert_eq!(v["id"], 43);
+            if refused {
+                assert!(r.header("mcp-session-id").is_none());
+                assert_eq!(v["error"]["code"], -32602);
+                assert_eq!(
+                    v["error"]["message"],
+                    "Invalid params: capabilities larger than 65536 bytes"
+                );
+            } else {
+                assert!(r.header("mcp-session-id").is_some(), "{v}");
+                assert!(v["result"].is_object());
+            }
+        }
+    });
+}
+
 #[test]
 fn post_without_json_content_type_gets_415() {
     each_mode(|gw| {

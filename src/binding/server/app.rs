@@ -18,7 +18,9 @@ use super::sink::Sink;
 use super::{PROTOCOL_VERSIONS, Server, session_id};
 use crate::binding::server::metrics as server_metrics;
 use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
-use crate::limits::{REQUESTS_PER_SESSION_MAX, SESSIONS_PER_WORKER_MAX};
+use crate::limits::{
+    REQUESTS_PER_SESSION_MAX, SESSION_CAPABILITIES_BYTES_MAX, SESSIONS_PER_WORKER_MAX,
+};
 use crate::log;
 use crate::metrics::{self, Outcome};
 
@@ -110,6 +112,10 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc<I
     }
 }
 
+/// The error of an `initialize` whose capabilities are over [`SESSION_CAPABILITIES_BYTES_MAX`].
+const CAPABILITIES_TOO_LARGE: &str = "Invalid params: capabilities larger than 65536 bytes";
+const _: () = assert!(SESSION_CAPABILITIES_BYTES_MAX == 65536);
+
 /// Negotiates the version, opens the session's lifecycle stream and answers once the exit
 /// has answered it.
 async fn initialize(
@@ -156,6 +162,16 @@ async fn initialize(
         )
         .await;
     };
+    if capabilities.get().len() > SESSION_CAPABILITIES_BYTES_MAX {
+        return rpc_error(
+            sink,
+            id,
+            jsonrpc::INVALID_PARAMS,
+            CAPABILITIES_TOO_LARGE,
+            None,
+        )
+        .await;
+    }
     let version = PROTOCOL_VERSIONS
         .iter()
         .find(|v| **v == requested)

@@ -199,7 +199,9 @@ pub struct Record {
     pub owner: Option<Rc<str>>,
 }
 
-/// Writes a record; `None` if a part is not JSON (our own values: not expected).
+/// Writes a record; `None` if a part is not JSON (our own values: not expected) or the
+/// record would be larger than any node reads ([`SHARED_SESSION_RECORD_BYTES_MAX`]: the
+/// exit's handoffs, from what upstreams gave, are not bounded on their own).
 fn encode(
     version: &str,
     capabilities: &[u8],
@@ -224,7 +226,10 @@ fn encode(
         by: node_tag(),
         owner: owner.map(Cow::Borrowed),
     };
-    serde_json::to_vec(&json).ok().map(Bytes::from)
+    serde_json::to_vec(&json)
+        .ok()
+        .filter(|record| record.len() <= SHARED_SESSION_RECORD_BYTES_MAX)
+        .map(Bytes::from)
 }
 
 /// Reads a record from the store, checked: our format, a version we speak, capabilities
@@ -320,6 +325,15 @@ pub async fn write(
         link.owner.as_deref(),
     );
     let Some(record) = record else {
+        // Capabilities are bounded at `initialize`, but the exit's handoffs (one per route,
+        // from what upstreams gave) are not: a record no node could read is not written.
+        server_metrics::with(|m| m.session_store_failures += 1);
+        if loud && store_log_due() {
+            log::warn(format_args!(
+                "server {}: a shared session's record was not written: larger than {} bytes, or not JSON",
+                server.name, SHARED_SESSION_RECORD_BYTES_MAX
+            ));
+        }
         return Written::Failed;
     };
     let stale = link.stale.replace(false);
@@ -477,6 +491,7 @@ pub async fn look(server: &Server, id: &str) -> Looked {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::SESSION_CAPABILITIES_BYTES_MAX;
 
     #[test]
     fn records_round_trip_and_carry_no_credential() {
@@ -500,6 +515,22 @@ mod tests {
         let none = encode("2025-06-18", b"{}", None, 1, None).expect("JSON");
         assert_eq!(decode(&none).expect("ours").owner, None);
         assert_eq!(decode(&none).expect("ours").handoff, None);
+    }
+
+    /// What no node would read back is not written: a record whose handoff (from what
+    /// upstreams gave) makes it larger than any node reads.
+    #[test]
+    fn a_record_larger_than_any_node_reads_is_not_made() {
+        let caps = format!(
+            r#"{{"x":"{}"}}"#,
+            "c".repeat(SESSION_CAPABILITIES_BYTES_MAX - 8)
+        );
+        assert!(encode("2025-11-25", caps.as_bytes(), None, 1, None).is_some());
+        let handoff = format!(
+            r#"{{"routes":{{"a":"{}"}}}}"#,
+            "h".repeat(SHARED_SESSION_RECORD_BYTES_MAX)
+        );
+        assert!(encode("2025-11-25", b"{}", Some(handoff.as_bytes()), 1, None).is_none());
     }
 
     #[test]

@@ -41,8 +41,11 @@ where
             Err(e) => {
                 server_metrics::with(|m| m.jwks_reads_failed += 1);
                 if !failing {
+                    // Escaped: the reason can carry what the endpoint sent (a certificate's
+                    // names, in a TLS failure).
                     log::warn(format_args!(
-                        "auth: {name}: cannot read the key set: {e} (the last good one stays in use)"
+                        "auth: {name}: cannot read the key set: {} (the last good one stays in use)",
+                        log::field(e.as_bytes())
                     ));
                 }
                 failing = true;
