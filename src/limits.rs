@@ -118,6 +118,12 @@ pub const SESSION_IDLE_TIMEOUT_MAX: Duration = Duration::from_secs(30 * 60);
 /// worker; one more is answered 503 (counted as an overload).
 pub const SHARED_SESSION_ADOPTIONS_MAX: usize = 256;
 
+/// Shared sessions being taken up at once in the whole process (every worker, every server
+/// binding): each is a store read, and ids an agent makes up cost one each, so they may
+/// take at most a quarter of a redis store's queue, leaving the rest to the cache's
+/// leases and reads and to session writes. One more is answered 503 (an overload).
+pub const SHARED_SESSION_ADOPTIONS_NODE_MAX: usize = 256;
+
 /// Largest shared-session record read back from the store; a larger one is refused as
 /// not ours (what mcpyard writes is the agent's capabilities and a few ids).
 pub const SHARED_SESSION_RECORD_BYTES_MAX: usize = 256 * 1024;
@@ -343,6 +349,7 @@ const _: () = assert!(CONNECTION_STREAM_READ_BYTES > 0);
 const _: () = assert!(CONNECTION_STREAM_READ_BYTES < SLOT_BYTES);
 const _: () = assert!(UPSTREAM_COALESCE_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(UPSTREAM_OUTBOX_EVENTS_MAX <= STREAM_FRAMES_MAX);
+const _: () = assert!(SHARED_SESSION_ADOPTIONS_NODE_MAX <= REDIS_QUEUE_LEN / 4);
 // A frame joined from small pieces stays far below a window.
 const _: () = assert!(2 * PIECE_JOIN_BYTES <= STREAM_WINDOW_BYTES as usize);
 const _: () = assert!(LIST_KEY_BYTES_MAX < LIST_ITEM_BYTES_MAX);

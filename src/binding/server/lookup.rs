@@ -16,12 +16,15 @@ use super::shared::{self, Ending, Link, Write, Written, decode, key, store_log_d
 use super::sink::Sink;
 use super::{Server, session_id};
 use crate::binding::server::metrics::{self as server_metrics, REJECTED_SUBJECT};
-use crate::limits::{SESSIONS_PER_WORKER_MAX, SHARED_SESSION_ADOPTIONS_MAX};
+use crate::limits::{
+    SESSIONS_PER_WORKER_MAX, SHARED_SESSION_ADOPTIONS_MAX, SHARED_SESSION_ADOPTIONS_NODE_MAX,
+};
 use crate::runtime::notify::Notify;
 use crate::stream::{self, Begin, ClientHello, Event, Flush, Frame};
 use crate::{log, metrics};
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// Finds the session a request names: 400 without the header, 404 if unknown.
@@ -103,12 +106,13 @@ pub struct Adoption {
     failed: Cell<Option<(u16, &'static str)>>,
 }
 
-/// Ends an adoption's entry in the table of adoptions in flight, and wakes whoever waits
-/// for the same session.
+/// Ends an adoption's entry in the table of adoptions in flight, gives back its place in
+/// the process's count, and wakes whoever waits for the same session.
 struct Adopting<'a> {
     server: &'a Server,
     id: Rc<str>,
     adoption: Rc<Adoption>,
+    _place: Place<'static>,
 }
 
 impl Drop for Adopting<'_> {
@@ -117,6 +121,43 @@ impl Drop for Adopting<'_> {
         self.adoption.done.notify_waiters();
     }
 }
+
+/// A count of things in flight across threads, up to a bound.
+struct Places {
+    taken: AtomicUsize,
+    max: usize,
+}
+
+/// One place taken in [`Places`], given back when dropped.
+struct Place<'a>(&'a Places);
+
+impl Places {
+    const fn new(max: usize) -> Places {
+        Places {
+            taken: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    /// Takes a place; `None` when all are taken.
+    fn take(&self) -> Option<Place<'_>> {
+        self.taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Place(self))
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.0.taken.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Adoptions in flight in the whole process ([`SHARED_SESSION_ADOPTIONS_NODE_MAX`]).
+static ADOPTIONS: Places = Places::new(SHARED_SESSION_ADOPTIONS_NODE_MAX);
 
 /// Takes up the session `req` names from the store: 404 if the store has no record of it
 /// (or one that is not ours), 503 when the store cannot be read or too much is in flight.
@@ -147,12 +188,16 @@ pub async fn adopt(
         let found = server.sessions.borrow().get(&id).cloned();
         return found.ok_or_else(|| adoption.failed.get().unwrap_or(NOT_FOUND));
     }
-    if server.adopting.borrow().len() >= SHARED_SESSION_ADOPTIONS_MAX
+    let place = match server.adopting.borrow().len() >= SHARED_SESSION_ADOPTIONS_MAX
         || server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX
     {
+        true => None,
+        false => ADOPTIONS.take(),
+    };
+    let Some(place) = place else {
         metrics::with(|m| m.overload_rejections += 1);
         return Err((503, "Service Unavailable: session table full"));
-    }
+    };
     let adoption = Rc::new(Adoption::default());
     server
         .adopting
@@ -162,6 +207,7 @@ pub async fn adopt(
         server,
         id: id.clone(),
         adoption: adoption.clone(),
+        _place: place,
     };
     let result = take_up(server, store.as_ref(), id, req, who).await;
     if let Err(failure) = result {
@@ -285,4 +331,24 @@ pub fn detach_all(server: &Server) -> Vec<Rc<Session>> {
         session::end(server, s, "shutdown", ending);
     }
     sessions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn places_are_taken_up_to_the_bound_and_given_back_when_dropped() {
+        let places = Places::new(2);
+        let a = places.take();
+        let b = places.take();
+        assert!(a.is_some() && b.is_some());
+        assert!(places.take().is_none(), "a third place past a bound of 2");
+        drop(a);
+        let c = places.take();
+        assert!(c.is_some(), "a place given back is taken again");
+        assert!(places.take().is_none());
+        drop((b, c));
+        assert_eq!(places.taken.load(Ordering::Acquire), 0);
+    }
 }
