@@ -159,11 +159,14 @@ impl Direction {
     /// queues few frames.
     fn push_data(&mut self, piece: Bytes) {
         let queued = self.frames.len();
-        let last = match self.frames.back_mut() {
-            Some(Frame::Data(last)) => Some(last),
-            _ => None,
+        let kept = match self.frames.back_mut() {
+            // The common case, a frame or two queued, is decided without a look at them.
+            Some(Frame::Data(last)) if queued >= pieces::PIECES_KEPT_AS_GIVEN => {
+                pieces::keep(queued, Some(last), piece)
+            }
+            _ => Some(piece),
         };
-        if let Some(piece) = pieces::keep(queued, last, piece) {
+        if let Some(piece) = kept {
             self.frames.push_back(Frame::Data(piece));
         }
         self.recv.wake();
