@@ -159,12 +159,13 @@ impl Direction {
     /// queues few frames.
     fn push_data(&mut self, piece: Bytes) {
         let queued = self.frames.len();
-        let kept = match self.frames.back_mut() {
-            // The common case, a frame or two queued, is decided without a look at them.
-            Some(Frame::Data(last)) if queued >= pieces::PIECES_KEPT_AS_GIVEN => {
-                pieces::keep(queued, Some(last), piece)
-            }
-            _ => Some(piece),
+        // The common case, a frame or two queued, is decided without a look at them.
+        let kept = if queued < pieces::PIECES_KEPT_AS_GIVEN {
+            Some(piece)
+        } else if let Some(Frame::Data(last)) = self.frames.back_mut() {
+            pieces::keep(queued, Some(last), piece)
+        } else {
+            Some(piece)
         };
         if let Some(piece) = kept {
             self.frames.push_back(Frame::Data(piece));

@@ -112,10 +112,6 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc<I
     }
 }
 
-/// The error of an `initialize` whose capabilities are over [`SESSION_CAPABILITIES_BYTES_MAX`].
-const CAPABILITIES_TOO_LARGE: &str = "Invalid params: capabilities larger than 65536 bytes";
-const _: () = assert!(SESSION_CAPABILITIES_BYTES_MAX == 65536);
-
 /// Negotiates the version, opens the session's lifecycle stream and answers once the exit
 /// has answered it.
 async fn initialize(
@@ -167,7 +163,9 @@ async fn initialize(
             sink,
             id,
             jsonrpc::INVALID_PARAMS,
-            CAPABILITIES_TOO_LARGE,
+            &format!(
+                "Invalid params: capabilities larger than {SESSION_CAPABILITIES_BYTES_MAX} bytes"
+            ),
             None,
         )
         .await;

@@ -182,11 +182,17 @@ impl Render<'_> {
         }
     }
 
-    /// Emits one event on the SSE stream and keeps it for replay.
-    async fn emit(&mut self, json: &[u8]) {
+    /// `json` as the stream's next event (`None` if it cannot be one), with its seq.
+    fn next_event(&mut self, json: &[u8]) -> (u64, Option<Bytes>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let Some(out) = data_event(&self.event_id(seq), json) else {
+        (seq, data_event(&self.event_id(seq), json))
+    }
+
+    /// Emits one event on the SSE stream and keeps it for replay.
+    async fn emit(&mut self, json: &[u8]) {
+        let (seq, out) = self.next_event(json);
+        let Some(out) = out else {
             return;
         };
         self.ring.push_back((seq, out.clone()));
@@ -246,10 +252,10 @@ impl Render<'_> {
             }
             Mode::Sse if !self.result_started => {
                 self.errored = true;
-                self.inflight.stream.set(ReplyStream::Closing);
-                self.emit(&body).await;
-                // The error is the stream's last event.
-                self.finish(&[]).await;
+                // The error is the stream's last event, written with its end (not kept
+                // for replay: no resume is taken from here on).
+                let (_, event) = self.next_event(&body);
+                self.finish(event.as_deref().unwrap_or_default()).await;
             }
             // A body is half written: the only honest end is an abort (drop), and no
             // answer reaches the agent.
