@@ -16,7 +16,8 @@ use std::path::Path;
 pub const JWKS_BYTES_MAX: usize = 256 * 1024;
 /// Most keys kept from one set.
 pub const JWKS_KEYS_MAX: usize = 64;
-/// Longest `kid` kept; a longer one cannot match a token's (tokens are bounded too).
+/// Longest `kid` a usable key may have. A key with a longer one is skipped, not kept without
+/// its name: unnamed, it would be tried for tokens naming other keys.
 const KID_BYTES_MAX: usize = 256;
 
 /// What signs: the key type a token's `alg` needs.
@@ -173,14 +174,16 @@ fn usable(jwk: &Jwk) -> Option<Key> {
         },
         AlgorithmParameters::OctetKey(_) => return None,
     };
+    let kid = jwk.common.key_id.as_deref();
+    if kid.is_some_and(|k| k.len() > KID_BYTES_MAX) {
+        return None;
+    }
     let key = DecodingKey::from_jwk(jwk).ok()?;
-    let kid = jwk
-        .common
-        .key_id
-        .as_deref()
-        .filter(|k| k.len() <= KID_BYTES_MAX)
-        .map(Box::from);
-    Some(Key { kid, family, key })
+    Some(Key {
+        kid: kid.map(Box::from),
+        family,
+        key,
+    })
 }
 
 #[cfg(test)]
@@ -221,5 +224,22 @@ mod tests {
         let kidless = parse(kidless).unwrap();
         assert_eq!(kidless.candidates(Some("other"), Family::Ed).count(), 1);
         assert_eq!(Family::of(Algorithm::HS256), None);
+    }
+
+    #[test]
+    fn a_key_with_an_overlong_kid_is_skipped_not_kept_unnamed() {
+        let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+        let set = |kid: &str| {
+            format!(
+                r#"{{"keys":[{{"kty":"OKP","crv":"Ed25519","x":"{x}","kid":"{kid}"}},{{"kty":"OKP","crv":"Ed25519","x":"{x}","kid":"short"}}]}}"#
+            )
+        };
+        let longest = parse(set(&"k".repeat(KID_BYTES_MAX)).as_bytes()).unwrap();
+        assert_eq!(longest.keys.len(), 2);
+        assert!(longest.has_kid(&"k".repeat(KID_BYTES_MAX)));
+        let over = parse(set(&"k".repeat(KID_BYTES_MAX + 1)).as_bytes()).unwrap();
+        assert_eq!(over.keys.len(), 1);
+        // Unnamed, it would be a candidate for a token naming a key the set does not have.
+        assert_eq!(over.candidates(Some("other"), Family::Ed).count(), 0);
     }
 }

@@ -124,6 +124,16 @@ pub const SHARED_SESSION_ADOPTIONS_MAX: usize = 256;
 /// leases and reads and to session writes. One more is answered 503 (an overload).
 pub const SHARED_SESSION_ADOPTIONS_NODE_MAX: usize = 256;
 
+/// Shared session ids the store was found not to hold, remembered per worker so that an
+/// agent repeating one (an ended session, a made-up id) costs one store read per
+/// [`SHARED_SESSION_ABSENT_TTL`], not one per request; the oldest is forgotten first.
+pub const SHARED_SESSION_ABSENT_KEPT: usize = 256;
+
+/// How long an id the store did not hold is answered 404 without asking it again. Short:
+/// a session whose record could not be written when it opened (the store was down) is
+/// written later, and is found at other nodes this long after at the latest.
+pub const SHARED_SESSION_ABSENT_TTL: Duration = Duration::from_secs(2);
+
 /// Largest shared-session record read back from the store; a larger one is refused as
 /// not ours (what mcpyard writes is the agent's capabilities and a few ids).
 pub const SHARED_SESSION_RECORD_BYTES_MAX: usize = 256 * 1024;

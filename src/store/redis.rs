@@ -826,13 +826,15 @@ pub(crate) fn parse_change(payload: &[u8]) -> Option<(u64, &str)> {
 
 /// Text from Redis (or about it) made safe for a log line: control bytes replaced, bounded.
 fn clean(text: &str) -> String {
-    let mut out: String = text
-        .chars()
-        .take(LOG_FIELD_BYTES_MAX * 2)
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect();
-    if text.chars().count() > LOG_FIELD_BYTES_MAX * 2 {
-        out.push('…');
+    let bytes_max = LOG_FIELD_BYTES_MAX * 2;
+    let mut out = String::with_capacity(text.len().min(bytes_max) + '…'.len_utf8());
+    for c in text.chars() {
+        let c = if c.is_control() { '?' } else { c };
+        if out.len() + c.len_utf8() > bytes_max {
+            out.push('…');
+            break;
+        }
+        out.push(c);
     }
     out
 }
@@ -1139,7 +1141,11 @@ mod unit {
     #[test]
     fn text_from_redis_is_cleaned_for_logs() {
         assert_eq!(clean("ERR bad\r\nINJECTED\0"), "ERR bad??INJECTED?");
-        assert!(clean(&"x".repeat(10_000)).len() < 4 * LOG_FIELD_BYTES_MAX);
+        assert!(clean(&"x".repeat(10_000)).len() <= 2 * LOG_FIELD_BYTES_MAX + 3);
+        // Bounded in bytes, not characters: four-byte characters do not make it longer.
+        assert!(clean(&"\u{1F600}".repeat(10_000)).len() <= 2 * LOG_FIELD_BYTES_MAX + 3);
+        let exact = "x".repeat(2 * LOG_FIELD_BYTES_MAX);
+        assert_eq!(clean(&exact), exact);
     }
 
     #[test]

@@ -28,7 +28,8 @@ checked on raw HTTP; one scenario drives the official SDK client.
 - SIGTERM of A (graceful drain, exit 0) leaves the shared session alive for B;
 - without `sessions:` (the redis store present but unused): B answers 404, and nothing
   named `session:` is written to Redis (today's behaviour);
-- hostile input: a well-formed unknown id is 404 at once (one store lookup); ids outside
+- hostile input: a well-formed unknown id is 404 at once (one store lookup, then
+  remembered for 2 s, so repeating it reads the store no more); ids outside
   the format (too long, too short, `%0d`, a space, a non-hex owner) are 404 with no Redis
   command naming them (MONITOR); forged records (garbage, no version prefix, `v: 2`, an
   unknown protocol version, non-object capabilities, a 1 MB value, a huge `touched`, a
@@ -828,6 +829,14 @@ def test_unknown_malformed_and_forged_ids_are_404_or_working_sessions(upstreams,
                         probe.session_id = unknown
                         for method in ("GET", "DELETE"):
                             assert await status_of(probe, node, method) == 404, method
+                    # Repeated, it is answered from the node's memory of absent ids (kept
+                    # 2 s), not by a store read each time: ten in a row take a few ms, so
+                    # most are remembered even on a slow machine.
+                    remembered = b.metric("mcpyard_sessions_absent_remembered_total")
+                    for _ in range(10):
+                        status, _, _ = await answer(unknown, b, client)
+                        assert status == 404
+                    assert b.metric("mcpyard_sessions_absent_remembered_total") - remembered >= 5
                     # Ids outside the format: 404, and no Redis command names them.
                     # Each carries a mark of its own (9 characters of the id alphabet).
                     marks = {name: unique("Q") for name in ("too long", "too short", "%0d", "space", "non-hex owner")}

@@ -17,12 +17,14 @@ use super::sink::Sink;
 use super::{Server, session_id};
 use crate::binding::server::metrics::{self as server_metrics, REJECTED_SUBJECT};
 use crate::limits::{
-    SESSIONS_PER_WORKER_MAX, SHARED_SESSION_ADOPTIONS_MAX, SHARED_SESSION_ADOPTIONS_NODE_MAX,
+    SESSIONS_PER_WORKER_MAX, SHARED_SESSION_ABSENT_KEPT, SHARED_SESSION_ABSENT_TTL,
+    SHARED_SESSION_ADOPTIONS_MAX, SHARED_SESSION_ADOPTIONS_NODE_MAX,
 };
 use crate::runtime::notify::Notify;
 use crate::stream::{self, Begin, ClientHello, Event, Flush, Frame};
 use crate::{log, metrics};
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -177,6 +179,10 @@ pub async fn adopt(
         .filter(|id| session_id::owner(id).is_some())
         .and_then(|id| std::str::from_utf8(id).ok())
         .ok_or(NOT_FOUND)?;
+    if server.absent.borrow_mut().holds(id, Instant::now()) {
+        server_metrics::with(|m| m.sessions_absent_remembered += 1);
+        return Err(NOT_FOUND);
+    }
     let id: Rc<str> = Rc::from(id);
     // Another request of this worker is taking the same session up: wait for it.
     let waiting = server.adopting.borrow().get(&id).cloned();
@@ -227,7 +233,10 @@ async fn take_up(
     const NOT_FOUND: (u16, &str) = (404, "Session not found");
     let record = match store.get(&key(&id)).await {
         Ok(Some(value)) => value,
-        Ok(None) => return Err(NOT_FOUND),
+        Ok(None) => {
+            server.absent.borrow_mut().add(id, Instant::now());
+            return Err(NOT_FOUND);
+        }
         Err(e) => {
             server_metrics::with(|m| m.session_store_failures += 1);
             if store_log_due() {
@@ -305,6 +314,37 @@ async fn take_up(
     Ok(session)
 }
 
+/// Shared session ids the store was just found not to hold
+/// ([`SHARED_SESSION_ABSENT_KEPT`], each for [`SHARED_SESSION_ABSENT_TTL`]): a repeated one
+/// is answered 404 without a store read. Only a store's plain "no record" is kept: a read
+/// that failed, or a record of another subject's, is asked again.
+///
+/// Invariant: `ids.len() <= SHARED_SESSION_ABSENT_KEPT`, ordered by expiry (every entry
+/// lives the same time), so the expired ones are at the front.
+#[derive(Default)]
+pub struct Absent {
+    ids: VecDeque<(Rc<str>, Instant)>,
+}
+
+impl Absent {
+    /// Whether `id` was found absent less than [`SHARED_SESSION_ABSENT_TTL`] ago.
+    fn holds(&mut self, id: &str, now: Instant) -> bool {
+        while self.ids.front().is_some_and(|(_, until)| *until <= now) {
+            self.ids.pop_front();
+        }
+        self.ids.iter().any(|(kept, _)| **kept == *id)
+    }
+
+    /// Remembers `id` as absent from now, forgetting the oldest when full.
+    fn add(&mut self, id: Rc<str>, now: Instant) {
+        if self.ids.len() == SHARED_SESSION_ABSENT_KEPT {
+            self.ids.pop_front();
+        }
+        self.ids.push_back((id, now + SHARED_SESSION_ABSENT_TTL));
+        assert!(self.ids.len() <= SHARED_SESSION_ABSENT_KEPT);
+    }
+}
+
 /// Ends a lifecycle opened to take a session up without ending the session upstream: the
 /// exit's sessions may be in use at other nodes.
 fn let_go(caller: &stream::Caller) {
@@ -350,5 +390,23 @@ mod tests {
         assert!(places.take().is_none());
         drop((b, c));
         assert_eq!(places.taken.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn absent_ids_are_kept_for_their_time_and_up_to_the_bound() {
+        let mut absent = Absent::default();
+        let t0 = Instant::now();
+        absent.add(Rc::from("a"), t0);
+        assert!(absent.holds("a", t0));
+        assert!(!absent.holds("b", t0));
+        assert!(absent.holds("a", t0 + SHARED_SESSION_ABSENT_TTL / 2));
+        assert!(!absent.holds("a", t0 + SHARED_SESSION_ABSENT_TTL));
+        assert!(absent.ids.is_empty(), "an expired id is forgotten");
+        for n in 0..SHARED_SESSION_ABSENT_KEPT + 10 {
+            absent.add(Rc::from(n.to_string()), t0);
+        }
+        assert_eq!(absent.ids.len(), SHARED_SESSION_ABSENT_KEPT);
+        assert!(!absent.holds("0", t0), "the oldest goes first");
+        assert!(absent.holds(&(SHARED_SESSION_ABSENT_KEPT + 9).to_string(), t0));
     }
 }

@@ -31,6 +31,9 @@ pub struct ServerMetrics {
     pub sessions_adopted: u64,
     pub sessions_detached: u64,
     pub session_store_failures: u64,
+    /// Requests naming a shared session the store was just found not to hold, answered 404
+    /// without reading the store again.
+    pub sessions_absent_remembered: u64,
     pub connections_accepted: u64,
     /// Requests handed to another worker (the session lives there).
     pub handoffs: u64,
@@ -79,6 +82,7 @@ impl ServerMetrics {
             sessions_adopted: 0,
             sessions_detached: 0,
             session_store_failures: 0,
+            sessions_absent_remembered: 0,
             connections_accepted: 0,
             handoffs: 0,
             write_deadline_cuts: 0,
@@ -107,6 +111,7 @@ impl ServerMetrics {
         self.sessions_adopted += o.sessions_adopted;
         self.sessions_detached += o.sessions_detached;
         self.session_store_failures += o.session_store_failures;
+        self.sessions_absent_remembered += o.sessions_absent_remembered;
         self.connections_accepted += o.connections_accepted;
         self.handoffs += o.handoffs;
         self.write_deadline_cuts += o.write_deadline_cuts;
@@ -162,7 +167,7 @@ impl ServerMetrics {
         for (name, help, value) in gauges {
             metrics::write_gauge(out, name, help, value);
         }
-        let counters: [(&str, &str, u64); 11] = [
+        let counters: [(&str, &str, u64); 12] = [
             (
                 "mcpyard_sessions_created_total",
                 "Sessions created.",
@@ -187,6 +192,11 @@ impl ServerMetrics {
                 "mcpyard_sessions_store_failures_total",
                 "Shared-session record reads and writes that failed.",
                 self.session_store_failures,
+            ),
+            (
+                "mcpyard_sessions_absent_remembered_total",
+                "Requests naming a shared session the store was just found not to hold, answered 404 without a store read.",
+                self.sessions_absent_remembered,
             ),
             (
                 "mcpyard_connections_accepted_total",

@@ -60,6 +60,8 @@ pub struct Server {
     /// Shared sessions being taken up from the store, by id: later requests for the same
     /// one wait for it. Invariant: `len() <= SHARED_SESSION_ADOPTIONS_MAX`.
     pub(crate) adopting: RefCell<FastMap<Rc<str>, Rc<lookup::Adoption>>>,
+    /// Shared session ids the store was just found not to hold.
+    pub(crate) absent: RefCell<lookup::Absent>,
     draining: Cell<bool>,
     /// Agents connect over TLS with the current config (swapped on SIGHUP); `None`: plain.
     pub(crate) tls: Option<Arc<arc_swap::ArcSwap<rustls::ServerConfig>>>,
@@ -111,6 +113,7 @@ impl Server {
             sessions: RefCell::new(FastMap::default()),
             shared,
             adopting: RefCell::new(FastMap::default()),
+            absent: RefCell::new(lookup::Absent::default()),
             draining: Cell::new(false),
             tls,
             gate: auth.map(auth::Gate::new),
