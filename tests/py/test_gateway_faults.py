@@ -12,7 +12,8 @@ exactly. The contract these tests pin for the client binding:
 - upstream 401/403 with a Bearer challenge: the same status and a `WWW-Authenticate: Bearer`
   with the same realm, scope, error and resource_metadata (on initialize and on a call);
 - upstream 404 for the session: mcpyard initializes a new upstream session once, retries,
-  and the agent gets the normal result;
+  and the agent gets the normal result; on the GET stream, a re-initialize that fails is
+  tried again after the backoff, and the stream comes back;
 - slow upstream: a JSON-RPC error within response_timeout + 2 s;
 - `authorization: forward` sends the agent's Authorization upstream, `{bearer: ${X}}` sends
   `Bearer <X>`, and no `authorization` sends none;
@@ -419,6 +420,82 @@ def test_session_404_is_retried_only_once(start_gateway, fault):
         await assert_healthy(url)
 
     run(scenario)
+
+
+@BOTH_STYLES
+def test_a_call_after_a_failed_reinitialize_renews_the_session(start_gateway, fault):
+    """The upstream forgets the session and its first re-initialize fails (503, still
+    booting): that call gets an error, and the next call names the old session again, gets
+    its 404 and re-initializes (it used to go without a session id and get the upstream's
+    400 for good)."""
+    url = start_gateway(fault.url)
+
+    async def scenario():
+        async with client() as c:
+            raw = RawSession(c, url)
+            await raw.initialize()
+            old = fault.requests("initialize")[0].new_session
+            fault.script("tools/call", ForgetSession())
+            fault.script("initialize", Status(503, (), b"booting"))
+            failed, _ = await timed(call_echo(raw, "while booting"))
+            assert failed.status == 200 and failed.message is not None, failed.body
+            assert failed.message["error"]["code"] == INTERNAL_ERROR, failed.body
+            reply, _ = await timed(call_echo(raw, "booted"))
+            assert reply.status == 200, reply.body
+            assert reply.result["content"][0]["text"] == "upstream: booted"
+            calls = fault.requests("tools/call")
+            new = fault.requests("initialize")[-1].new_session
+            assert new and new != old
+            assert [s.session for s in calls] == [old, old, new], [(s.session, s.answer) for s in calls]
+
+    run(scenario)
+
+
+def test_an_event_stream_whose_upstream_restarts_slowly_comes_back(start_gateway, fault):
+    """The upstream restarts under a live GET stream: the stream ends, the next GET is 404
+    (the session is forgotten), and the first re-initialize fails (503, still booting).
+    mcpyard tries again after its backoff, opens a new upstream session and a new stream,
+    and the agent's stream gets the upstream's next notification. (It used to give up
+    after the failed re-initialize, and the session had no events again.)"""
+    url = start_gateway(fault.url)
+
+    def note(text: str) -> dict:
+        return {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": text}}
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(DEADLINE_S, read=None)) as c:
+            raw = RawSession(c, url)
+            await raw.initialize()
+            old = fault.requests("initialize")[0].new_session
+            fault.script("GET", EventStream((note("before"),), close=True))
+            fault.script("GET", ForgetSession(), times=2)
+            fault.script("initialize", Status(503, (("Retry-After", "1"),), b"booting"))
+            fault.script("GET", EventStream((note("after"),)))
+            headers = {**raw.headers(), "accept": "text/event-stream"}
+            seen: list[str] = []
+            async with c.stream("GET", raw.url, headers=headers) as response:
+                assert response.status_code == 200
+                events = stream_sse(response)
+                # 1 s after the first stream ends, 2 s after the failed re-initialize.
+                with anyio.fail_after(15):
+                    while "after" not in seen:
+                        event = await events.__anext__()
+                        message = json.loads(event.data) if event.data else {}
+                        if message.get("method") == "notifications/message":
+                            seen.append(message["params"]["data"])
+            assert seen == ["before", "after"], seen
+            inits = fault.requests("initialize")
+            assert [s.answer for s in inits] == ["normal", "Status", "normal"], [s.answer for s in inits]
+            new = inits[-1].new_session
+            assert new and new != old
+            gets = fault.requests(http_method="GET")
+            assert [g.session for g in gets] == [old, old, old, new], [(g.session, g.answer) for g in gets]
+            # The agent's session works on, on the new upstream session.
+            reply = await call_echo(raw, "later")
+            assert reply.result["content"][0]["text"] == "upstream: later"
+            assert fault.requests("tools/call")[-1].session == new
+
+    run(scenario, timeout_s=60)
 
 
 # 6. what credential goes upstream

@@ -118,9 +118,13 @@ impl Client {
     /// `Err(UpErr::Head)` (nothing written, one log line, a counter) if a value would
     /// break the head: the request is not sent.
     fn head(&self, req: &Outgoing<'_>, out: &mut BytesMut) -> Result<(), UpErr> {
-        if let (Some(session), "POST", Some(len), None) =
-            (req.session, req.method, req.body_len, req.last_event_id)
-        {
+        if let (Some(session), "POST", Some(len), None, false) = (
+            req.session,
+            req.method,
+            req.body_len,
+            req.last_event_id,
+            req.initialize,
+        ) {
             // A session's POST (every call): the fixed part comes from the session's
             // template, checked when it was made; only the length is written here.
             let whole = Outgoing {
@@ -138,7 +142,7 @@ impl Client {
     fn encode_head(&self, req: &Outgoing<'_>, out: &mut BytesMut) -> Result<(), UpErr> {
         let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(8);
         headers.push(("host", self.url.authority.as_bytes()));
-        let ids = req.session.map(|s| s.ids());
+        let ids = req.session.filter(|_| !req.initialize).map(|s| s.ids());
         if req.method == "POST" {
             headers.push(("content-type", b"application/json"));
         }
@@ -319,6 +323,10 @@ struct Outgoing<'a> {
     body_len: Option<u64>,
     accept: &'static [u8],
     last_event_id: Option<&'a [u8]>,
+    /// An `initialize`: sent without the session's MCP headers (they may name the upstream
+    /// session it replaces, which the session's other requests go on naming until it
+    /// succeeds), with its credential.
+    initialize: bool,
 }
 
 impl<'a> Outgoing<'a> {
@@ -329,6 +337,7 @@ impl<'a> Outgoing<'a> {
             body_len: Some(len as u64),
             accept: ACCEPT_BOTH,
             last_event_id: None,
+            initialize: false,
         }
     }
 }

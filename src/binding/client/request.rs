@@ -632,6 +632,7 @@ impl Exchange<'_> {
             body_len: None,
             accept: b"text/event-stream",
             last_event_id: Some(last_event.as_bytes()),
+            initialize: false,
         };
         let Answered { response, head } = self.with_caller(self.client.send(&req, &[])).await??;
         check_status(&head)?;

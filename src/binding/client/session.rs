@@ -632,13 +632,14 @@ async fn initialize(client: &Client, session: &UpSession) -> Result<Initialized,
     body.put_slice(env!("CARGO_PKG_VERSION").as_bytes());
     body.put_slice(b"\"}}}");
     let body = body.freeze();
-    // The initialize request carries no session headers (fresh ids, same credential).
-    let fresh = Ids {
-        generation: session.ids.borrow().generation,
-        ..Ids::default()
+    // The initialize request carries no session headers, but the session's ids stay as
+    // they are until it succeeds: a request sent meanwhile names the old upstream session,
+    // gets its 404 and waits for this re-initialize (or, if this one fails, tries one of
+    // its own), where one sent without an id would get a 400 that nothing renews.
+    let req = Outgoing {
+        initialize: true,
+        ..Outgoing::post(Some(session), body.len())
     };
-    *session.ids.borrow_mut() = fresh;
-    let req = Outgoing::post(Some(session), body.len());
     let super::Answered { response, head } = client.send(&req, &[body]).await?;
     match super::check_status(&head) {
         Ok(()) => {}
@@ -807,6 +808,7 @@ async fn terminate(client: &Client, session: &UpSession) {
         body_len: None,
         accept: b"application/json, text/event-stream",
         last_event_id: None,
+        initialize: false,
     };
     match client.send(&req, &[]).await {
         Ok(super::Answered { mut response, head }) => {
@@ -891,10 +893,14 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
                 return;
             }
             Opened::Stream { status: 404, .. } => {
-                if !Box::pin(reinitialize(&client, &session, generation)).await {
-                    return;
+                if Box::pin(reinitialize(&client, &session, generation)).await {
+                    continue;
                 }
-                continue;
+                // The upstream forgot the session and could not open a new one yet (it
+                // is restarting, say): a failed attempt like any other, tried again after
+                // the backoff. Giving up here would leave the session without events,
+                // its notifications (list changes among them) lost for good.
+                failures += 1;
             }
             Opened::Stream { status, .. } => {
                 failures += 1;
@@ -950,6 +956,7 @@ async fn open_events(client: &Client, session: &UpSession) -> Opened {
         body_len: None,
         accept: b"text/event-stream",
         last_event_id: last.as_deref().map(str::as_bytes),
+        initialize: false,
     };
     let sent = tokio::select! {
         r = client.send(&req, &[]) => r,
