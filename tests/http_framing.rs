@@ -117,6 +117,54 @@ fn pipelined_posts_are_answered_in_order() {
     });
 }
 
+/// The `mcpyard_connections` gauge in scraped `text`.
+fn connections(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("mcpyard_connections "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+#[test]
+fn a_deep_pipeline_behind_a_close_ends_with_its_connection() {
+    // Many small requests in one write, the first asking to close: the answer to the
+    // first ends the connection, and nothing of it is left on the gateway (the reader,
+    // waiting for room in a full queue the dispatcher would never empty again, used to
+    // keep the connection's place for good).
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let mut bytes = gw.post_bytes(Some(&session), &[("connection", "close")], PING);
+        let get = format!("GET /other HTTP/1.1\r\nhost: {}\r\n\r\n", gw.host());
+        for _ in 0..200 {
+            bytes.extend_from_slice(get.as_bytes());
+        }
+        let mut c = gw.conn();
+        c.send(&bytes);
+        let r = c.read_response();
+        assert_eq!(r.status, 200);
+        assert!(c.closed(), "connection stays open after Connection: close");
+        drop(c);
+        support::scrape_until(gw, "no agent connection left", |t| connections(t) == 0);
+        gw.assert_serving();
+    });
+}
+
+#[test]
+fn a_deep_pipeline_is_read_no_faster_than_it_is_answered() {
+    // 2,000 pipelined requests in one write are all answered, in order, though the
+    // gateway queues at most a few at a time.
+    each_mode(|gw| {
+        let get = format!("GET /other HTTP/1.1\r\nhost: {}\r\n\r\n", gw.host());
+        let mut c = gw.conn();
+        c.send(get.repeat(2000).as_bytes());
+        for n in 0..2000 {
+            let r = c.read_response();
+            assert_eq!(r.status, 404, "answer {n}");
+        }
+        gw.assert_serving();
+    });
+}
+
 #[test]
 fn keep_alive_connection_is_reused() {
     each_mode(|gw| {

@@ -277,3 +277,78 @@ fn tools_call_without_progress_token_is_json() {
         );
     });
 }
+
+/// The `mcpyard_connections` gauge in scraped `text`.
+fn connections(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("mcpyard_connections "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+/// A `tools/call` of the demo's `progress` tool without a progress token: answered as
+/// JSON once its steps are done.
+fn slow_call(id: u32, steps: u32) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"progress","arguments":{{"steps":{steps}}}}}}}"#
+    )
+}
+
+#[test]
+fn agents_that_hang_up_before_their_json_answer_free_their_connections_at_once() {
+    // 100 steps of 100 ms: the answers come after 10 s, the connections must go long
+    // before (they were held until the answer, so a few thousand agents that hang up
+    // could fill a worker's connection table).
+    for mode in support::MODES {
+        eprintln!("--- mode {mode:?}");
+        let gw = Gateway::start_with(mode, "{kind: demo, progress_interval: 100ms}");
+        let session = gw.initialize();
+        let mut agents = Vec::new();
+        for id in 0..50 {
+            let mut c = gw.conn();
+            c.send(&gw.post_bytes(Some(&session), &[], &slow_call(id, 100)));
+            agents.push(c);
+        }
+        support::scrape_until(&gw, "50 agent connections", |t| connections(t) == 50);
+        let hung_up = std::time::Instant::now();
+        drop(agents);
+        support::scrape_until(&gw, "no agent connection left", |t| connections(t) == 0);
+        assert!(hung_up.elapsed() < std::time::Duration::from_secs(8));
+        // The session serves on.
+        let echo = call(
+            &gw,
+            &session,
+            r#"{"jsonrpc":"2.0","id":"after","method":"tools/call","params":{"name":"echo","arguments":{"text":"still here"}}}"#,
+        );
+        assert_eq!(echo["result"]["content"][0]["text"], "still here");
+    }
+}
+
+#[test]
+fn an_id_in_flight_is_refused_and_free_again_once_answered() {
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let mut first = gw.conn();
+        first.send(&gw.post_bytes(Some(&session), &[], &slow_call(7, 10)));
+        // The same id again while the first is in flight: -32600, nothing served.
+        let mut refused = None;
+        for _ in 0..50 {
+            let again = call(gw, &session, &slow_call(7, 1));
+            if again.get("error").is_some() {
+                refused = Some(again);
+                break;
+            }
+            // The first had not reached the session yet: this one was served.
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let refused = refused.expect("a second request with an id in flight was served");
+        assert_eq!(refused["id"], 7);
+        assert_eq!(refused["error"]["code"], -32600, "{refused}");
+        let answer = first.read_response();
+        assert_eq!(answer.status, 200);
+        assert!(answer.json()["result"].is_object(), "{}", answer.text());
+        // Once answered, the id may come again.
+        let later = call(gw, &session, &slow_call(7, 1));
+        assert!(later["result"].is_object(), "{later}");
+    });
+}

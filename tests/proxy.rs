@@ -437,7 +437,10 @@ fn an_agent_that_stops_reading_a_large_answer_is_cut_off_at_the_deadline() {
         // Four agents, each on its own connection (with 2 workers some land on the worker
         // that does not own the session, and their answer crosses workers).
         let stalled: Vec<std::net::TcpStream> = (0..4)
-            .map(|_| {
+            .map(|n| {
+                // Each its own id: an id in flight on the session is refused.
+                let list =
+                    format!(r#"{{"jsonrpc":"2.0","id":"stalled-{n}","method":"tools/list"}}"#);
                 let socket =
                     socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
                         .expect("socket");
@@ -445,7 +448,7 @@ fn an_agent_that_stops_reading_a_large_answer_is_cut_off_at_the_deadline() {
                 socket.connect(&gw.addr.into()).expect("connect");
                 let mut stream: std::net::TcpStream = socket.into();
                 stream
-                    .write_all(&gw.post_bytes(Some(&session), &[], list))
+                    .write_all(&gw.post_bytes(Some(&session), &[], &list))
                     .expect("send");
                 stream
             })

@@ -411,6 +411,17 @@ async fn request(
     }
     let filter =
         gate.and_then(|(gate, who)| ListFilter::new(&gate.guard.cfg.rules, who.admits, kind));
+    if session.in_flight(&id.key()) {
+        server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
+        return rpc_error(
+            sink,
+            id.raw,
+            jsonrpc::INVALID_REQUEST,
+            "Invalid Request: a request with this id is in flight on this session",
+            Some(&session.id),
+        )
+        .await;
+    }
     if session.request_count() >= REQUESTS_PER_SESSION_MAX {
         metrics::with(|m| m.overload_rejections += 1);
         server_metrics::record_request(method, Outcome::Rejected, started.elapsed());

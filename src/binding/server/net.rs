@@ -48,6 +48,8 @@ enum Item {
 /// State shared by a connection's reader and dispatcher.
 struct Link {
     shared: Rc<ConnShared>,
+    /// Requests read and not yet taken by the dispatcher. Invariant: at most
+    /// [`PIPELINE_DEPTH_MAX`] requests, and the end or error that closes them.
     queue: RefCell<VecDeque<Item>>,
     /// Woken when an item is queued.
     queued: Notify,
@@ -55,6 +57,8 @@ struct Link {
     taken: Notify,
     /// A request is being answered.
     busy: Cell<bool>,
+    /// The dispatcher has ended (the connection closes): nothing queued will be taken.
+    dispatched: Cell<bool>,
     /// When the current partial request started arriving, if one is.
     partial_since: Cell<Option<Instant>>,
     last_activity: Cell<Instant>,
@@ -149,6 +153,7 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
         queued: Notify::new(),
         taken: Notify::new(),
         busy: Cell::new(false),
+        dispatched: Cell::new(false),
         partial_since: Cell::new(None),
         last_activity: Cell::new(Instant::now()),
     });
@@ -174,7 +179,10 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
     // same pass (and the wake it made is dropped: see `runtime::pass`).
     let dispatching = async {
         dispatch(&server, &link).await;
-        // The read loop ends once the shutdown completes its pending read.
+        // The read loop ends once the shutdown completes its pending read, or at once if
+        // it waits for room in the queue.
+        link.dispatched.set(true);
+        link.taken.notify_one();
         link.shared.conn.shutdown();
     };
     let reading = read_loop(&link, &slots);
@@ -290,8 +298,28 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
     }
 }
 
+/// Back-pressure: waits while the dispatcher is [`PIPELINE_DEPTH_MAX`] requests behind.
+/// False once the dispatcher has ended (nothing more will be taken).
+async fn room(link: &Link) -> bool {
+    loop {
+        let taken = link.taken.notified();
+        if link.dispatched.get() {
+            return false;
+        }
+        if link.queue.borrow().len() < PIPELINE_DEPTH_MAX {
+            return true;
+        }
+        taken.await;
+    }
+}
+
 fn push(link: &Link, item: Item) {
-    link.queue.borrow_mut().push_back(item);
+    let mut queue = link.queue.borrow_mut();
+    // A request is read only with room for it ([`room`]); an end or an error may come
+    // on top of a full queue.
+    assert!(queue.len() <= PIPELINE_DEPTH_MAX);
+    queue.push_back(item);
+    drop(queue);
     link.queued.notify_one();
 }
 
@@ -307,13 +335,8 @@ async fn read_loop(link: &Link, slots: &Slots) {
     // Plaintext that came with the TLS handshake's last flight is decoded before any read.
     let mut early = link.shared.conn.take_early(&mut buf) > 0;
     'read: loop {
-        // Back-pressure: stop reading while the dispatcher is PIPELINE_DEPTH_MAX behind.
-        loop {
-            let taken = link.taken.notified();
-            if link.queue.borrow().len() < PIPELINE_DEPTH_MAX {
-                break;
-            }
-            taken.await;
+        if !room(link).await {
+            break 'read;
         }
         if !std::mem::take(&mut early) {
             let slot = if streaming && !burst {
@@ -345,7 +368,7 @@ async fn read_loop(link: &Link, slots: &Slots) {
             }
         }
         // One clock read per read: the request deadlines are whole seconds.
-        let now = Instant::now();
+        let mut now = Instant::now();
         link.last_activity.set(now);
         let was_partial = link.partial_since.get().is_some();
         if !was_partial {
@@ -381,6 +404,14 @@ async fn read_loop(link: &Link, slots: &Slots) {
                     }
                     link.partial_since
                         .set(if buf.is_empty() { None } else { Some(now) });
+                    // The requests still in the buffer wait for room as a read would
+                    // (and a partial one after them is timed from when it can be taken).
+                    if link.queue.borrow().len() >= PIPELINE_DEPTH_MAX {
+                        if !room(link).await {
+                            break 'read;
+                        }
+                        now = Instant::now();
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {

@@ -602,9 +602,9 @@ pub async fn pump(
             }
         } else {
             let sink_closed = async {
-                match (r.mode, r.sink.as_ref()) {
-                    (Mode::Sse, Some(s)) => s.closed().await,
-                    _ => std::future::pending().await,
+                match r.sink.as_ref() {
+                    Some(s) => s.closed().await,
+                    None => std::future::pending().await,
                 }
             };
             tokio::select! {
@@ -618,7 +618,10 @@ pub async fn pump(
         };
         match step {
             Step::Wake => {
-                if inflight.cancelled.get() {
+                // MCP: a cancellation that comes once the response is under way may be
+                // ignored; it is, so the result ends whole rather than cut mid-body (which
+                // would cut the connection, and the requests pipelined behind it).
+                if inflight.cancelled.get() && !r.result_started {
                     caller.reply.reset(Reset::Plain);
                     caller.initial.abort();
                     // The HTTP request still gets an answer, as MCP SDK servers give it:
@@ -666,10 +669,24 @@ pub async fn pump(
                 }
                 return Outcome::Cancelled;
             }
-            Step::Detached => {
-                r.lose_sink();
-                let _ = caller.reply.challenge(Challenge::Suspended);
-            }
+            Step::Detached => match r.mode {
+                Mode::Sse => {
+                    r.lose_sink();
+                    let _ = caller.reply.challenge(Challenge::Suspended);
+                }
+                // The agent went before anything was written. MCP: a disconnection is
+                // not a cancellation, so the request goes on without its connection (which
+                // is let go of now, not held until the answer) and its answer is dropped.
+                // Upstream, it holds a connection of the exit's bounded pool meanwhile.
+                Mode::Undecided => r.lose_sink(),
+                // A body half written can reach no one: the rest is not read.
+                Mode::Json => {
+                    r.lose_sink();
+                    caller.reply.reset(Reset::Plain);
+                    caller.initial.abort();
+                    return Outcome::Cancelled;
+                }
+            },
             Step::Frame(Some(Frame::Begin(_))) => {}
             Step::Frame(Some(Frame::Flush(Flush { event, .. }))) => {
                 if let Event::Suspend { retry_ms } = event {

@@ -293,9 +293,15 @@ impl Session {
         st.get_live || !st.requests.is_empty()
     }
 
-    /// Requests in flight.
+    /// Requests in flight (counted by stream: one per request, whatever its id).
     pub fn request_count(&self) -> usize {
-        self.st.borrow().requests.len()
+        self.st.borrow().streams.len()
+    }
+
+    /// True while a request with this id is in flight (MCP: an id is not reused within a
+    /// session, so a second one is refused rather than served beside the first).
+    pub fn in_flight(&self, key: &IdKey) -> bool {
+        self.st.borrow().requests.contains_key(key)
     }
 
     /// True while a live GET stream (or one being set up, once the exit answered it) has
@@ -331,8 +337,8 @@ impl Session {
         }
     }
 
-    /// Records a request's stream; a duplicate id replaces the older entry for
-    /// cancellation purposes (the older request still completes).
+    /// Records a request's stream. The caller has refused an id in flight
+    /// ([`Session::in_flight`]).
     pub fn register(&self, key: IdKey, id_raw: Bytes, caller: Caller) -> Rc<Inflight> {
         let mut st = self.st.borrow_mut();
         let stream_no = st.next_stream;
@@ -347,7 +353,11 @@ impl Session {
             attach: RefCell::new(None),
             stream: Cell::new(ReplyStream::None),
         });
-        st.requests.insert(key, inflight.clone());
+        let replaced = st.requests.insert(key, inflight.clone());
+        assert!(
+            replaced.is_none(),
+            "an id in flight is refused before it is registered"
+        );
         st.streams.insert(stream_no, Rc::downgrade(&inflight));
         inflight
     }
