@@ -13,7 +13,9 @@ use crate::binding::server::auth::{Guard, keys};
 use crate::binding::server::{Server, net};
 use crate::binding::{self, Exit};
 use crate::config::{Binding, ClientAuth, Config, JwksSource, ProxyBinding};
-use crate::limits::{CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE};
+use crate::limits::{
+    CONNECTIONS_PER_WORKER_MAX, DRAIN_DEADLINE, METRICS_CONNECTIONS_MAX, METRICS_EXCHANGE_TIMEOUT,
+};
 use crate::runtime::{self, Backend, Inboxes, Listener, Slots, Task};
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
@@ -21,6 +23,7 @@ use crate::store::redis::RedisStore;
 use crate::{log, metrics};
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -599,37 +602,61 @@ async fn accept_loop(
 /// Serves `GET /metrics` (Prometheus text) on the main thread, gathering every worker's
 /// snapshot through its inbox.
 async fn serve_metrics(listener: tokio::net::TcpListener, inboxes: Inboxes) {
+    let places = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS_MAX));
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let mut stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                log::warn(format_args!("metrics accept: {e}"));
+                tokio::time::sleep(crate::limits::TICK).await;
+                continue;
+            }
+        };
+        let Ok(place) = places.clone().try_acquire_owned() else {
+            // Every place taken (scrapers that hang, or a flood): closed at once, counted.
+            METRICS_REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            drop(stream);
             continue;
         };
         let inboxes = inboxes.clone();
         tokio::spawn(async move {
-            let mut head = vec![0u8; 4096];
-            let mut len = 0;
-            while len < head.len() {
-                match stream.read(&mut head[len..]).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => len += n,
+            // A scraper that sends nothing, or does not read, is let go of in bounded time.
+            let exchange = async {
+                let mut head = vec![0u8; 4096];
+                let mut len = 0;
+                while let Some(room) = head.get_mut(len..).filter(|r| !r.is_empty()) {
+                    match stream.read(room).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => len += n,
+                    }
+                    if head
+                        .get(..len)
+                        .is_some_and(|h| h.windows(4).any(|w| w == b"\r\n\r\n"))
+                    {
+                        break;
+                    }
                 }
-                if head[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
-            }
-            let ok = head.starts_with(b"GET /metrics ") || head.starts_with(b"GET /metrics?");
-            let (status, body) = if ok {
-                ("200 OK", render(gather(&inboxes).await))
-            } else {
-                ("404 Not Found", "not found\n".to_owned())
+                let ok = head.starts_with(b"GET /metrics ") || head.starts_with(b"GET /metrics?");
+                let (status, body) = if ok {
+                    ("200 OK", render(gather(&inboxes).await))
+                } else {
+                    ("404 Not Found", "not found\n".to_owned())
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
             };
-            let response = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = tokio::time::timeout(METRICS_EXCHANGE_TIMEOUT, exchange).await;
+            drop(place);
         });
     }
 }
+
+/// Scrape connections closed at once because [`METRICS_CONNECTIONS_MAX`] were open.
+static METRICS_REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// One worker's metrics at a scrape: the core's and the bindings'.
 type Snapshot = (metrics::WorkerMetrics, BindingMetrics);
@@ -641,6 +668,13 @@ fn render(snapshots: Vec<Snapshot>) -> String {
     let mut out = String::with_capacity(8 * 1024);
     metrics::render(&core, &mut out);
     binding::metrics::render(&bindings, &mut out);
+    let refused = METRICS_REFUSED.load(std::sync::atomic::Ordering::Relaxed);
+    let _ = write!(
+        out,
+        "# HELP mcpyard_metrics_scrapes_refused_total Scrape connections closed at once: every place was taken.\n\
+         # TYPE mcpyard_metrics_scrapes_refused_total counter\n\
+         mcpyard_metrics_scrapes_refused_total {refused}\n"
+    );
     out
 }
 

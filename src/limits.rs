@@ -157,6 +157,14 @@ pub const SHARED_SESSION_RECORD_GRACE: Duration = Duration::from_secs(60);
 /// it moments ago); past it, or with the store down, it opens one of its own.
 pub const SHARED_SESSION_RECHECK_WAIT: Duration = Duration::from_millis(500);
 
+/// Scrape connections the metrics endpoint serves at once; one more is closed at once
+/// (counted in `mcpyard_metrics_scrapes_refused_total`).
+pub const METRICS_CONNECTIONS_MAX: usize = 16;
+
+/// Longest one scrape may take, from its connection to the last byte of its answer: a
+/// scraper that sends nothing, or reads nothing, is closed then.
+pub const METRICS_EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Keepalive comment interval on GET event streams.
 pub const SSE_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 
@@ -283,10 +291,21 @@ pub const LIST_PAGES_MAX: usize = 10_000;
 /// longer keeps its previous fragment, and the refresh counts as failed.
 pub const CACHE_LIST_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// Bytes of one merged list a proxy cache stores (every route's fragment of a kind, and
+/// the header naming them). When the fragments together are longer, the largest are left
+/// out (those routes count as failed and are tried again), so the others are still
+/// published and the cache gets ready.
+pub const CACHE_MERGED_LIST_BYTES_MAX: usize = CACHE_LIST_BYTES_MAX;
+
 /// Keys one memory store holds at most (values, leases and watches each). A proxy cache
 /// uses five lists and locks, its capabilities and one fragment per route and list kind.
 pub const MEMORY_STORE_KEYS_MAX: usize = 4096;
 const _: () = assert!(PROXY_ROUTES_MAX * 4 + 10 <= MEMORY_STORE_KEYS_MAX);
+
+/// Shortest time between the starts of two refreshes of a cache: `list_changed`
+/// notifications that come meanwhile are taken together by the next one, so a route that
+/// sends them in a storm costs at most a few listings of itself a second.
+pub const CACHE_REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(250);
 
 /// First wait before a failed cache refresh is tried again; it doubles up to the lease TTL.
 pub const CACHE_RETRY_MIN: Duration = Duration::from_millis(100);
@@ -346,6 +365,7 @@ pub const REDIS_VALUE_BYTES_MAX: usize = CACHE_LIST_BYTES_MAX;
 const _: () = assert!(REDIS_INFLIGHT_MAX <= REDIS_QUEUE_LEN);
 const _: () = assert!(REDIS_RECONNECT_MIN.as_millis() < REDIS_RECONNECT_MAX.as_millis());
 const _: () = assert!(CACHE_LIST_BYTES_MAX <= REDIS_VALUE_BYTES_MAX);
+const _: () = assert!(CACHE_MERGED_LIST_BYTES_MAX <= REDIS_VALUE_BYTES_MAX);
 const _: () = assert!(TLS_HANDSHAKE_FIRST_READ_BYTES < TLS_HANDSHAKE_READ_BYTES);
 const _: () = assert!(HEADER_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(REQUEST_TARGET_BYTES_MAX < HEADER_BYTES_MAX);

@@ -399,3 +399,63 @@ fn sigterm_lets_in_flight_request_finish() {
         assert!(status.success(), "{mode:?}: {status:?}");
     }
 }
+
+#[test]
+fn the_metrics_endpoint_bounds_its_scrapers() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let gw = Gateway::start(MODES[0]);
+    // Sixteen scrapers that send nothing take every place: a seventeenth is closed at once.
+    let idle: Vec<std::net::TcpStream> = (0..16)
+        .map(|_| std::net::TcpStream::connect(gw.metrics).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut extra = std::net::TcpStream::connect(gw.metrics).expect("connect");
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut got = Vec::new();
+    let read = extra.read_to_end(&mut got);
+    assert!(
+        read.as_ref().is_ok_and(|n| *n == 0)
+            || read.is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the 17th scraper was served or left waiting"
+    );
+    // Those that leave give their place back (once the gateway has read their end: until
+    // then a scrape may still be closed at once, and is tried again).
+    drop(idle);
+    let until = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        use std::io::Write;
+        let mut c = std::net::TcpStream::connect(gw.metrics).expect("connect");
+        c.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .expect("send");
+        let mut got = Vec::new();
+        let _ = c.read_to_end(&mut got);
+        if got.starts_with(b"HTTP/1.1 200 ") {
+            break String::from_utf8_lossy(&got).into_owned();
+        }
+        assert!(Instant::now() < until, "no place was given back");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(text.contains("mcpyard_sessions "), "{text}");
+    assert!(
+        !text.contains("mcpyard_metrics_scrapes_refused_total 0\n"),
+        "the refusal was not counted"
+    );
+    // One that stays and sends nothing is closed after the exchange's 10 s.
+    let mut silent = std::net::TcpStream::connect(gw.metrics).expect("connect");
+    silent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let opened = Instant::now();
+    let mut got = Vec::new();
+    let read = silent.read_to_end(&mut got);
+    assert!(read.is_ok(), "a silent scraper was never closed: {read:?}");
+    assert!(got.is_empty());
+    let held = opened.elapsed();
+    assert!(
+        held >= Duration::from_secs(9) && held < Duration::from_secs(15),
+        "{held:?}"
+    );
+}

@@ -141,6 +141,18 @@ pub enum ListKind {
 }
 
 impl ListKind {
+    /// Every list kind, in [`ListKind::index`] order.
+    pub const ALL: [ListKind; 3] = [ListKind::Tools, ListKind::Prompts, ListKind::Resources];
+
+    /// Where this kind is in a per-kind array (`[_; 3]`).
+    pub fn index(self) -> usize {
+        match self {
+            ListKind::Tools => 0,
+            ListKind::Prompts => 1,
+            ListKind::Resources => 2,
+        }
+    }
+
     /// The notification method announcing a change of this list.
     pub fn method(self) -> &'static str {
         match self {

@@ -32,7 +32,10 @@ use super::list::{self, ListRequest};
 use super::session::{self, ProxySession};
 use super::{Proxy, Route, join_all};
 use crate::binding::proxy::metrics as proxy_metrics;
-use crate::limits::{CACHE_LIST_BYTES_MAX, CACHE_RETRY_MIN, CACHE_STORE_RETRY_MAX};
+use crate::limits::{
+    CACHE_LIST_BYTES_MAX, CACHE_MERGED_LIST_BYTES_MAX, CACHE_REFRESH_INTERVAL_MIN, CACHE_RETRY_MIN,
+    CACHE_STORE_RETRY_MAX,
+};
 use crate::log;
 use crate::metrics;
 use crate::store::{Store, Token};
@@ -335,12 +338,19 @@ async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
     let mut renewed = Instant::now();
     let mut renew_at = renewed + lease.ttl / 3;
     let mut running: Option<Refresh> = None;
+    // When the last refresh began: the next waits until CACHE_REFRESH_INTERVAL_MIN after.
+    let mut began: Option<Instant> = None;
     loop {
         let stopped = cache.stop.notified();
         if cache.stopping.get() {
             break;
         }
-        if running.is_none() && pending.iter().any(|p| *p != 0) {
+        let due = pending.iter().any(|p| *p != 0);
+        let allowed_at = began.map(|at| at + CACHE_REFRESH_INTERVAL_MIN);
+        let held_back = allowed_at.filter(|at| *at > Instant::now());
+        let wait_for_turn = held_back.filter(|_| running.is_none() && due);
+        if running.is_none() && due && held_back.is_none() {
+            began = Some(Instant::now());
             let jobs: Vec<(Kind, Routes)> = KINDS
                 .iter()
                 .zip(std::mem::take(&mut pending))
@@ -378,6 +388,12 @@ async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
                     None => std::future::pending().await,
                 }
             } => Wake::Refresh(retry.due(Instant::now())),
+            () = async {
+                match wait_for_turn {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => Wake::Refresh(Vec::new()),
         };
         match wake {
             Wake::Renew => match lease.keep(&mut renewed).await {
@@ -406,9 +422,13 @@ async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
                 event: Event::ListChanged(list),
                 ..
             }))) => {
+                // Only the routes that said so are listed again (one route's storm of
+                // notifications must not re-list every other route), and not sooner
+                // than CACHE_REFRESH_INTERVAL_MIN after the last refresh began.
+                let routes = session.take_changed_routes(list);
                 for kind in kinds_of(list) {
                     if let Some(p) = slot(kind).and_then(|at| pending.get_mut(at)) {
-                        *p = every;
+                        *p |= routes;
                     }
                 }
             }
@@ -727,7 +747,23 @@ async fn refresh_kind(
         }
     }
     let labels: Vec<&str> = proxy.routes.iter().map(|r| &*r.label).collect();
-    let merged = encode_list(names(kind).1, &labels, &held);
+    let (merged, left_out) = merge_within(
+        names(kind).1,
+        &labels,
+        &mut held,
+        CACHE_MERGED_LIST_BYTES_MAX,
+    );
+    for (index, len) in left_out {
+        let label = proxy.routes.get(index).map_or("?", |r| &*r.label);
+        log::warn(format_args!(
+            "cache: proxy {}: the {} of toolkit {label} ({len} bytes) are left out: with the \
+             other toolkits' they pass {CACHE_MERGED_LIST_BYTES_MAX} bytes",
+            proxy.name,
+            names(kind).1,
+        ));
+        failed.retain(|(i, _)| *i != index);
+        failed.push((index, super::internal("the list is too large to cache")));
+    }
     if let Err(e) = cache.setup.store.put(&cache.list_key(kind), merged).await {
         log::warn(format_args!(
             "cache: writing {} failed: {e}",
@@ -740,11 +776,65 @@ async fn refresh_kind(
     (Failed::Routes(failed), held)
 }
 
+/// The merged list of `held` (see [`encode_list`]) in at most `bytes_max` bytes: while it
+/// is longer, the largest fragment is left out (set to `None`). Returns the list and the
+/// routes left out, with their fragments' lengths.
+fn merge_within(
+    array: &str,
+    labels: &[&str],
+    held: &mut [Option<Bytes>],
+    bytes_max: usize,
+) -> (Bytes, Vec<(usize, usize)>) {
+    let mut left_out = Vec::new();
+    let mut merged = encode_list(array, labels, held);
+    while merged.len() > bytes_max {
+        let largest = held
+            .iter()
+            .enumerate()
+            .filter_map(|(index, f)| f.as_ref().map(|f| (index, f.len())))
+            .max_by_key(|(_, len)| *len);
+        let Some((index, len)) = largest else {
+            break;
+        };
+        if let Some(h) = held.get_mut(index) {
+            *h = None;
+        }
+        left_out.push((index, len));
+        merged = encode_list(array, labels, held);
+    }
+    (merged, left_out)
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;
     use crate::store::testing::Hooked;
     use std::sync::atomic::Ordering;
+
+    #[test]
+    fn fragments_too_long_together_leave_the_largest_out() {
+        let labels = ["a", "b", "c"];
+        let fragment = |n: usize| Some(Bytes::from(format!(r#"{{"name":"{}"}}"#, "x".repeat(n))));
+        let mut held = vec![fragment(100), fragment(300), fragment(200)];
+        let all = encode_list("tools", &labels, &held).len();
+        // Room for all: nothing left out.
+        let (merged, out) = merge_within("tools", &labels, &mut held.clone(), all);
+        assert_eq!((merged.len(), out), (all, vec![]));
+        // One byte short: the largest (b) goes, the others are published.
+        let (merged, out) = merge_within("tools", &labels, &mut held, all - 1);
+        assert_eq!(out, vec![(1, 311)]);
+        assert!(merged.len() < all);
+        assert!(held[1].is_none() && held[0].is_some() && held[2].is_some());
+        // Room for almost nothing: every fragment goes, the empty list stays.
+        let mut held = vec![fragment(100), fragment(300), fragment(200)];
+        let (merged, out) = merge_within("tools", &labels, &mut held, 10);
+        assert_eq!(
+            out.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            vec![1, 2, 0]
+        );
+        assert!(held.iter().all(Option::is_none));
+        assert!(merged.ends_with(br#"{"tools":[]}"#));
+    }
 
     #[test]
     fn a_renewal_that_errs_is_tried_again_while_the_lease_could_be_held() {

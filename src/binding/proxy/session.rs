@@ -136,6 +136,10 @@ pub struct ProxySession {
     direct: RefCell<Option<SenderHandle>>,
     /// Lists to announce as changed (a route came back, a cached list changed).
     list_changed: Cell<[bool; 3]>,
+    /// The cache's own session ([`Lists::Hydrating`]): per list kind, the routes whose
+    /// `list_changed` came since the hydrator last took them, so that it lists those
+    /// routes again and not every route.
+    changed_routes: Cell<[cache::Routes; 3]>,
     /// With a cache: the routes whose items this session may not see, because they forward
     /// the agent's credential and have not accepted this session's (see `cache`).
     hidden: Cell<cache::Routes>,
@@ -190,6 +194,17 @@ pub enum Lists {
 }
 
 impl ProxySession {
+    /// The routes whose `list` changed since the last call ([`Lists::Hydrating`]).
+    pub(super) fn take_changed_routes(&self, list: ListKind) -> cache::Routes {
+        let mut changed = self.changed_routes.get();
+        let routes = changed
+            .get_mut(list.index())
+            .map(std::mem::take)
+            .unwrap_or_default();
+        self.changed_routes.set(changed);
+        routes
+    }
+
     fn new(id: Rc<str>, hello: &ClientHello, routes: usize, lists: Lists) -> ProxySession {
         let relay = Arc::new(RelayWake {
             waiting: AtomicBool::new(false),
@@ -231,6 +246,7 @@ impl ProxySession {
             poked: Cell::new(false),
             direct: RefCell::new(None),
             list_changed: Cell::new([false; 3]),
+            changed_routes: Cell::new([0; 3]),
             hidden: Cell::new(0),
             shown: Cell::new([None; 4]),
             credential: Cell::new(0),
@@ -293,12 +309,7 @@ impl ProxySession {
             }
         }
         let mut lists = self.list_changed.get();
-        let at = match list {
-            ListKind::Tools => 0,
-            ListKind::Prompts => 1,
-            ListKind::Resources => 2,
-        };
-        if let Some(flag) = lists.get_mut(at) {
+        if let Some(flag) = lists.get_mut(list.index()) {
             *flag = true;
         }
         self.list_changed.set(lists);
@@ -576,11 +587,14 @@ impl ProxySession {
                 route.known_caps.set(*caps);
             }
         }
+        // The store's list may be longer than this node's routes (another config): only
+        // the routes this node has are looked at.
         let seen: Vec<Caps> = routes
             .iter()
+            .take(proxy.routes.len())
             .enumerate()
             .map(|(i, caps)| {
-                if self.hidden.get() & (1 << i) != 0 {
+                if cache::has(self.hidden.get(), i) {
                     Caps::empty()
                 } else {
                     *caps
@@ -1643,6 +1657,14 @@ fn on_route_frame(
         },
         // With a cache, the cache announces list changes (once, and only real ones).
         Event::ListChanged(_) if session.lists == Lists::Cached => return None,
+        Event::ListChanged(list) if session.lists == Lists::Hydrating => {
+            let mut changed = session.changed_routes.get();
+            if let Some(routes) = changed.get_mut(list.index()) {
+                *routes |= 1 << route.index;
+            }
+            session.changed_routes.set(changed);
+            Event::ListChanged(list)
+        }
         Event::ResourcesUpdated { params } if !route.uri_prefix.is_empty() => {
             match rename::prefix_member(&params, "uri", &route.uri_prefix) {
                 Some(params) => Event::ResourcesUpdated { params },

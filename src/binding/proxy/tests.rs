@@ -36,7 +36,7 @@ struct Fake {
     /// Refuse `initialize` with this.
     refuse: RefCell<Option<Reset>>,
     /// The tools/list result this fake answers with.
-    tools: &'static str,
+    tools: Cell<&'static str>,
     /// While set, events (and the answer to a resume) wait in `events`: a route slow to
     /// answer.
     held: Cell<bool>,
@@ -50,7 +50,7 @@ impl Fake {
             events: RefCell::new(VecDeque::new()),
             ready: Notify::new(),
             refuse: RefCell::new(None),
-            tools,
+            tools: Cell::new(tools),
             held: Cell::new(false),
         })
     }
@@ -196,7 +196,7 @@ async fn fake_request(fake: Rc<Fake>, callee: Callee) {
                 r#"{{"tools":[{{"name":"{tool}"}}],"nextCursor":"{next}"}}"#
             ))
         }
-        Kind::ToolsList => Bytes::from_static(fake.tools.as_bytes()),
+        Kind::ToolsList => Bytes::from_static(fake.tools.get().as_bytes()),
         Kind::ResourcesRead => Bytes::from_static(
             br#"{"contents":[{"uri":"file:///a","text":"x"},{"uri":"file:///b","blob":"AA=="}]}"#,
         ),
@@ -1484,5 +1484,64 @@ fn a_route_opening_dropped_halfway_is_not_left_opening() {
         .expect("an answer in time");
         assert!(again.is_ok(), "{:?}", again.err());
         assert_eq!(calls.get(), 3);
+    });
+}
+
+#[test]
+fn a_storm_of_list_changed_from_one_route_relists_that_route_a_few_times_only() {
+    run(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(SystemClock)));
+        let a = Fake::new("a", r#"{"tools":[{"name":"x"}]}"#);
+        let b = Fake::new("b", r#"{"tools":[{"name":"y"}]}"#);
+        let p = cached_proxy(&[("noisy", &a), ("quiet", &b)], store.clone(), WAIT);
+        let until = Instant::now() + WAIT;
+        while store.get("tools/tools").await.ok().flatten().is_none() {
+            assert!(Instant::now() < until, "never hydrated");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let lists = |f: &Fake| {
+            f.log
+                .borrow()
+                .iter()
+                .filter(|l| l.starts_with("tools/list "))
+                .count()
+        };
+        let (a_before, b_before) = (lists(&a), lists(&b));
+        // 200 notifications from one route over about half a second.
+        let storm = Instant::now();
+        for _ in 0..200 {
+            a.emit(None, Event::ListChanged(ListKind::Tools));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // Its last change comes with the storm's last notification: it must not be lost.
+        a.tools.set(r#"{"tools":[{"name":"x2"}]}"#);
+        a.emit(None, Event::ListChanged(ListKind::Tools));
+        let until = Instant::now() + WAIT;
+        loop {
+            let stored = store.get("tools/tools").await.ok().flatten();
+            if stored.is_some_and(|v| v.bytes.windows(4).any(|w| w == b"x2\"}")) {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "the storm's last change never reached the store: a listed {} times, b {}",
+                lists(&a) - a_before,
+                lists(&b) - b_before
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let took = storm.elapsed();
+        let relisted = lists(&a) - a_before;
+        assert_eq!(lists(&b), b_before, "the quiet route was listed again");
+        // One listing per CACHE_REFRESH_INTERVAL_MIN at most, and one more to start.
+        let most =
+            2 + (took.as_millis() / crate::limits::CACHE_REFRESH_INTERVAL_MIN.as_millis()) as usize;
+        assert!(
+            (1..=most).contains(&relisted),
+            "the noisy route was listed {relisted} times in {took:?}"
+        );
+        p.stop();
     });
 }
