@@ -425,8 +425,8 @@ def test_session_404_is_retried_only_once(start_gateway, fault):
 @BOTH_STYLES
 def test_a_call_after_a_failed_reinitialize_renews_the_session(start_gateway, fault):
     """The upstream forgets the session and its first re-initialize fails (503, still
-    booting): that call gets an error, and the next call names the old session again, gets
-    its 404 and re-initializes (it used to go without a session id and get the upstream's
+    booting): that call gets an error, and a call a second later names the old session
+    again, gets its 404 and re-initializes (it used to go without a session id and get the upstream's
     400 for good)."""
     url = start_gateway(fault.url)
 
@@ -440,6 +440,9 @@ def test_a_call_after_a_failed_reinitialize_renews_the_session(start_gateway, fa
             failed, _ = await timed(call_echo(raw, "while booting"))
             assert failed.status == 200 and failed.message is not None, failed.body
             assert failed.message["error"]["code"] == INTERNAL_ERROR, failed.body
+            # Calls in the next second fail with it (they do not each try a re-initialize
+            # of their own); after that, one tries again.
+            await anyio.sleep(1.2)
             reply, _ = await timed(call_echo(raw, "booted"))
             assert reply.status == 200, reply.body
             assert reply.result["content"][0]["text"] == "upstream: booted"
@@ -449,6 +452,31 @@ def test_a_call_after_a_failed_reinitialize_renews_the_session(start_gateway, fa
             assert [s.session for s in calls] == [old, old, new], [(s.session, s.answer) for s in calls]
 
     run(scenario)
+
+
+def test_an_upstream_that_answers_every_get_with_404_is_not_renewed_in_a_loop(start_gateway, fault):
+    """Every GET gets 404 (the upstream forgets whatever session it names): mcpyard renews
+    the session once, and when the next GET gets 404 too it waits out its backoff instead
+    of renewing again at once (it used to open upstream sessions in a tight loop)."""
+    url = start_gateway(fault.url)
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(DEADLINE_S, read=None)) as c:
+            raw = RawSession(c, url)
+            await raw.initialize()
+            fault.script("GET", ForgetSession(), times=10_000)
+            headers = {**raw.headers(), "accept": "text/event-stream"}
+            async with c.stream("GET", raw.url, headers=headers) as response:
+                assert response.status_code == 200
+                await anyio.sleep(3)
+            inits = len(fault.requests("initialize"))
+            gets = len(fault.requests(http_method="GET"))
+            # The agent's own, one renewal per backoff (1 s, then 2 s, ...): a handful.
+            assert inits <= 4, f"{inits} initialize requests and {gets} GETs in 3 s"
+            assert gets <= 6, f"{gets} GETs in 3 s"
+        fault.clear_script()
+
+    run(scenario, timeout_s=30)
 
 
 def test_an_event_stream_whose_upstream_restarts_slowly_comes_back(start_gateway, fault):

@@ -207,10 +207,13 @@ impl Exchange<'_> {
                 }
                 UpErr::SessionGone if renew && self.session.ids().session.is_some() => {
                     renew = false;
+                    drop(response);
                     // Boxed: rare, and its state would otherwise widen every request's task.
+                    // The caller may go meanwhile (its deadline, a cancellation): then this
+                    // request stops waiting for the renewal.
                     let renewed =
                         Box::pin(session::reinitialize(self.client, self.session, generation));
-                    if !renewed.await {
+                    if !self.with_caller(renewed).await? {
                         return Err(UpErr::SessionGone);
                     }
                 }

@@ -35,7 +35,7 @@ use serde_json::value::RawValue;
 use std::cell::{Cell, Ref, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest upstream `MCP-Session-Id` accepted (the spec allows visible ASCII of any length;
 /// ours are 48 bytes, common ones are UUIDs).
@@ -79,6 +79,10 @@ pub struct UpSession {
     next_rpc: Cell<u64>,
     /// Serializes re-initialization.
     renewing: tokio::sync::Mutex<()>,
+    /// The last re-initialize that failed: the generation it was to replace, and when. The
+    /// requests that queued behind it for the same generation fail with it, for
+    /// [`UPSTREAM_RETRY_DEFAULT`], instead of each trying one more `initialize` in turn.
+    renew_failed: Cell<Option<(u64, Instant)>>,
     closed: Cell<bool>,
     /// Woken when the session closes (the GET task stops).
     closing: Notify,
@@ -121,6 +125,7 @@ impl UpSession {
             ids: RefCell::new(Ids::default()),
             next_rpc: Cell::new(1),
             renewing: tokio::sync::Mutex::new(()),
+            renew_failed: Cell::new(None),
             closed: Cell::new(false),
             closing: Notify::new(),
             events: Cell::new(Events::NotAsked),
@@ -726,6 +731,12 @@ pub async fn reinitialize(client: &Client, session: &UpSession, generation: u64)
     if session.closed.get() {
         return false;
     }
+    if let Some((failed, at)) = session.renew_failed.get()
+        && failed == generation
+        && at.elapsed() < UPSTREAM_RETRY_DEFAULT
+    {
+        return false;
+    }
     client_metrics::with(|m| m.reinitialized += 1);
     match initialize(client, session).await {
         Ok(_) => {
@@ -740,6 +751,7 @@ pub async fn reinitialize(client: &Client, session: &UpSession, generation: u64)
             true
         }
         Err(e) => {
+            session.renew_failed.set(Some((generation, Instant::now())));
             log::warn(format_args!(
                 "client {}: re-initializing the upstream session failed: {}",
                 client.name,
@@ -835,6 +847,10 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
     let mut retry = UPSTREAM_RETRY_DEFAULT;
     let mut failures: u32 = 0;
     let mut announced = false;
+    // The last attempt re-initialized after its GET got 404: a second 404 in a row is an
+    // upstream that answers every GET so (it has no stream for anyone), not a forgotten
+    // session, and is waited out like any failure instead of renewed again at once.
+    let mut renewed = false;
     while !session.closed.get() {
         let generation = session.ids.borrow().generation;
         // Boxed, as is re-initializing: both are far larger than following the stream,
@@ -855,6 +871,7 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
                 kind: BodyKind::Sse,
                 response,
             } => {
+                renewed = false;
                 response.lease.link.wire().set_event_stream();
                 session.events.set(Events::Live);
                 announced = true;
@@ -892,8 +909,11 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
                 });
                 return;
             }
-            Opened::Stream { status: 404, .. } => {
+            Opened::Stream { status: 404, .. }
+                if session.ids.borrow().session.is_some() && !renewed =>
+            {
                 if Box::pin(reinitialize(&client, &session, generation)).await {
+                    renewed = true;
                     continue;
                 }
                 // The upstream forgot the session and could not open a new one yet (it
@@ -904,6 +924,7 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
             }
             Opened::Stream { status, .. } => {
                 failures += 1;
+                renewed = false;
                 log::warn(format_args!(
                     "client {}: upstream GET stream answered {status}",
                     client.name

@@ -461,35 +461,22 @@ fn decode_caps(bytes: &[u8]) -> Option<CachedCaps> {
 /// route be served without it, by any node whose config names the same toolkits.
 pub fn encode_list(array: &str, labels: &[&str], fragments: &[Option<Bytes>]) -> Bytes {
     assert!(labels.len() == fragments.len());
-    let mut json = BytesMut::with_capacity(
-        fragments
-            .iter()
-            .flatten()
-            .map(|f| f.len() + 1)
-            .sum::<usize>()
-            + array.len()
-            + 8,
-    );
+    let (spans, json_len) = list_spans(array, fragments);
+    let mut json = BytesMut::with_capacity(json_len);
     json.put_slice(b"{\"");
     json.put_slice(array.as_bytes());
     json.put_slice(b"\":[");
-    let mut spans = Vec::with_capacity(fragments.len());
-    let mut first = true;
-    for fragment in fragments {
-        match fragment.as_ref().filter(|f| !f.is_empty()) {
-            Some(fragment) => {
-                if !first {
-                    json.put_u8(b',');
-                }
-                first = false;
-                let start = json.len();
-                json.put_slice(fragment);
-                spans.push(start..json.len());
+    for (fragment, span) in fragments.iter().zip(&spans) {
+        if let Some(fragment) = fragment.as_ref().filter(|f| !f.is_empty()) {
+            if json.len() < span.start {
+                json.put_u8(b',');
             }
-            None => spans.push(0..0),
+            json.put_slice(fragment);
+            assert!(json.len() == span.end);
         }
     }
     json.put_slice(b"]}");
+    assert!(json.len() == json_len);
     let mut header = String::with_capacity(2 + spans.len() * 24);
     header.push('L');
     for (label, span) in labels.iter().zip(&spans) {
@@ -500,6 +487,43 @@ pub fn encode_list(array: &str, labels: &[&str], fragments: &[Option<Bytes>]) ->
     out.put_slice(header.as_bytes());
     out.put_slice(&json);
     out.freeze()
+}
+
+/// How long [`encode_list`] of these would be, without making it.
+pub fn encoded_list_len(array: &str, labels: &[&str], fragments: &[Option<Bytes>]) -> usize {
+    let digits = |n: usize| n.checked_ilog10().map_or(1, |d| d as usize + 1);
+    let (spans, json_len) = list_spans(array, fragments);
+    let header: usize = labels
+        .iter()
+        .zip(&spans)
+        .map(|(label, span)| 3 + label.len() + digits(span.start) + digits(span.end))
+        .sum();
+    2 + header + json_len
+}
+
+/// Where each fragment's items go in a list's JSON (`0..0` for none), and the JSON's
+/// length: `{"<array>":[` + the non-empty fragments joined by commas + `]}`.
+fn list_spans(array: &str, fragments: &[Option<Bytes>]) -> (Vec<std::ops::Range<usize>>, usize) {
+    let mut at = 2 + array.len() + 3;
+    let mut first = true;
+    let spans = fragments
+        .iter()
+        .map(
+            |fragment| match fragment.as_ref().filter(|f| !f.is_empty()) {
+                Some(fragment) => {
+                    if !first {
+                        at += 1;
+                    }
+                    first = false;
+                    let start = at;
+                    at += fragment.len();
+                    start..at
+                }
+                None => 0..0,
+            },
+        )
+        .collect();
+    (spans, at + 2)
 }
 
 #[cfg(test)]

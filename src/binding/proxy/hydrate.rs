@@ -26,7 +26,8 @@
 //! and none of them uses it.
 
 use super::cache::{
-    Cache, KINDS, Routes, StoredCaps, all_routes, encode_list, family, has, names, slot,
+    Cache, KINDS, Routes, StoredCaps, all_routes, encode_list, encoded_list_len, family, has,
+    names, slot,
 };
 use super::list::{self, ListRequest};
 use super::session::{self, ProxySession};
@@ -786,8 +787,8 @@ fn merge_within(
     bytes_max: usize,
 ) -> (Bytes, Vec<(usize, usize)>) {
     let mut left_out = Vec::new();
-    let mut merged = encode_list(array, labels, held);
-    while merged.len() > bytes_max {
+    // Measured before it is made: the fragments may together be far larger than the bound.
+    while encoded_list_len(array, labels, held) > bytes_max {
         let largest = held
             .iter()
             .enumerate()
@@ -800,9 +801,8 @@ fn merge_within(
             *h = None;
         }
         left_out.push((index, len));
-        merged = encode_list(array, labels, held);
     }
-    (merged, left_out)
+    (encode_list(array, labels, held), left_out)
 }
 
 #[cfg(test)]
@@ -834,6 +834,15 @@ mod unit {
         );
         assert!(held.iter().all(Option::is_none));
         assert!(merged.ends_with(br#"{"tools":[]}"#));
+        // The length is known before the list is made.
+        for held in [
+            vec![fragment(100), None, fragment(2000)],
+            vec![None, None, None],
+            vec![Some(Bytes::new()), fragment(9), fragment(99_999)],
+        ] {
+            let made = encode_list("resourceTemplates", &labels, &held).len();
+            assert_eq!(encoded_list_len("resourceTemplates", &labels, &held), made);
+        }
     }
 
     #[test]

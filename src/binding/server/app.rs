@@ -411,28 +411,25 @@ async fn request(
     }
     let filter =
         gate.and_then(|(gate, who)| ListFilter::new(&gate.guard.cfg.rules, who.admits, kind));
-    if session.in_flight(&id.key()) {
-        server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
-        return rpc_error(
-            sink,
-            id.raw,
+    // MCP: an id is not reused within a session; one in flight is refused before the
+    // session's bound is counted.
+    let refusal = if session.in_flight(&id.key()) {
+        Some((
             jsonrpc::INVALID_REQUEST,
             "Invalid Request: a request with this id is in flight on this session",
-            Some(&session.id),
-        )
-        .await;
-    }
-    if session.request_count() >= REQUESTS_PER_SESSION_MAX {
+        ))
+    } else if session.request_count() >= REQUESTS_PER_SESSION_MAX {
         metrics::with(|m| m.overload_rejections += 1);
-        server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
-        return rpc_error(
-            sink,
-            id.raw,
+        Some((
             jsonrpc::INTERNAL_ERROR,
             "Too many requests in flight on this session",
-            Some(&session.id),
-        )
-        .await;
+        ))
+    } else {
+        None
+    };
+    if let Some((code, message)) = refusal {
+        server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
+        return rpc_error(sink, id.raw, code, message, Some(&session.id)).await;
     }
     let mut params = env
         .params

@@ -411,6 +411,9 @@ async fn read_loop(link: &Link, slots: &Slots) {
                             break 'read;
                         }
                         now = Instant::now();
+                        if link.partial_since.get().is_some() {
+                            link.partial_since.set(Some(now));
+                        }
                     }
                 }
                 Ok(None) => break,

@@ -697,10 +697,17 @@ pub async fn pump(
                     }
                     continue;
                 }
+                // The agent went before anything was written (see `Step::Detached`): no
+                // stream will carry this event, and no one can answer a request.
+                let gone = r.mode == Mode::Undecided && r.sink.is_none();
                 if let Event::Request { id, .. } = &event
-                    && !session.expect_answer(id, AnswerTo::Request(Rc::downgrade(inflight)))
+                    && (gone
+                        || !session.expect_answer(id, AnswerTo::Request(Rc::downgrade(inflight))))
                 {
                     refuse_request(caller, id.clone());
+                    continue;
+                }
+                if gone {
                     continue;
                 }
                 let Some(json) = render_event(&event) else {
