@@ -413,7 +413,8 @@ async fn request(
         gate.and_then(|(gate, who)| ListFilter::new(&gate.guard.cfg.rules, who.admits, kind));
     // MCP: an id is not reused within a session; one in flight is refused before the
     // session's bound is counted.
-    let refusal = if session.in_flight(&id.key()) {
+    let key = id.key();
+    let refusal = if session.in_flight(&key) {
         Some((
             jsonrpc::INVALID_REQUEST,
             "Invalid Request: a request with this id is in flight on this session",
@@ -456,7 +457,7 @@ async fn request(
     let (caller, callee) = stream::open(begin);
     // The exit's work runs in this task, beside the caller's end: no task per request.
     let serving = server.exit.serve(callee);
-    let inflight = session.register(id.key(), req.body.slice_ref(id.raw.as_bytes()), caller);
+    let inflight = session.register(key, req.body.slice_ref(id.raw.as_bytes()), caller);
     // The params are queued before the exit looks for them (as far as the window takes
     // them, which is all of them but for a large request), so the exit writes the upstream
     // request in one piece instead of head, params and tail.
