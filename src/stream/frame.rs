@@ -141,9 +141,6 @@ pub enum ListKind {
 }
 
 impl ListKind {
-    /// Every list kind, in [`ListKind::index`] order.
-    pub const ALL: [ListKind; 3] = [ListKind::Tools, ListKind::Prompts, ListKind::Resources];
-
     /// Where this kind is in a per-kind array (`[_; 3]`).
     pub fn index(self) -> usize {
         match self {

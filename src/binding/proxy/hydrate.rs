@@ -347,8 +347,9 @@ async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
             break;
         }
         let due = pending.iter().any(|p| *p != 0);
-        let allowed_at = began.map(|at| at + CACHE_REFRESH_INTERVAL_MIN);
-        let held_back = allowed_at.filter(|at| *at > Instant::now());
+        let held_back = began
+            .map(|at| at + CACHE_REFRESH_INTERVAL_MIN)
+            .filter(|at| *at > Instant::now());
         let wait_for_turn = held_back.filter(|_| running.is_none() && due);
         if running.is_none() && due && held_back.is_none() {
             began = Some(Instant::now());

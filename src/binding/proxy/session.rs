@@ -194,6 +194,15 @@ pub enum Lists {
 }
 
 impl ProxySession {
+    /// Route `index` said its `list` changed ([`Lists::Hydrating`]).
+    fn mark_changed_route(&self, list: ListKind, index: usize) {
+        let mut changed = self.changed_routes.get();
+        if let Some(routes) = changed.get_mut(list.index()) {
+            *routes |= 1 << index;
+        }
+        self.changed_routes.set(changed);
+    }
+
     /// The routes whose `list` changed since the last call ([`Lists::Hydrating`]).
     pub(super) fn take_changed_routes(&self, list: ListKind) -> cache::Routes {
         let mut changed = self.changed_routes.get();
@@ -1658,11 +1667,7 @@ fn on_route_frame(
         // With a cache, the cache announces list changes (once, and only real ones).
         Event::ListChanged(_) if session.lists == Lists::Cached => return None,
         Event::ListChanged(list) if session.lists == Lists::Hydrating => {
-            let mut changed = session.changed_routes.get();
-            if let Some(routes) = changed.get_mut(list.index()) {
-                *routes |= 1 << route.index;
-            }
-            session.changed_routes.set(changed);
+            session.mark_changed_route(list, route.index);
             Event::ListChanged(list)
         }
         Event::ResourcesUpdated { params } if !route.uri_prefix.is_empty() => {
