@@ -114,19 +114,29 @@ pub struct CacheSetup {
     pub forwarding: Routes,
 }
 
-/// What the store says about the routes (`p/caps`).
+/// What the store says about the routes (`p/caps`), each named by its toolkit label, as
+/// the lists' fragments are: nodes whose configs order the routes differently (a rolling
+/// change of config) read each route's record, not the one at its position.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub(super) struct StoredCaps {
-    /// Per route, its capability bits (0: it could not be reached).
-    pub(super) caps: Vec<u16>,
-    /// Per route, its instructions, as text: each session is told those of the routes it
-    /// may see.
-    pub(super) instructions: Vec<Option<String>>,
+    pub(super) routes: Vec<StoredRoute>,
 }
 
-/// The routes' capabilities, as cached.
+/// One route's record in `p/caps`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub(super) struct StoredRoute {
+    /// The route's toolkit label.
+    pub(super) label: String,
+    /// Its capability bits (0: it could not be reached).
+    pub(super) caps: u16,
+    /// Its instructions, as text: each session is told those of the routes it may see.
+    pub(super) instructions: Option<String>,
+}
+
+/// The routes' capabilities, as cached, in this node's route order.
 #[derive(Clone, Debug)]
 pub struct CachedCaps {
+    /// Per route, its capabilities (empty: unreachable, or not in the store's record).
     pub routes: Vec<Caps>,
     /// Per route, its instructions, as text.
     pub instructions: Vec<Option<String>>,
@@ -402,7 +412,8 @@ impl Cache {
             return;
         };
         let Some(kind) = kind else {
-            if let Some(caps) = decode_caps(&value.bytes) {
+            let labels: Vec<&str> = proxy.routes.iter().map(|r| &*r.label).collect();
+            if let Some(caps) = decode_caps(&value.bytes, &labels) {
                 self.view.borrow_mut().caps = Some(caps);
                 self.changed.notify_waiters();
             }
@@ -446,11 +457,23 @@ pub enum News {
     First(Rc<CachedList>, usize),
 }
 
-fn decode_caps(bytes: &[u8]) -> Option<CachedCaps> {
+/// Reads `p/caps` for the routes labelled `labels` (this node's, in its order); a route
+/// the record does not name gets nothing. `None` if the value is not such a record.
+fn decode_caps(bytes: &[u8], labels: &[&str]) -> Option<CachedCaps> {
     let stored: StoredCaps = serde_json::from_slice(bytes).ok()?;
+    if stored.routes.len() > PROXY_ROUTES_MAX {
+        return None;
+    }
+    let record = |label: &str| stored.routes.iter().find(|r| r.label == label);
     Some(CachedCaps {
-        routes: stored.caps.into_iter().map(Caps).collect(),
-        instructions: stored.instructions,
+        routes: labels
+            .iter()
+            .map(|l| record(l).map_or(Caps::empty(), |r| Caps(r.caps)))
+            .collect(),
+        instructions: labels
+            .iter()
+            .map(|l| record(l).and_then(|r| r.instructions.clone()))
+            .collect(),
     })
 }
 
@@ -688,14 +711,35 @@ mod unit {
 
     #[test]
     fn caps_round_trip_through_the_store() {
+        let route = |label: &str, caps: Caps, instructions: Option<&str>| StoredRoute {
+            label: label.into(),
+            caps: caps.0,
+            instructions: instructions.map(Into::into),
+        };
         let stored = StoredCaps {
-            caps: vec![Caps::TOOLS.0, 0],
-            instructions: vec![Some("say \"hi\"".into()), None],
+            routes: vec![
+                route("a", Caps::TOOLS, Some("say \"hi\"")),
+                route("b", Caps::PROMPTS, None),
+            ],
         };
         let bytes = serde_json::to_vec(&stored).unwrap();
-        let back = decode_caps(&bytes).unwrap();
-        assert_eq!(back.routes, [Caps::TOOLS, Caps::empty()]);
+        let back = decode_caps(&bytes, &["a", "b"]).unwrap();
+        assert_eq!(back.routes, [Caps::TOOLS, Caps::PROMPTS]);
         assert_eq!(back.instructions, [Some("say \"hi\"".to_owned()), None]);
-        assert!(decode_caps(b"garbage").is_none());
+        // Another node's order, and a route the record does not name: each by its label.
+        let back = decode_caps(&bytes, &["c", "b", "a"]).unwrap();
+        assert_eq!(back.routes, [Caps::empty(), Caps::PROMPTS, Caps::TOOLS]);
+        assert_eq!(
+            back.instructions,
+            [None, None, Some("say \"hi\"".to_owned())]
+        );
+        assert!(decode_caps(b"garbage", &["a"]).is_none());
+        let many = StoredCaps {
+            routes: (0..=PROXY_ROUTES_MAX)
+                .map(|i| route(&format!("r{i}"), Caps::TOOLS, None))
+                .collect(),
+        };
+        let bytes = serde_json::to_vec(&many).unwrap();
+        assert!(decode_caps(&bytes, &["r0"]).is_none());
     }
 }

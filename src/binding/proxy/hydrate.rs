@@ -26,8 +26,8 @@
 //! and none of them uses it.
 
 use super::cache::{
-    Cache, KINDS, Routes, StoredCaps, all_routes, encode_list, encoded_list_len, family, has,
-    names, slot,
+    Cache, KINDS, Routes, StoredCaps, StoredRoute, all_routes, encode_list, encoded_list_len,
+    family, has, names, slot,
 };
 use super::list::{self, ListRequest};
 use super::session::{self, ProxySession};
@@ -573,15 +573,16 @@ async fn write_caps(
     session: &ProxySession,
     written: Option<StoredCaps>,
 ) -> Option<StoredCaps> {
-    let caps: Vec<u16> = proxy
+    let routes = proxy
         .routes
         .iter()
-        .map(|r| session.open_caps(r.index).unwrap_or(r.known_caps.get()).0)
+        .map(|r| StoredRoute {
+            label: r.label.to_string(),
+            caps: session.open_caps(r.index).unwrap_or(r.known_caps.get()).0,
+            instructions: session::route_instructions(session, r.index),
+        })
         .collect();
-    let instructions = (0..proxy.routes.len())
-        .map(|i| session::route_instructions(session, i))
-        .collect();
-    let stored = StoredCaps { caps, instructions };
+    let stored = StoredCaps { routes };
     if written.as_ref() == Some(&stored) {
         return written;
     }

@@ -1209,8 +1209,11 @@ async fn cached_fleet(count: usize) -> (Arc<dyn Store>, Rc<Proxy>, Vec<Caller>) 
         store.put(key, empty).await.expect("a put");
     }
     let caps = cache::StoredCaps {
-        caps: vec![Caps::TOOLS.0 | Caps::TOOLS_LIST_CHANGED.0],
-        instructions: vec![None],
+        routes: vec![cache::StoredRoute {
+            label: "kit".into(),
+            caps: Caps::TOOLS.0 | Caps::TOOLS_LIST_CHANGED.0,
+            instructions: None,
+        }],
     };
     let caps = serde_json::to_vec(&caps).expect("caps as JSON");
     store
@@ -1224,6 +1227,54 @@ async fn cached_fleet(count: usize) -> (Arc<dyn Store>, Rc<Proxy>, Vec<Caller>) 
         lives.push(connect(&p, None).await.0);
     }
     (store, p, lives)
+}
+
+#[test]
+fn cached_capabilities_are_read_by_label_not_position() {
+    run(async {
+        // The lease holder's config has the routes as `two, one` (a rolling change of
+        // config); this node's as `one, two, three`.
+        let store = store_leased().await;
+        for kind in cache::KINDS {
+            let (key, array) = cache::names(kind);
+            let list = cache::encode_list(array, &["two", "one"], &[None, None]);
+            store
+                .put(&format!("tools/{key}"), list)
+                .await
+                .expect("a put");
+        }
+        let record = |label: &str, caps: Caps| cache::StoredRoute {
+            label: label.into(),
+            caps: caps.0,
+            instructions: Some(format!("I am {label}")),
+        };
+        let caps = cache::StoredCaps {
+            routes: vec![record("two", Caps::PROMPTS), record("one", Caps::TOOLS)],
+        };
+        let caps = serde_json::to_vec(&caps).expect("caps as JSON");
+        store
+            .put("tools/caps", Bytes::from(caps))
+            .await
+            .expect("a put");
+        let (a, b, c) = (
+            Fake::new("a", "{}"),
+            Fake::new("b", "{}"),
+            Fake::new("c", "{}"),
+        );
+        let p = cached_proxy(
+            &[("one", &a), ("two", &b), ("three", &c)],
+            store,
+            Duration::from_secs(5),
+        );
+        let (_life, reply) = connect(&p, None).await;
+        let text: String = serde_json::from_slice(&reply.instructions.expect("some")).unwrap();
+        assert_eq!(text, "one: I am one\n\ntwo: I am two");
+        assert!(reply.caps.contains(Caps::TOOLS) && reply.caps.contains(Caps::PROMPTS));
+        assert_eq!(p.routes[0].known_caps.get(), Caps::TOOLS);
+        assert_eq!(p.routes[1].known_caps.get(), Caps::PROMPTS);
+        assert_eq!(p.routes[2].known_caps.get(), Caps::empty());
+        p.stop();
+    });
 }
 
 /// Each of `lives` gets one `tools/list_changed`, then nothing more.
