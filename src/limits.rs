@@ -255,9 +255,16 @@ pub const TLS_IDLE_CHECK_READ_BYTES: usize = 4 * 1024;
 pub const UPSTREAM_RESUME_ATTEMPTS_MAX: u32 = 3;
 
 /// Wait before reconnecting an upstream event stream when the upstream named none
-/// (`retry:`), and the longest wait honoured (larger `retry:` values are capped).
+/// (`retry:`), and the shortest and longest waits honoured (`retry:` values outside are
+/// raised or capped: `retry: 0` must not make every session reconnect in a busy loop).
 pub const UPSTREAM_RETRY_DEFAULT: Duration = Duration::from_secs(1);
+pub const UPSTREAM_RETRY_MIN: Duration = Duration::from_millis(100);
 pub const UPSTREAM_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// An upstream event stream that ran at least this long (or carried an event) counts as
+/// having worked: the reconnect wait starts again from `retry:`. One that ended sooner
+/// with nothing is a failed attempt, and the wait doubles.
+pub const UPSTREAM_STREAM_WORKED_MIN: Duration = Duration::from_secs(1);
 
 /// Events an upstream event stream may have waiting for the agent's session before the
 /// client stops reading it (back-pressure, nothing is dropped).

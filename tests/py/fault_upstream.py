@@ -92,7 +92,23 @@ class EventStream:
     close: bool = False
 
 
-Action = RpcError | Status | ForgetSession | ResetMidBody | Hang | MalformedJson | MalformedSse | Answer | EventStream
+@dataclass(frozen=True)
+class Raw:
+    """These bytes exactly, head included (`{id}` in them becomes the request's JSON-RPC id);
+    then, with `hold`, the connection stays open until the peer leaves, else it closes."""
+
+    data: bytes
+    hold: bool = False
+
+
+@dataclass(frozen=True)
+class Delay:
+    """Answers as usual, after this many seconds."""
+
+    seconds: float
+
+
+Action = RpcError | Status | ForgetSession | ResetMidBody | Hang | MalformedJson | MalformedSse | Answer | EventStream | Raw | Delay
 
 
 def rpc_error(code: int, message: str, *data: Any) -> RpcError:
@@ -119,6 +135,7 @@ class Seen:
     answer: str = "normal"  # the action's class name, or "normal"
     new_session: str | None = None  # the session id an initialize answer assigned
     raw_head: bytes = b""  # the head exactly as it arrived, CRLFs included
+    peer_left: bool = False  # for a `Raw(hold=True)` answer: the peer closed the connection
 
     @property
     def rpc_method(self) -> str | None:
@@ -302,6 +319,16 @@ class FaultUpstream:
             if not action.close:
                 await reader.read()  # until the peer leaves; the stream is close-delimited
             return False
+        if isinstance(action, Raw):
+            writer.write(action.data.replace(b"{id}", json.dumps(rid).encode()))
+            await writer.drain()
+            if action.hold:
+                await reader.read()  # until the peer leaves
+                seen.peer_left = True
+            return False
+        if isinstance(action, Delay):
+            await asyncio.sleep(action.seconds)
+            return await self._normal(seen, writer)
         if isinstance(action, Answer):
             return await self._rpc(writer, seen, {"jsonrpc": "2.0", "id": rid, "result": action.result})
         if isinstance(action, MalformedSse):

@@ -41,12 +41,14 @@ import pytest
 
 import harness
 from fault_upstream import (
+    Delay,
     EventStream,
     FaultUpstream,
     ForgetSession,
     Hang,
     MalformedJson,
     MalformedSse,
+    Raw,
     ResetMidBody,
     Status,
     challenge,
@@ -454,6 +456,45 @@ def test_a_call_after_a_failed_reinitialize_renews_the_session(start_gateway, fa
     run(scenario)
 
 
+def test_a_renewal_outlives_the_request_that_started_it(start_gateway, fault):
+    """The upstream forgot the session (404) and is slow to open a new one; the agent
+    cancels its call meanwhile. The renewal goes on without it: the new upstream session
+    is told `notifications/initialized` (a renewal cut short used to leave a session that
+    was never initialized), and the next call uses it."""
+    url = start_gateway(fault.url)
+
+    async def scenario():
+        async with client() as c:
+            raw = RawSession(c, url)
+            await raw.initialize()
+            fault.script("tools/call", ForgetSession())
+            fault.script("initialize", Delay(1.0))
+
+            async def cancel_soon():
+                await anyio.sleep(0.4)
+                await raw.notify("notifications/cancelled", {"requestId": AGENT_ID, "reason": "bored"})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_soon)
+                with anyio.move_on_after(DEADLINE_S):
+                    await call_echo(raw, "cancelled")
+            old = fault.requests("initialize")[0].new_session
+
+            def renewed(seen) -> bool:
+                told = [s.session for s in seen if s.rpc_method == "notifications/initialized"]
+                return len(told) == 2 and told[-1] != old
+
+            assert fault.wait_until(renewed, 5), [(s.rpc_method, s.session) for s in fault.requests()]
+            new = fault.requests("initialize")[-1].new_session
+            assert new and new != old
+            assert fault.requests("notifications/initialized")[-1].session == new
+            reply = await call_echo(raw, "after")
+            assert reply.result["content"][0]["text"] == "upstream: after"
+            assert fault.requests("tools/call")[-1].session == new
+
+    run(scenario, timeout_s=30)
+
+
 def test_an_upstream_that_answers_every_get_with_404_is_not_renewed_in_a_loop(start_gateway, fault):
     """Every GET gets 404 (the upstream forgets whatever session it names): mcpyard renews
     the session once, and when the next GET gets 404 too it waits out its backoff instead
@@ -477,6 +518,77 @@ def test_an_upstream_that_answers_every_get_with_404_is_not_renewed_in_a_loop(st
         fault.clear_script()
 
     run(scenario, timeout_s=30)
+
+
+def test_an_event_stream_that_asks_for_no_wait_is_not_reopened_in_a_loop(start_gateway, fault):
+    """Every GET gets an event stream that says `retry: 0` and ends at once: mcpyard waits
+    at least 100 ms, doubling while the streams carry nothing, instead of reconnecting as
+    fast as it can (it used to, and logged each time)."""
+    url = start_gateway(fault.url)
+    empty = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\nretry: 0\n\n"
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(DEADLINE_S, read=None)) as c:
+            raw = RawSession(c, url)
+            await raw.initialize()
+            fault.script("GET", Raw(empty), times=100_000)
+            headers = {**raw.headers(), "accept": "text/event-stream"}
+            async with c.stream("GET", raw.url, headers=headers) as response:
+                assert response.status_code == 200
+                await anyio.sleep(3)
+            gets = len(fault.requests(http_method="GET"))
+            # 0.1, 0.2, 0.4, 0.8, 1.6 s between them: a handful.
+            assert gets <= 8, f"{gets} GETs in 3 s"
+        fault.clear_script()
+
+    run(scenario, timeout_s=30)
+
+
+def test_an_answer_without_framing_that_never_ends_is_cut_at_the_response_timeout(start_gateway, fault):
+    """The upstream accepts `notifications/initialized` with a 202 that has neither a
+    length nor chunks (so its body runs to the close) and never closes: mcpyard closes the
+    connection at its response timeout instead of holding it, and the task behind it, for
+    good."""
+    url = start_gateway(fault.url)
+    endless = b"HTTP/1.1 202 Accepted\r\n\r\n"
+
+    async def scenario():
+        fault.script("notifications/initialized", Raw(endless, hold=True))
+        async with client() as c:
+            raw = RawSession(c, url)
+            await raw.initialize()
+            with anyio.fail_after(DEADLINE_S + 5):
+                while True:
+                    held = fault.requests("notifications/initialized")
+                    if held and held[0].peer_left:
+                        break
+                    await anyio.sleep(0.1)
+            reply = await call_echo(raw, "still")
+            assert reply.result["content"][0]["text"] == "upstream: still"
+
+    run(scenario, timeout_s=30)
+
+
+def test_events_of_another_type_in_an_sse_answer_are_skipped(start_gateway, fault):
+    """An SSE answer with an `event: ping` whose data is not JSON-RPC, then the result: the
+    agent gets the result (the ping used to fail the whole request with -32603)."""
+    url = start_gateway(fault.url)
+    answer = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+        b"event: ping\ndata: keepalive\n\n"
+        b'event: message\ndata: {"jsonrpc":"2.0","id":{id},"result":{"content":[{"type":"text","text":"pinged"}]}}\n\n'
+    )
+
+    async def scenario():
+        async with client() as c:
+            raw = RawSession(c, url)
+            await raw.initialize()
+            fault.script("tools/call", Raw(answer))
+            reply, _ = await timed(call_echo(raw, "x"))
+            assert reply.status == 200, reply.body
+            assert reply.result["content"][0]["text"] == "pinged", reply.body
+
+    run(scenario)
 
 
 def test_an_event_stream_whose_upstream_restarts_slowly_comes_back(start_gateway, fault):

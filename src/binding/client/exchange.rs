@@ -128,7 +128,8 @@ impl BodyKind {
 /// One JSON-RPC message from the upstream, with its SSE event id and retry if any.
 #[derive(Debug, Default)]
 pub struct Incoming {
-    /// The SSE `id` field (the upstream's event id for resumption).
+    /// The SSE `id` field (the upstream's event id for resumption); `Some("")` when the
+    /// event reset it (no id to resume from since).
     pub event_id: Option<String>,
     /// The SSE `retry` field in milliseconds.
     pub retry_ms: Option<u64>,
@@ -209,10 +210,15 @@ impl Messages {
                     .sse
                     .decode(&mut self.sse_buf)
                     .map_err(|e| BadBody::Sse(e.to_string()))?;
-                Ok(message.map(|m| Incoming {
-                    event_id: m.id.filter(|id| !id.is_empty()),
-                    retry_ms: m.retry_ms,
-                    data: m.data.filter(|d| !d.is_empty()),
+                Ok(message.map(|m| {
+                    // An event of a type other than `message` carries no JSON-RPC message
+                    // (the SDKs' clients skip them too); its id still moves the resume point.
+                    let message_type = m.event.as_deref().is_none_or(|t| t == "message");
+                    Incoming {
+                        event_id: m.id,
+                        retry_ms: m.retry_ms,
+                        data: m.data.filter(|d| message_type && !d.is_empty()),
+                    }
                 }))
             }
             BodyKind::Json | BodyKind::Other => {

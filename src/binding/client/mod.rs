@@ -32,7 +32,7 @@ use crate::binding::{Exit, Serving};
 use crate::config::{ClientAuth, ClientBinding, UpstreamUrl};
 use crate::http::{self, BodyFraming, ResponseEvent, ResponseHead};
 use crate::jsonrpc;
-use crate::limits::UPSTREAM_COALESCE_BYTES_MAX;
+use crate::limits::{UPSTREAM_COALESCE_BYTES_MAX, UPSTREAM_POOL_IDLE_TIMEOUT};
 use crate::runtime::encode_pool::{self, Encoded};
 use crate::runtime::pass;
 use crate::runtime::{Backend, Slots};
@@ -67,6 +67,9 @@ pub struct Client {
     /// Upstream sessions of this worker, by the id given to the caller.
     /// Invariant: `len() <= SESSIONS_PER_WORKER_MAX`.
     sessions: RefCell<FastMap<Rc<str>, Rc<UpSession>>>,
+    /// Sessions being opened (their `initialize` upstream in flight): they count against
+    /// `SESSIONS_PER_WORKER_MAX` from the start, not from when they enter `sessions`.
+    opening: Cell<usize>,
     worker: u8,
     /// Session ids minted on this worker so far.
     minted: Cell<u64>,
@@ -83,7 +86,7 @@ impl Client {
         tls: Option<crate::certs::Upstream>,
     ) -> Rc<Client> {
         let url = Rc::new(cfg.server.clone());
-        Rc::new_cyclic(|me| Client {
+        let client = Rc::new_cyclic(|me| Client {
             me: me.clone(),
             name: Rc::from(name),
             pool: Pool::new(url.clone(), backend, slots, cfg.connect_timeout, tls),
@@ -91,9 +94,12 @@ impl Client {
             authorization: cfg.authorization.clone(),
             response_timeout: cfg.response_timeout,
             sessions: RefCell::new(FastMap::default()),
+            opening: Cell::new(0),
             worker,
             minted: Cell::new(0),
-        })
+        });
+        tokio::task::spawn_local(sweep_idle(Rc::downgrade(&client)));
+        client
     }
 
     /// Upstream sessions open on this worker.
@@ -284,7 +290,14 @@ impl Client {
                 }
             }
         } else {
-            drain(&mut response).await?;
+            // Accepted (a 2xx head, nothing to read from the body): the body is read only
+            // so that the connection can serve again. One that does not end in time (no
+            // framing, the upstream never closes) costs the connection, not the answer.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if drain(&mut response, left).await.is_err() {
+                response.lease.link.wire().close();
+                return Ok(None);
+            }
         }
         if expect.is_some() && result.is_none() {
             return Err(UpErr::Exchange(exchange::Failure::Body(
@@ -413,13 +426,36 @@ fn check_status(head: &ResponseHead) -> Result<(), UpErr> {
     }
 }
 
-/// Reads a response body to its end, discarding it.
-async fn drain(response: &mut Response) -> Result<(), UpErr> {
+/// Closes the client's expired idle connections every half idle timeout, for as long as
+/// the client lives.
+async fn sweep_idle(client: Weak<Client>) {
     loop {
-        match response.next().await.map_err(UpErr::Broken)? {
-            ResponseEvent::End => return Ok(()),
-            ResponseEvent::Data(_) => {}
-            ResponseEvent::Head(_) => return Err(UpErr::Broken(Broken::Closed)),
+        tokio::time::sleep(UPSTREAM_POOL_IDLE_TIMEOUT / 2).await;
+        let Some(client) = client.upgrade() else {
+            return;
+        };
+        client.pool.close_expired();
+    }
+}
+
+/// Reads a response body to its end, discarding it, within `timeout` (past it the
+/// connection is closed: a body with no framing ends only when the upstream closes, and
+/// one that never does must not hold the connection and its task for good).
+async fn drain(response: &mut Response, timeout: Duration) -> Result<(), UpErr> {
+    let read = async {
+        loop {
+            match response.next().await.map_err(UpErr::Broken)? {
+                ResponseEvent::End => return Ok(()),
+                ResponseEvent::Data(_) => {}
+                ResponseEvent::Head(_) => return Err(UpErr::Broken(Broken::Closed)),
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(done) => done,
+        Err(_) => {
+            response.lease.link.wire().close();
+            Err(UpErr::Timeout(timeout))
         }
     }
 }

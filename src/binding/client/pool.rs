@@ -176,21 +176,43 @@ impl Pool {
         if link.wire().is_over() || !link.wire().inbox().is_empty() || link.wire().read_pending() {
             return;
         }
+        self.close_expired();
         let mut idle = self.idle.borrow_mut();
         let now = pass::now();
-        // Entries are in the order they went idle, so the expired ones are a prefix.
-        while idle
-            .front()
-            .is_some_and(|(_, since)| now.duration_since(*since) >= UPSTREAM_POOL_IDLE_TIMEOUT)
-        {
-            idle.pop_front();
-        }
         if idle.len() >= UPSTREAM_POOL_IDLE_MAX {
             // The oldest goes: the recent ones are the likeliest to be reused soon.
             idle.pop_front();
         }
         idle.push_back((link, now));
         assert!(idle.len() <= UPSTREAM_POOL_IDLE_MAX);
+    }
+
+    /// Closes the connections idle for `UPSTREAM_POOL_IDLE_TIMEOUT` or more. Run as
+    /// connections come back, and on a timer (`Client::sweep_idle`), so a pool whose
+    /// traffic stopped does not keep its connections open for good.
+    pub fn close_expired(&self) {
+        let mut idle = self.idle.borrow_mut();
+        let now = pass::now();
+        // Entries are in the order they went idle, so the expired ones are a prefix.
+        while idle.front().is_some_and(|(_, since)| {
+            now.saturating_duration_since(*since) >= UPSTREAM_POOL_IDLE_TIMEOUT
+        }) {
+            idle.pop_front();
+        }
+    }
+
+    /// Idle connections now.
+    #[cfg(test)]
+    pub fn idle_count(&self) -> usize {
+        self.idle.borrow().len()
+    }
+
+    /// Makes the connection idle longest look idle for `by` longer.
+    #[cfg(test)]
+    pub fn age_oldest_idle(&self, by: Duration) {
+        if let Some((_, since)) = self.idle.borrow_mut().front_mut() {
+            *since -= by;
+        }
     }
 
     /// Closes every idle connection (drain).

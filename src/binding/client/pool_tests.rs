@@ -355,3 +355,34 @@ fn no_more_addresses_are_tried_than_the_bound() {
         .expect("runtime");
     }
 }
+
+#[test]
+fn idle_connections_past_the_idle_timeout_are_closed_without_traffic() {
+    let certs = certs("pool-idle");
+    for backend in backends() {
+        // Two upstreams: each serves one connection at a time.
+        let peers = [
+            Peer::start(Behaviour::Tls(certs.good.clone())),
+            Peer::start(Behaviour::Tls(certs.good.clone())),
+        ];
+        block_on(backend, async {
+            let pool = pool(backend, &certs, Duration::from_secs(2));
+            for peer in &peers {
+                let link = pool
+                    .connect_any(&[peer.addr])
+                    .await
+                    .unwrap_or_else(|e| panic!("{backend:?}: {}", e.describe()));
+                let lease = pool.lease(link);
+                pool.give_back(lease);
+            }
+            assert_eq!(pool.idle_count(), 2, "{backend:?}");
+            pool.close_expired();
+            assert_eq!(pool.idle_count(), 2, "{backend:?}: none expired yet");
+            // The older one has been idle for the whole timeout: the sweep closes it.
+            pool.age_oldest_idle(UPSTREAM_POOL_IDLE_TIMEOUT);
+            pool.close_expired();
+            assert_eq!(pool.idle_count(), 1, "{backend:?}");
+        })
+        .expect("runtime");
+    }
+}

@@ -24,7 +24,7 @@ use crate::http::{Decimal, ResponseEvent};
 use crate::jsonrpc::{self, ResultScanner, ScanError, ScanEvent, ScanEvents};
 use crate::limits::{
     MESSAGE_BYTES_MAX, UPSTREAM_COALESCE_BYTES_MAX, UPSTREAM_RESULT_HOLD_BYTES,
-    UPSTREAM_RESUME_ATTEMPTS_MAX, UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
+    UPSTREAM_RESUME_ATTEMPTS_MAX, UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX, UPSTREAM_RETRY_MIN,
 };
 use crate::runtime::{encode_pool, pass};
 use crate::stream::{Callee, Challenge, Flush, Frame, ReplyBegin, Throttle, pieces};
@@ -112,8 +112,8 @@ async fn cancel_upstream(client: Rc<Client>, session: Rc<UpSession>, rpc_id: u64
 
 /// One request in flight.
 struct Exchange<'a> {
-    client: &'a Client,
-    session: &'a UpSession,
+    client: &'a Rc<Client>,
+    session: &'a Rc<UpSession>,
     callee: &'a Callee,
     /// Our upstream JSON-RPC id, as its lexeme.
     id: Decimal,
@@ -208,12 +208,13 @@ impl Exchange<'_> {
                 UpErr::SessionGone if renew && self.session.ids().session.is_some() => {
                     renew = false;
                     drop(response);
-                    // Boxed: rare, and its state would otherwise widen every request's task.
                     // The caller may go meanwhile (its deadline, a cancellation): then this
-                    // request stops waiting for the renewal.
-                    let renewed =
-                        Box::pin(session::reinitialize(self.client, self.session, generation));
-                    if !self.with_caller(renewed).await? {
+                    // request stops waiting for the renewal, which goes on without it.
+                    let renewal = session::renew(self.client, self.session, generation);
+                    if !self
+                        .with_caller(async { renewal.await.unwrap_or(false) })
+                        .await?
+                    {
                         return Err(UpErr::SessionGone);
                     }
                 }
@@ -466,7 +467,7 @@ impl Exchange<'_> {
                 Err(e) => return Err(UpErr::Exchange(e)),
             };
             if let Some(ms) = incoming.retry_ms {
-                retry = Duration::from_millis(ms).min(UPSTREAM_RETRY_MAX);
+                retry = Duration::from_millis(ms).clamp(UPSTREAM_RETRY_MIN, UPSTREAM_RETRY_MAX);
             }
             if let Some(id) = incoming.event_id {
                 // An id this request could not send back is no place to resume from.

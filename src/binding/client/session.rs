@@ -23,7 +23,7 @@ use crate::binding::client::metrics as client_metrics;
 use crate::jsonrpc;
 use crate::limits::{
     EXIT_EVENT_ID_BYTES_MAX, SESSIONS_PER_WORKER_MAX, UPSTREAM_OUTBOX_EVENTS_MAX,
-    UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX,
+    UPSTREAM_RETRY_DEFAULT, UPSTREAM_RETRY_MAX, UPSTREAM_RETRY_MIN, UPSTREAM_STREAM_WORKED_MIN,
 };
 use crate::log;
 use crate::metrics;
@@ -282,6 +282,27 @@ impl Drop for Registration {
     }
 }
 
+/// Holds a place in its client's session bound while the session is being opened.
+struct Opening<'a>(&'a Client);
+
+impl<'a> Opening<'a> {
+    /// A place, if the bound leaves one.
+    fn take(client: &'a Client) -> Option<Opening<'a>> {
+        let held = client.sessions.borrow().len() + client.opening.get();
+        if held >= SESSIONS_PER_WORKER_MAX {
+            return None;
+        }
+        client.opening.set(client.opening.get() + 1);
+        Some(Opening(client))
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.0.opening.set(self.0.opening.get() - 1);
+    }
+}
+
 /// Serves one lifecycle stream from `initialize` to `DELETE`.
 pub async fn serve(client: Rc<Client>, callee: Callee) {
     let fail = |err: UpErr| {
@@ -293,12 +314,12 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
             "Lifecycle stream without the agent's hello",
         )));
     };
-    if client.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
+    let Some(opening) = Opening::take(&client) else {
         metrics::with(|m| m.overload_rejections += 1);
         return fail(UpErr::Rpc(exchange::upstream_error(
             "Too many upstream sessions",
         )));
-    }
+    };
     let authorization = match &client.authorization {
         None => None,
         Some(crate::config::ClientAuth::Forward) => hello.authorization.clone(),
@@ -355,6 +376,7 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         .sessions
         .borrow_mut()
         .insert(session.id.clone(), session.clone());
+    drop(opening);
     client_metrics::with(|m| m.sessions += 1);
     let _registration = Registration {
         client: client.clone(),
@@ -701,7 +723,9 @@ async fn initialize(client: &Client, session: &UpSession) -> Result<Initialized,
 /// [`EXIT_EVENT_ID_BYTES_MAX`] bytes, and read back unchanged from a `Last-Event-ID`
 /// header.
 pub(super) fn resendable(id: &str) -> bool {
-    id.len() <= EXIT_EVENT_ID_BYTES_MAX && crate::http::field_value_round_trips(id.as_bytes())
+    !id.is_empty()
+        && id.len() <= EXIT_EVENT_ID_BYTES_MAX
+        && crate::http::field_value_round_trips(id.as_bytes())
 }
 
 /// A protocol version we may send back in `MCP-Protocol-Version`: MCP's are dates
@@ -723,6 +747,19 @@ fn valid_session_id(v: &[u8]) -> bool {
 
 /// Re-initializes the upstream session after a 404 seen under `generation`, unless
 /// another request already did. True if the session has fresh ids.
+/// [`reinitialize`] in a task of its own, for a request's caller to wait on: a caller that
+/// goes (its deadline, a cancel) stops waiting, but never cuts a renewal short between the
+/// upstream's `initialize` and `notifications/initialized` (which would leave an upstream
+/// session that refuses requests until it is not initialized, or one never used).
+pub fn renew(
+    client: &Rc<Client>,
+    session: &Rc<UpSession>,
+    generation: u64,
+) -> tokio::task::JoinHandle<bool> {
+    let (client, session) = (client.clone(), session.clone());
+    tokio::task::spawn_local(async move { reinitialize(&client, &session, generation).await })
+}
+
 pub async fn reinitialize(client: &Client, session: &UpSession, generation: u64) -> bool {
     let _turn = session.renewing.lock().await;
     if session.ids.borrow().generation != generation {
@@ -764,7 +801,7 @@ pub async fn reinitialize(client: &Client, session: &UpSession, generation: u64)
 
 fn describe(e: UpErr) -> String {
     match e.into_reset() {
-        crate::stream::Reset::Error { message, .. } => message.to_string(),
+        crate::stream::Reset::Error { message, .. } => log::field(message.as_bytes()),
         crate::stream::Reset::Bearer(c) => format!("bearer challenge ({})", c.status),
         crate::stream::Reset::Plain => "gone".to_owned(),
     }
@@ -824,7 +861,10 @@ async fn terminate(client: &Client, session: &UpSession) {
     };
     match client.send(&req, &[]).await {
         Ok(super::Answered { mut response, head }) => {
-            if super::drain(&mut response).await.is_ok() {
+            if super::drain(&mut response, client.response_timeout)
+                .await
+                .is_ok()
+            {
                 client.finish(response, &head);
             }
         }
@@ -882,10 +922,18 @@ async fn events_task(client: Rc<Client>, session: Rc<UpSession>) {
                 if !Box::pin(session.post(live, false)).await {
                     return;
                 }
-                failures = 0;
+                let started = Instant::now();
                 let followed = follow(&session, response).await;
                 if let Some(asked) = followed.retry {
                     retry = asked;
+                }
+                // A stream that ends at once with nothing is no better than a refusal: an
+                // upstream that does so every time is waited out with backoff, not
+                // reconnected to at `retry:` forever.
+                if followed.seen || started.elapsed() >= UPSTREAM_STREAM_WORKED_MIN {
+                    failures = 0;
+                } else {
+                    failures += 1;
                 }
                 if !followed.seen && resumed_from.is_some() {
                     // An upstream that does not know the id ends such a stream at once
@@ -1033,7 +1081,8 @@ async fn follow(session: &UpSession, response: &mut exchange::Response) -> Follo
             Ok(Some(incoming)) => incoming,
             Ok(None) | Err(_) => return out,
         };
-        out.seen = true;
+        // A block with only `retry:` (or a comment) is no event.
+        out.seen |= incoming.event_id.is_some() || incoming.data.is_some();
         if session.restart.get() {
             // Read before the restart: the replay brings it again, and the resume point
             // the restart asked for must not move past it.
@@ -1041,12 +1090,12 @@ async fn follow(session: &UpSession, response: &mut exchange::Response) -> Follo
         }
         let retry = &mut out.retry;
         if let Some(ms) = incoming.retry_ms {
-            *retry = Some(Duration::from_millis(ms).min(UPSTREAM_RETRY_MAX));
+            *retry = Some(Duration::from_millis(ms).clamp(UPSTREAM_RETRY_MIN, UPSTREAM_RETRY_MAX));
         }
         // An id that cannot be handed on or sent back (too long, or one a header would not
         // carry back unchanged: a control byte, a space at an end) is not one to resume
         // from either: the stream resumes from now, not from an older id (which would
-        // replay what the agent already had).
+        // replay what the agent already had). So does an empty one (SSE: the id is reset).
         let id: Option<Rc<str>> = match incoming.event_id.as_deref() {
             Some(id) if resendable(id) => Some(Rc::from(id)),
             Some(_) => {

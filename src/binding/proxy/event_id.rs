@@ -126,7 +126,11 @@ fn unescape(text: &str) -> Option<String> {
     let mut at = 0;
     while let Some(&b) = bytes.get(at) {
         if b == b'%' {
+            // Exactly two hex digits (`from_str_radix` alone would also take `+9`).
             let hex = bytes.get(at + 1..at + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
             let hex = std::str::from_utf8(hex).ok()?;
             out.push(u8::from_str_radix(hex, 16).ok()?);
             at += 3;
@@ -181,6 +185,7 @@ mod tests {
         assert_eq!(got("S=1;S=2"), [(0, "2".into())], "the last one wins");
         assert_eq!(got(""), []);
         assert_eq!(got("S=%zz;2=%4"), [], "broken escapes");
+        assert_eq!(got("S=%+9;2=%-1"), [], "signs are not hex digits");
     }
 
     #[test]
