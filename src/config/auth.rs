@@ -277,9 +277,9 @@ fn rule(path: &str, raw: RawRule) -> Result<Rule, Fault> {
     };
     Ok(Rule {
         toolkit,
-        tools: raw.tools.map(|g| g.0),
-        prompts: raw.prompts.map(|g| g.0),
-        resources: raw.resources.map(|g| g.0),
+        tools: raw.tools,
+        prompts: raw.prompts,
+        resources: raw.resources,
         scopes: list("scopes", raw.scopes, "a scope", scope_string)?,
         groups: list("groups", raw.groups, "a group", header_string)?,
         subjects: list("subjects", raw.subjects, "a subject", header_string)?,
@@ -347,7 +347,7 @@ fn limit(path: &str, raw: RawLimit) -> Result<Limit, Fault> {
     Ok(Limit {
         name,
         per,
-        tools: raw.tools.map(|g| g.0),
+        tools: raw.tools,
         count,
         period,
         burst,

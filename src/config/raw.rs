@@ -513,22 +513,6 @@ impl Globs {
     }
 }
 
-/// An allow-list of tool (`FAMILY` 0), prompt (1) or resource (2) globs, for sections
-/// other than a route's (`auth` rules and limits).
-#[derive(Debug)]
-pub(super) struct RawGlobs<const FAMILY: u8>(pub AllowList);
-
-impl<'de, const FAMILY: u8> Deserialize<'de> for RawGlobs<FAMILY> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let globs = match FAMILY {
-            0 => Globs::Tools,
-            1 => Globs::Prompts,
-            _ => Globs::Resources,
-        };
-        d.deserialize_any(GlobsVisitor(globs)).map(RawGlobs)
-    }
-}
-
 fn de_tool_globs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<AllowList>, D::Error> {
     d.deserialize_any(GlobsVisitor(Globs::Tools)).map(Some)
 }
@@ -777,23 +761,37 @@ pub(super) struct RawJwt {
     pub groups_claim: Option<Value>,
 }
 
+/// A rule's conditions. Every key left out is no condition, so a key present but empty
+/// (`tools:`, `groups: ~`, `groups: []`) is refused rather than read as left out: a rule
+/// half written would otherwise cover every item or admit every caller.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping")]
 pub(super) struct RawRule {
     #[serde(default)]
     pub toolkit: Option<Value>,
-    #[serde(default)]
-    pub tools: Option<RawGlobs<0>>,
-    #[serde(default)]
-    pub prompts: Option<RawGlobs<1>>,
-    #[serde(default)]
-    pub resources: Option<RawGlobs<2>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "de_tool_globs")]
+    pub tools: Option<AllowList>,
+    #[serde(default, deserialize_with = "de_prompt_globs")]
+    pub prompts: Option<AllowList>,
+    #[serde(default, deserialize_with = "de_resource_globs")]
+    pub resources: Option<AllowList>,
+    #[serde(default, deserialize_with = "de_condition_list")]
     pub scopes: Option<Vec<Value>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "de_condition_list")]
     pub groups: Option<Vec<Value>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "de_condition_list")]
     pub subjects: Option<Vec<Value>>,
+}
+
+/// A rule's list of scopes, groups or subjects: present, so not empty (see [`RawRule`]).
+fn de_condition_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Value>>, D::Error> {
+    let list = Option::<Vec<Value>>::deserialize(d)?;
+    match list {
+        Some(list) if !list.is_empty() => Ok(Some(list)),
+        _ => Err(D::Error::custom(
+            "found nothing, expected a list of one or more names (leave the key out for no condition)",
+        )),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -803,8 +801,8 @@ pub(super) struct RawLimit {
     pub name: Option<Value>,
     #[serde(default)]
     pub per: Option<Value>,
-    #[serde(default)]
-    pub tools: Option<RawGlobs<0>>,
+    #[serde(default, deserialize_with = "de_tool_globs")]
+    pub tools: Option<AllowList>,
     #[serde(default)]
     pub rate: Option<Value>,
     #[serde(default)]

@@ -1230,6 +1230,23 @@ fn auth_is_checked_where_it_is_written() {
             format!("{{ {JWT}, audiences: [a], leeway: 10m }} }}"),
             "gw.yaml: bindings.north.auth.jwt.leeway: found 10m, expected at most 5m",
         ),
+        // A rule's key present but empty is refused, not read as "no condition".
+        (
+            format!("{{ {JWT}, audiences: [a] }}, rules: [{{ tools: ~ }}, {{}}] }}"),
+            "gw.yaml: bindings.north.auth.rules[0].tools: found nothing, expected a list of tool name globs such as [\"search_*\"] (leave the key out to admit every tool, or write [] to admit none)",
+        ),
+        (
+            format!("{{ {JWT}, audiences: [a] }}, rules: [{{ toolkit: time, groups: [] }}] }}"),
+            "gw.yaml: bindings.north.auth.rules[0].groups: found nothing, expected a list of one or more names (leave the key out for no condition)",
+        ),
+        (
+            format!("{{ {JWT}, audiences: [a] }}, rules: [{{ toolkit: time, scopes: ~ }}] }}"),
+            "gw.yaml: bindings.north.auth.rules[0].scopes: found nothing, expected a list of one or more names (leave the key out for no condition)",
+        ),
+        (
+            format!("{{ {JWT}, audiences: [a] }}, limits: [{{ name: x, rate: 1/s, tools: ~ }}] }}"),
+            "gw.yaml: bindings.north.auth.limits[0].tools: found nothing, expected a list of tool name globs such as [\"search_*\"] (leave the key out to admit every tool, or write [] to admit none)",
+        ),
     ];
     for (auth, want) in table {
         assert_eq!(load_err(&with_auth(&auth)), want, "auth: {auth}");
