@@ -260,6 +260,7 @@ fn jwks_source(cx: &AuthContext<'_>, value: Option<&Value>) -> Result<JwksSource
     let bytes = crate::jwks::read_file(&path)
         .map_err(|e| fault("jwt.jwks", format!("{}: {e}", path.display())))?;
     crate::jwks::parse(&bytes)
+        .and_then(crate::jwks::require_keys)
         .map_err(|e| fault("jwt.jwks", format!("{}: {e}", path.display())))?;
     Ok(JwksSource::File(path))
 }

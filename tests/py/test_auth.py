@@ -850,6 +850,34 @@ def test_no_key_set_yet_is_503_then_a_failed_read_keeps_the_last_good_set(gatewa
     assert gw.metric("mcpyard_jwks_reads_total", outcome="failed") >= 2
 
 
+def test_a_key_set_whose_keys_are_all_withdrawn_refuses_every_token(gateways, jwks_server, tls_material, keys):
+    """The issuer withdraws every key (`{"keys":[]}`, as in an incident): the next read
+    installs the empty set and tokens signed with the old key are refused with 401. (The
+    empty set used to count as a failed read, and the withdrawn key stayed trusted.)"""
+    key = keys["ES256"]
+    server = jwks_server(authkit.jwks(key))
+    gw = gateways({"scopes": ["mcp"], "jwt": jwt_block(server.url, jwks_ca=str(tls_material.ca.pem), refresh="1s")})
+    tok = key.sign(claims("withdrawn"))
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            deadline = time.monotonic() + TIMEOUT_S
+            while (response := await initialize_status(client, gw.url, tok)).status_code == 503:
+                assert time.monotonic() < deadline, "the key set was never loaded"
+                await anyio.sleep(0.1)
+            assert response.status_code == 200, (response.status_code, response.text[:300])
+            server.set_keys({"keys": []})
+            deadline = time.monotonic() + TIMEOUT_S
+            while (response := await initialize_status(client, gw.url, key.sign(claims("after")))).status_code == 200:
+                assert time.monotonic() < deadline, "the withdrawn key stayed trusted"
+                await anyio.sleep(0.2)
+            assert response.status_code == 401, (response.status_code, response.text[:300])
+            assert response.headers["www-authenticate"].startswith("Bearer "), response.headers
+
+    run(scenario)
+    assert gw.metric("mcpyard_jwks_reads_total", outcome="failed") == 0
+
+
 def test_no_key_set_from_a_url_that_never_answers(gateways, tls_material, keys):
     """A JWKS URL where nothing listens: mcpyard starts, and a token gets 503
     `Retry-After: 1` without `WWW-Authenticate`, with the JSON-RPC error body."""

@@ -14,9 +14,16 @@ use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Pause between reads while no key set has been loaded yet.
 pub const JWKS_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long the last good key set stays in use while reads fail: at least this, and at
+/// least two refresh periods. Past it the set is dropped and tokens are answered 503
+/// until a read works again: an issuer's withdrawn key must not stay trusted for good
+/// because its key set endpoint went unreachable (or was made so).
+pub const JWKS_STALE_AFTER_MIN: Duration = Duration::from_secs(3600);
 
 /// Reads the key set with `read`, forever (the caller drops it at drain).
 pub async fn run<F, Fut>(name: &str, guard: Arc<Guard>, mut read: F)
@@ -25,6 +32,8 @@ where
     Fut: Future<Output = Result<Bytes, String>>,
 {
     let mut failing = false;
+    let stale_after = JWKS_STALE_AFTER_MIN.max(guard.cfg.jwt.refresh.saturating_mul(2));
+    let mut last_good = Instant::now();
     loop {
         match read().await.and_then(|bytes| crate::jwks::parse(&bytes)) {
             Ok(set) => {
@@ -33,9 +42,22 @@ where
                     log::info(format_args!("auth: {name}: the key set is read again"));
                 }
                 failing = false;
-                let keys = set.keys.len();
+                last_good = Instant::now();
+                let (keys, left_out) = (set.keys.len(), set.left_out);
                 if guard.install(set) {
-                    log::info(format_args!("auth: {name}: key set loaded, {keys} keys"));
+                    if keys == 0 {
+                        log::warn(format_args!(
+                            "auth: {name}: the key set holds no usable signing key: every token is refused"
+                        ));
+                    } else {
+                        log::info(format_args!("auth: {name}: key set loaded, {keys} keys"));
+                    }
+                    if left_out {
+                        log::warn(format_args!(
+                            "auth: {name}: the key set has more than {} usable keys; those after them are left out",
+                            crate::jwks::JWKS_KEYS_MAX
+                        ));
+                    }
                 }
             }
             Err(e) => {
@@ -44,11 +66,19 @@ where
                     // Escaped: the reason can carry what the endpoint sent (a certificate's
                     // names, in a TLS failure).
                     log::warn(format_args!(
-                        "auth: {name}: cannot read the key set: {} (the last good one stays in use)",
-                        log::field(e.as_bytes())
+                        "auth: {name}: cannot read the key set: {} (the last good one stays in use for {}s)",
+                        log::field(e.as_bytes()),
+                        stale_after.as_secs()
                     ));
                 }
                 failing = true;
+                if guard.has_keys() && last_good.elapsed() >= stale_after {
+                    guard.withdraw();
+                    log::error(format_args!(
+                        "auth: {name}: no key set read for {}s: the last good one is dropped, tokens are answered 503 until a read works",
+                        stale_after.as_secs()
+                    ));
+                }
             }
         }
         guard.read_finished();

@@ -193,7 +193,8 @@ impl Guard {
         let (keys, jwks_tls) = match &cfg.jwt.jwks {
             JwksSource::File(path) => {
                 let bytes = crate::jwks::read_file(path)?;
-                (Some(Arc::new(crate::jwks::parse(&bytes)?)), None)
+                let set = crate::jwks::parse(&bytes).and_then(crate::jwks::require_keys)?;
+                (Some(Arc::new(set)), None)
             }
             JwksSource::Url(url) => {
                 let tls = crate::certs::Upstream::new(&url.host, cfg.jwt.jwks_ca.as_deref())
@@ -265,6 +266,13 @@ impl Guard {
     }
 
     /// Whether a key set is loaded.
+    /// Drops the key set in use (reads have failed too long): tokens are answered 503
+    /// until one is installed again.
+    pub fn withdraw(&self) {
+        self.keys.store(None);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
     pub fn has_keys(&self) -> bool {
         self.keys.load().is_some()
     }
@@ -333,19 +341,21 @@ impl Guard {
         let Some((_, validation)) = self.validations.iter().find(|(a, _)| *a == header.alg) else {
             return Err(Verify::Invalid(Invalid::Algorithm));
         };
-        let family = Family::of(header.alg).ok_or(Verify::Invalid(Invalid::Algorithm))?;
+        if Family::of(header.alg).is_none() {
+            return Err(Verify::Invalid(Invalid::Algorithm));
+        }
         let generation = self.generation();
         let Some(keys) = self.keys.load_full() else {
             return Err(Verify::Keys);
         };
         let kid = header.kid.as_deref();
-        if kid.is_some() && keys.candidates(kid, family).next().is_none() {
+        if kid.is_some() && keys.candidates(kid, header.alg).next().is_none() {
             return Err(Verify::UnknownKid);
         }
         let mut outcome = Err(Verify::Invalid(Invalid::UnknownKey));
         // A signature check per key tried: a token that names no key is tried against a
         // few of its family, not all of them.
-        for key in keys.candidates(kid, family).take(KEYS_TRIED_MAX) {
+        for key in keys.candidates(kid, header.alg).take(KEYS_TRIED_MAX) {
             server_metrics::with(|m| m.auth_signature_checks += 1);
             match jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
                 token, &key.key, validation,
@@ -847,6 +857,69 @@ mod tests {
         };
         let auth = north.auth.as_ref().expect("auth");
         Guard::new((**auth).clone(), "/mcp", false).expect("a guard")
+    }
+
+    #[test]
+    fn a_key_set_unread_for_long_is_dropped_and_an_emptied_one_is_installed() {
+        const SET: &[u8] = br#"{"keys":[{"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo","kid":"ed"}]}"#;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a runtime");
+        let keys = |g: &Guard| g.keys.load().as_ref().map(|set| set.keys.len());
+        // Read once, then never again.
+        let g = guard(None);
+        let reads = std::rc::Rc::new(std::cell::Cell::new(0u32));
+        let counted = reads.clone();
+        let read = move || {
+            counted.set(counted.get() + 1);
+            let first = counted.get() == 1;
+            async move {
+                if first {
+                    Ok(bytes::Bytes::from_static(SET))
+                } else {
+                    Err("unreachable".to_owned())
+                }
+            }
+        };
+        runtime.block_on(async {
+            let reader = keys::run("north", g.clone(), read);
+            let check = async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                assert_eq!(keys(&g), Some(1));
+                let stale = keys::JWKS_STALE_AFTER_MIN;
+                tokio::time::sleep(stale - Duration::from_secs(120)).await;
+                assert_eq!(keys(&g), Some(1), "still within the bound");
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                assert_eq!(keys(&g), None, "dropped: tokens get 503");
+            };
+            tokio::select! {
+                () = reader => panic!("the reader ended"),
+                () = check => {}
+            }
+        });
+        assert!(reads.get() > 10, "{} reads", reads.get());
+        // A set whose keys were all withdrawn is installed, empty, not ignored.
+        let g = guard(None);
+        let mut answers = vec![SET, &br#"{"keys":[]}"#[..]].into_iter();
+        let read = move || {
+            let bytes = answers.next().unwrap_or(br#"{"keys":[]}"#);
+            async move { Ok(bytes::Bytes::from_static(bytes)) }
+        };
+        runtime.block_on(async {
+            let reader = keys::run("north", g.clone(), read);
+            let check = async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                assert_eq!(keys(&g), Some(1));
+                tokio::time::sleep(g.cfg.jwt.refresh).await;
+                assert_eq!(keys(&g), Some(0), "every key withdrawn");
+            };
+            tokio::select! {
+                () = reader => panic!("the reader ended"),
+                () = check => {}
+            }
+        });
     }
 
     #[test]
