@@ -95,10 +95,152 @@ impl AllowList {
     }
 }
 
+/// Whether a resource URI is written the one way a glob can judge: a glob matches text,
+/// and an upstream resolves what the text means, so a URI that means the same as another
+/// but is written differently would slip past a glob written for the other. Where
+/// resource globs decide (a route's `resources`, auth rules), URIs that are not in this
+/// form are not admitted. Refused (RFC 3986 §6.2.2, and what file servers fold):
+/// - a `.` or `..` path segment, or an empty one inside the path (`a//b`);
+/// - a `\` anywhere; an escape of `/` or `\` in the path (`%2F`, `%5C`);
+/// - an escape of an unreserved character (`%73` for `s`, `%2E` for `.`), or a `%` not
+///   followed by two hex digits;
+/// - an upper-case letter in the scheme or the authority, a `%` in the authority, an
+///   authority ending in `.` or `:`, or naming the scheme's default port (`:443` for
+///   https, `:80` for http);
+/// - a `file:` URI with an authority (`file://localhost/x` for `file:///x`).
+///
+/// The scheme is what precedes the first `:`, after any `<toolkit>+` (a proxy's
+/// agent-visible URIs).
+pub fn resource_uri_is_normal(uri: &str) -> bool {
+    if uri.contains('\\') || !escapes_are_normal(uri) {
+        return false;
+    }
+    let (scheme, rest) = match uri.split_once(':') {
+        Some((scheme, rest)) if is_scheme(scheme) => {
+            // A toolkit prefix (`kit+`) is no part of the scheme.
+            (scheme.rsplit('+').next().unwrap_or(scheme), rest)
+        }
+        _ => ("", uri),
+    };
+    if scheme.bytes().any(|b| b.is_ascii_uppercase()) {
+        return false;
+    }
+    let hier = rest.split(['?', '#']).next().unwrap_or_default();
+    let path = match hier.strip_prefix("//") {
+        Some(after) => {
+            let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
+            let port = authority.rsplit_once(':').map(|(_, port)| port);
+            let default_port = match scheme {
+                "https" | "wss" => Some("443"),
+                "http" | "ws" => Some("80"),
+                _ => None,
+            };
+            if authority
+                .bytes()
+                .any(|b| b.is_ascii_uppercase() || b == b'%')
+                || authority.ends_with(['.', ':'])
+                || (port.is_some() && port == default_port)
+                || (scheme == "file" && !authority.is_empty())
+            {
+                return false;
+            }
+            path
+        }
+        None => hier,
+    };
+    if path.contains("%2F") || path.contains("%2f") || path.contains("%5C") || path.contains("%5c")
+    {
+        return false;
+    }
+    let segments = path.strip_prefix('/').unwrap_or(path).split('/');
+    let count = segments.clone().count();
+    !segments
+        .enumerate()
+        .any(|(n, seg)| seg == "." || seg == ".." || (seg.is_empty() && n + 1 < count))
+}
+
+/// A URI scheme's characters (with `_`, which a toolkit prefix may hold).
+fn is_scheme(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.' | b'_'))
+}
+
+/// Every `%` starts an escape of two hex digits, and none escapes an unreserved character.
+fn escapes_are_normal(uri: &str) -> bool {
+    let bytes = uri.as_bytes();
+    let mut at = 0;
+    while let Some(found) = memchr::memchr(b'%', bytes.get(at..).unwrap_or_default()) {
+        let start = at + found;
+        let Some(hex) = bytes.get(start + 1..start + 3) else {
+            return false;
+        };
+        let value = std::str::from_utf8(hex)
+            .ok()
+            .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match value {
+            None => return false,
+            Some(b) if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') => {
+                return false;
+            }
+            Some(_) => {}
+        }
+        at = start + 3;
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::Rng;
+
+    #[test]
+    fn resource_uris_are_admitted_only_in_normal_form() {
+        for good in [
+            "file:///docs/readme.md",
+            "file:///docs/",
+            "file:///",
+            "https://example.com/a/b?x=..%2F#frag",
+            "https://example.com:8443/a",
+            "github+repo://owner/name/issues/1",
+            "kit+file:///docs/a%20b",
+            "my_kit+file:///x/%C3%BC",
+            "urn:isbn:0451450523",
+            "mem://store/{id}",
+            "file:///a/.hidden/b..c",
+        ] {
+            assert!(resource_uri_is_normal(good), "{good}");
+        }
+        for bad in [
+            "file:///docs/../etc/passwd",
+            "file:///docs/./x",
+            "file:///docs/..",
+            "file:///docs/%2e%2e/etc/passwd",
+            "file:///docs/%2E%2E/etc/passwd",
+            "file:///docs/..%2Fetc/passwd",
+            "file:///srv//secret/k",
+            "file:///srv/%73ecret/k",
+            "FILE:///srv/secret/k",
+            "kit+FILE:///srv/secret/k",
+            "file://localhost/srv/secret/k",
+            "file:///srv\\secret",
+            "file:///srv/%5Csecret",
+            "https://Example.com/secret",
+            "https://example.com./secret",
+            "https://example.com:443/secret",
+            "http://example.com:80/secret",
+            "https://example.com:/secret",
+            "https://ex%61mple.com/secret",
+            "file:///srv/%zz",
+            "file:///srv/%4",
+            "docs/../x",
+        ] {
+            assert!(!resource_uri_is_normal(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn globs_match_whole_names() {

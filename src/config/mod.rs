@@ -42,7 +42,7 @@ use serde_yaml_ng::Value;
 pub use auth::{AUTH_LIMITS_MAX, AUTH_RULES_MAX};
 pub use duration::{format_duration, parse_duration};
 pub use event_prefix::{EVENT_CODE_CHARS, event_code, event_prefixes};
-pub use glob::{ALLOW_LIST_GLOBS_MAX, AllowList, GLOB_BYTES_MAX, Glob};
+pub use glob::{ALLOW_LIST_GLOBS_MAX, AllowList, GLOB_BYTES_MAX, Glob, resource_uri_is_normal};
 pub use model::{
     Binding, Cache, ClientAuth, ClientBinding, Config, DemoBinding, IoMode, JwksSource, Jwt, Limit,
     ProxyBinding, RedisStore, RedisTls, RedisUrl, Route, Rule, Runtime, Scheme, Secret, ServerAuth,

@@ -81,14 +81,19 @@ impl Route {
     }
 
     /// True if the route's allow-list for `family` admits `name` (the upstream's name,
-    /// without the prefix). No allow-list admits everything.
+    /// without the prefix). No allow-list admits everything; a resources allow-list admits
+    /// only URIs in normal form (`config::resource_uri_is_normal`: `docs/../etc` must not
+    /// pass a glob for `docs/*`).
     pub fn admits(&self, family: Family, name: &str) -> bool {
         let list = match family {
             Family::Tools => &self.tools,
             Family::Prompts => &self.prompts,
             Family::Resources => &self.resources,
         };
-        list.as_ref().is_none_or(|l| l.admits(name))
+        list.as_ref().is_none_or(|l| {
+            l.admits(name)
+                && (family != Family::Resources || crate::config::resource_uri_is_normal(name))
+        })
     }
 
     /// True unless the route's allow-list for `family` is empty (it then serves none).

@@ -270,6 +270,44 @@ fn proxy(fakes: &[(&str, &Rc<Fake>)], tools: Option<Vec<&str>>) -> Rc<Proxy> {
     )
 }
 
+#[test]
+fn a_resources_allow_list_admits_uris_only_in_normal_form() {
+    run(async {
+        let a = Fake::new("a", "{}");
+        let routes = vec![RouteCfg {
+            toolkit: Some("docs".to_owned()),
+            exit: a.name.to_owned(),
+            tools: None,
+            prompts: None,
+            resources: Some(AllowList::new(vec![Glob::new("file:///docs/*")])),
+            event_prefix: None,
+        }];
+        let exits = vec![Rc::new(FakeExit(a.clone())) as Rc<dyn Exit>];
+        let binding = ProxyBinding {
+            cache: None,
+            routes,
+        };
+        let p = Proxy::new("tools", &binding, exits, 0, None);
+        let resolved = |uri: &str| {
+            p.resolve(Family::Resources, uri)
+                .map(|(_, rest)| rest.to_owned())
+        };
+        assert_eq!(
+            resolved("docs+file:///docs/readme.md").as_deref(),
+            Some("file:///docs/readme.md")
+        );
+        for alias in [
+            "docs+file:///docs/../etc/passwd",
+            "docs+file:///docs/%2e%2e/etc/passwd",
+            "docs+file:///docs/..%2Fetc/passwd",
+            "docs+file:///docs//x",
+        ] {
+            assert_eq!(resolved(alias), None, "{alias}");
+        }
+        p.stop();
+    });
+}
+
 /// Two fakes routed as `bluesky` (a) and `quartz` (b), and a session open through them:
 /// its lifecycle and id.
 async fn bluesky_and_quartz() -> (Rc<Fake>, Rc<Fake>, Rc<Proxy>, Caller, Rc<str>) {

@@ -51,6 +51,11 @@ pub fn allows(rules: &[Rule], admits: u64, family: Family, name: &str) -> bool {
     if name.len() > LIST_KEY_BYTES_MAX {
         return false;
     }
+    // A URI written another way than its normal form could pass a rule written for the
+    // form an upstream resolves it to (see `config::resource_uri_is_normal`).
+    if family == Family::Resources && !crate::config::resource_uri_is_normal(name) {
+        return false;
+    }
     rules
         .iter()
         .position(|rule| covers(rule, family, name))
@@ -265,6 +270,37 @@ mod tests {
         assert!(allows(&rules, nobody, Family::Resources, "a+file:///x"));
         assert!(!allows(&rules, nobody, Family::Resources, "a__file:///x"));
         assert!(allows(&[], 0, Family::Prompts, "anything"));
+    }
+
+    #[test]
+    fn a_resource_uri_written_another_way_does_not_slip_past_a_rule() {
+        // Secrets need `ops`; everything else is anyone's.
+        let mut secret = rule(None, None, &[], &["ops"]);
+        secret.resources = Some(AllowList::new(vec![Glob::new("file:///srv/secret/*")]));
+        let rules = vec![secret, rule(None, None, &[], &[])];
+        let anyone = admitted(&rules, "alice", &[], &[]);
+        assert!(allows(
+            &rules,
+            anyone,
+            Family::Resources,
+            "file:///srv/public/k"
+        ));
+        assert!(!allows(
+            &rules,
+            anyone,
+            Family::Resources,
+            "file:///srv/secret/k"
+        ));
+        for alias in [
+            "file:///srv/public/../secret/k",
+            "file:///srv//secret/k",
+            "file:///srv/%73ecret/k",
+            "FILE:///srv/secret/k",
+            "file://localhost/srv/secret/k",
+            "file:///srv/public/%2e%2e/secret/k",
+        ] {
+            assert!(!allows(&rules, anyone, Family::Resources, alias), "{alias}");
+        }
     }
 
     #[test]
