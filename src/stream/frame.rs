@@ -352,6 +352,10 @@ pub struct BearerChallenge {
     pub error: Option<Box<str>>,
     pub error_description: Option<Box<str>>,
     pub resource_metadata: Option<Box<str>>,
+    /// The refused request carried the agent's own credential (its client forwards it). A
+    /// server binding that authenticates agents itself relays only such challenges: any
+    /// other is about a credential the agent never sent.
+    pub forwarded: bool,
 }
 
 /// Why a receiver rejected a direction.

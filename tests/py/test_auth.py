@@ -37,6 +37,8 @@ import harness
 import helpers
 from authkit import AUDIENCE, ISSUER, claims
 from helpers import connect, raw_exchange, tool_text
+from fault_upstream import FaultUpstream
+from fault_upstream import challenge as fault_challenge
 from rawmcp import ACCEPT, PROTOCOL, RawSession
 
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
@@ -923,6 +925,42 @@ async def call_error(session: RawSession, method: str, params: dict[str, Any]) -
     reply = await session.request(method, params)
     assert reply.status == 200, (method, params, reply.status, reply.body)
     return reply.error
+
+
+@pytest.mark.parametrize("forward", [False, True], ids=["gateway-token-only", "token-forwarded"])
+def test_an_upstream_challenge_reaches_an_authenticated_agent_only_about_its_own_token(forward, gateways, keys, enc_key):
+    """mcpyard checks the agent's token itself; toolkit `a` is an upstream that answers a
+    call with 401 and a challenge naming its own metadata. When the route does not forward
+    the agent's token, the challenge is about a credential the agent never sent: it gets
+    -32603, not a 401 that would send it to another authorization server. When the route
+    forwards it, the upstream judged the agent's own token, and the challenge is relayed."""
+    fault = FaultUpstream().start()
+    try:
+        forwarding = ", authorization: forward" if forward else ""
+        a_exit = f'{{ kind: client, server: "{fault.url}"{forwarding} }}'
+        gw = gateways(standard_auth(), files=standard_files(keys, enc_key), proxy=True, a_exit=a_exit)
+        www = 'Bearer error="invalid_token", resource_metadata="https://elsewhere.example/prm"'
+
+        async def scenario():
+            async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+                session = RawSession(client, gw.url, headers=bearer(token(keys)))
+                await session.initialize()
+                fault.script("tools/call", fault_challenge(401, www))
+                reply = await session.request("tools/call", {"name": "a__echo", "arguments": {"text": "x"}})
+                if forward:
+                    assert reply.status == 401, (reply.status, reply.body[:300])
+                    assert reply.headers["www-authenticate"] == www, reply.headers
+                else:
+                    assert reply.status == 200, (reply.status, reply.body[:300])
+                    assert "www-authenticate" not in reply.headers, reply.headers
+                    assert reply.error == {"code": -32603, "message": "Upstream refused the request (HTTP 401)"}, reply.body
+                # The session goes on.
+                again = await session.request("tools/call", {"name": "a__echo", "arguments": {"text": "y"}})
+                assert again.status == 200 and "result" in again.message, again.body[:300]
+
+        run(scenario)
+    finally:
+        fault.close()
 
 
 @pytest.fixture(scope="module")

@@ -363,6 +363,33 @@ def test_bearer_challenge_is_relayed(start_gateway, fault, method, status, heade
     run(scenario)
 
 
+@pytest.mark.parametrize("method", ["initialize", "tools/call"])
+def test_a_challenge_to_the_gateways_own_credential_is_not_relayed(start_gateway, fault, method):
+    """The client sends a fixed service token (`{ bearer: ... }`) and the upstream answers
+    401 with a challenge: the agent cannot answer it with a token of its own (its token is
+    never sent), so it gets -32603 naming the refusal, not a 401 that would send it to fetch
+    one."""
+    url = start_gateway(fault.url, authorization='{ bearer: "${MCPYARD_TEST_UPSTREAM_TOKEN}" }', env={"MCPYARD_TEST_UPSTREAM_TOKEN": "service"})
+
+    async def scenario():
+        async with client() as c:
+            raw = RawSession(c, url)
+            if method == "initialize":
+                fault.script("initialize", challenge(401, CHALLENGES["canonical"]))
+                reply, _ = await timed(raw.initialize(expect_ok=False))
+            else:
+                await raw.initialize()
+                fault.script("tools/call", challenge(401, CHALLENGES["canonical"]))
+                reply, _ = await timed(call_echo(raw))
+            assert reply.status == 200, f"HTTP {reply.status} {reply.body[:300]!r}"
+            assert "www-authenticate" not in reply.headers, reply.headers
+            assert reply.message["error"]["code"] == INTERNAL_ERROR, reply.body
+            assert reply.message["error"]["message"] == "Upstream refused the gateway's credential (HTTP 401)", reply.body
+        await assert_healthy(url)
+
+    run(scenario)
+
+
 # 5. the upstream forgot the session
 
 

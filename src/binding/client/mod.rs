@@ -387,11 +387,23 @@ enum UpErr {
 }
 
 impl UpErr {
-    /// The RESET that tells the caller.
-    fn into_reset(self) -> Reset {
+    /// The RESET that tells the caller, from a client whose upstream credential is `auth`.
+    /// A bearer challenge is relayed as one (marked `forwarded` when the refused credential
+    /// was the agent's own), but not when the credential was the gateway's own service
+    /// token: the agent cannot answer that one, so it hears of a failure.
+    fn into_reset(self, auth: Option<&ClientAuth>) -> Reset {
         let message = match self {
             UpErr::Rpc(reset) => return reset,
-            UpErr::Bearer(challenge) => return Reset::Bearer(challenge),
+            UpErr::Bearer(mut challenge) => match auth {
+                Some(ClientAuth::Bearer(_)) => format!(
+                    "Upstream refused the gateway's credential (HTTP {})",
+                    challenge.status
+                ),
+                forward => {
+                    challenge.forwarded = matches!(forward, Some(ClientAuth::Forward));
+                    return Reset::Bearer(challenge);
+                }
+            },
             UpErr::Gone => return Reset::Plain,
             UpErr::Connect(e) => e.describe(),
             UpErr::Write => "Upstream closed the connection while the request was sent".to_owned(),

@@ -90,7 +90,9 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
         }
         Err(e) => {
             client_metrics::with(|m| m.failed += 1);
-            callee.initial.reset(e.into_reset());
+            callee
+                .initial
+                .reset(e.into_reset(client.authorization.as_ref()));
             callee.reply.abort();
         }
     }

@@ -306,7 +306,9 @@ impl Drop for Opening<'_> {
 /// Serves one lifecycle stream from `initialize` to `DELETE`.
 pub async fn serve(client: Rc<Client>, callee: Callee) {
     let fail = |err: UpErr| {
-        callee.initial.reset(err.into_reset());
+        callee
+            .initial
+            .reset(err.into_reset(client.authorization.as_ref()));
         callee.reply.abort();
     };
     let Some(hello) = callee.begin.client.as_ref() else {
@@ -800,7 +802,7 @@ pub async fn reinitialize(client: &Client, session: &UpSession, generation: u64)
 }
 
 fn describe(e: UpErr) -> String {
-    match e.into_reset() {
+    match e.into_reset(None) {
         crate::stream::Reset::Error { message, .. } => log::field(message.as_bytes()),
         crate::stream::Reset::Bearer(c) => format!("bearer challenge ({})", c.status),
         crate::stream::Reset::Plain => "gone".to_owned(),

@@ -219,7 +219,8 @@ async fn initialize(
         _ => {
             server_metrics::record_request("initialize", Outcome::Error, started.elapsed());
             caller.initial.abort();
-            return render_reset(sink, id, caller.initial.try_throttle(), None).await;
+            let throttle = caller.initial.try_throttle();
+            return render_reset(sink, id, throttle, None, who.is_some()).await;
         }
     };
     let owner = who.map(|w| w.subject.clone());
@@ -302,7 +303,13 @@ fn write_caps(caps: Caps, out: &mut BytesMut) {
 }
 
 /// Renders a RESET (or a missing answer) from the exit on a response not yet started.
-async fn render_reset(sink: Sink, id: &str, throttle: Option<Throttle>, session: Option<&str>) {
+async fn render_reset(
+    sink: Sink,
+    id: &str,
+    throttle: Option<Throttle>,
+    session: Option<&str>,
+    authenticated: bool,
+) {
     match throttle {
         Some(Throttle::Reset(Reset::Error {
             code,
@@ -318,20 +325,7 @@ async fn render_reset(sink: Sink, id: &str, throttle: Option<Throttle>, session:
             let _ = sink.respond(200, &headers, &body).await;
         }
         Some(Throttle::Reset(Reset::Bearer(challenge))) => {
-            let header = reply::render_bearer(&challenge);
-            let status = if challenge.status == 403 { 403 } else { 401 };
-            let mut body = BytesMut::with_capacity(128);
-            let message = if status == 403 {
-                "Forbidden: insufficient scope upstream"
-            } else {
-                "Unauthorized upstream"
-            };
-            jsonrpc::write_error(Some(id), jsonrpc::INVALID_REQUEST, message, None, &mut body);
-            let headers: [(&str, &[u8]); 2] = [
-                ("content-type", b"application/json"),
-                ("www-authenticate", header.as_bytes()),
-            ];
-            let _ = sink.respond(status, &headers, &body).await;
+            let _ = reply::respond_challenge(sink, id, &challenge, authenticated, session).await;
         }
         _ => rpc_error(sink, id, jsonrpc::INTERNAL_ERROR, "Internal error", session).await,
     }

@@ -56,6 +56,43 @@ pub fn render_bearer(c: &BearerChallenge) -> String {
     }
 }
 
+/// Answers request `id` with an upstream's bearer challenge: 401 or 403 with the same
+/// challenge. A server binding that authenticates agents itself (`authenticated`) relays
+/// only a challenge to the agent's own credential (a client that forwards it): any other
+/// is about a credential the agent never sent, and a 401 would make it fetch another token
+/// for nothing (or follow a metadata URL an upstream chose). That one gets -32603 instead.
+pub async fn respond_challenge(
+    sink: Sink,
+    id: &str,
+    challenge: &BearerChallenge,
+    authenticated: bool,
+    session: Option<&str>,
+) -> Result<(), super::sink::Gone> {
+    let mut body = BytesMut::with_capacity(128);
+    let status = if challenge.status == 403 { 403 } else { 401 };
+    if authenticated && !challenge.forwarded {
+        let message = format!("Upstream refused the request (HTTP {status})");
+        jsonrpc::write_error(Some(id), jsonrpc::INTERNAL_ERROR, &message, None, &mut body);
+        let mut headers: Vec<(&str, &[u8])> = vec![("content-type", b"application/json")];
+        if let Some(s) = session {
+            headers.push(("mcp-session-id", s.as_bytes()));
+        }
+        return sink.respond(200, &headers, &body).await;
+    }
+    let header = render_bearer(challenge);
+    let message = if status == 403 {
+        "Forbidden: insufficient scope upstream"
+    } else {
+        "Unauthorized upstream"
+    };
+    jsonrpc::write_error(Some(id), jsonrpc::INVALID_REQUEST, message, None, &mut body);
+    let headers: [(&str, &[u8]); 2] = [
+        ("content-type", b"application/json"),
+        ("www-authenticate", header.as_bytes()),
+    ];
+    sink.respond(status, &headers, &body).await
+}
+
 /// How a request's reply is being rendered.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -294,22 +331,12 @@ impl Render<'_> {
             }
             Some(Throttle::Reset(Reset::Bearer(challenge))) if self.mode == Mode::Undecided => {
                 if let Some(sink) = self.sink.take() {
-                    let header = render_bearer(&challenge);
-                    let status = if challenge.status == 403 { 403 } else { 401 };
-                    let mut body = BytesMut::with_capacity(96);
-                    jsonrpc::write_error(
-                        Some(self.id()),
-                        jsonrpc::INVALID_REQUEST,
-                        "Unauthorized upstream",
-                        None,
-                        &mut body,
-                    );
-                    let headers: [(&str, &[u8]); 2] = [
-                        ("content-type", b"application/json"),
-                        ("www-authenticate", header.as_bytes()),
-                    ];
                     self.errored = true;
-                    if sink.respond(status, &headers, &body).await.is_err() {
+                    let authenticated = self.session.owner.is_some();
+                    let session = Some(&*self.session.id);
+                    let sent =
+                        respond_challenge(sink, self.id(), &challenge, authenticated, session);
+                    if sent.await.is_err() {
                         self.lost = true;
                     }
                 }
@@ -759,6 +786,7 @@ mod tests {
             error: Some("insufficient_scope".into()),
             error_description: None,
             resource_metadata: Some("https://x/.well-known/oauth-protected-resource".into()),
+            forwarded: false,
         };
         assert_eq!(
             render_bearer(&c),
