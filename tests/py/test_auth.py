@@ -963,6 +963,26 @@ def test_an_upstream_challenge_reaches_an_authenticated_agent_only_about_its_own
         fault.close()
 
 
+def test_under_rules_only_known_notifications_are_forwarded(gateways, keys, enc_key):
+    """Under rules, a notification the gateway does not know names nothing a rule can judge:
+    it is answered 400 with -32601 and not forwarded, as an unknown request method is.
+    `roots/list_changed` and `progress` go on (202)."""
+    gw = gateways(standard_auth(rules=[{}]), files=standard_files(keys, enc_key), proxy=True)
+
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=TIMEOUT_S) as client:
+            session = RawSession(client, gw.url, headers=bearer(token(keys)))
+            await session.initialize()
+            for known in ("notifications/roots/list_changed", "notifications/progress"):
+                reply = await session.notify(known, {"progressToken": "p", "progress": 1} if known.endswith("progress") else None)
+                assert reply.status == 202, (known, reply.status, reply.body)
+            reply = await session.notify("notifications/vendor/anything", {"x": 1})
+            assert reply.status == 400, (reply.status, reply.body)
+            assert json.loads(reply.body)["error"]["code"] == -32601, reply.body
+
+    run(scenario)
+
+
 @pytest.fixture(scope="module")
 def large_catalogue():
     """The bundled Rust fixture with 3,000 tools (`tool_00000`...): a list of about 300 KB,

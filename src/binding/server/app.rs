@@ -85,6 +85,22 @@ pub async fn post(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc<I
                 && method != "notifications/cancelled"
                 && method != "notifications/initialized"
             {
+                let ruled = server
+                    .gate
+                    .as_ref()
+                    .is_some_and(|g| !g.guard.cfg.rules.is_empty());
+                if ruled && !KNOWN_CLIENT_NOTIFICATIONS.contains(&method) {
+                    // As for requests: under rules what names nothing they can judge is
+                    // not forwarded (MCP: a notification not accepted is an HTTP error).
+                    return http_error_code(
+                        sink,
+                        400,
+                        jsonrpc::METHOD_NOT_FOUND,
+                        "Method not found",
+                        None,
+                    )
+                    .await;
+                }
                 // Anything else the agent tells the server (roots/list_changed, ...) goes
                 // to the exit on the session's lifecycle stream.
                 // Copied: they may wait in the lifecycle's queue well past this request,
@@ -301,6 +317,11 @@ fn write_caps(caps: Caps, out: &mut BytesMut) {
     out.extend_from_slice(members.join(",").as_bytes());
     out.extend_from_slice(b"}");
 }
+
+/// The notifications an agent may send besides `initialized` and `cancelled` (which the
+/// gateway handles): under `auth` rules, only these are forwarded.
+const KNOWN_CLIENT_NOTIFICATIONS: [&str; 2] =
+    ["notifications/roots/list_changed", "notifications/progress"];
 
 /// Renders a RESET (or a missing answer) from the exit on a response not yet started.
 async fn render_reset(
