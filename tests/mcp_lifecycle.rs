@@ -259,12 +259,32 @@ fn bad_protocol_version_header_gets_400() {
             list,
         ));
         assert_eq!(r.status, 400);
+        // A version mcpyard speaks, but not the one this session negotiated.
+        let r = gw.raw(&gw.post_bytes(
+            Some(&session),
+            &[("mcp-protocol-version", "2025-06-18")],
+            list,
+        ));
+        assert_eq!(r.status, 400);
         let r = gw.raw(&gw.post_bytes(
             Some(&session),
             &[("mcp-protocol-version", "2025-11-25")],
             list,
         ));
         assert_eq!(r.status, 200);
+        // DELETE is checked too: a wrong version does not end the session.
+        let r = gw.raw(&request(
+            &gw.host(),
+            "DELETE",
+            "/mcp",
+            &[
+                ("mcp-session-id", session.as_str()),
+                ("mcp-protocol-version", "1999-01-01"),
+            ],
+            b"",
+        ));
+        assert_eq!(r.status, 400);
+        assert_eq!(delete(gw, &session).status, 200);
     });
 }
 

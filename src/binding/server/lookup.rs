@@ -71,23 +71,36 @@ fn count_subject_refusal() {
 }
 
 /// The session a request names, checked and marked active: 400 without the session
-/// header or with an unsupported `MCP-Protocol-Version`, 404 if unknown.
+/// header or with an `MCP-Protocol-Version` other than the session's, 404 if unknown.
 pub async fn session_for(
     server: &Rc<Server>,
     req: &Request,
     who: Option<&Identity>,
 ) -> Result<Rc<Session>, (u16, &'static str)> {
-    let session = find(server, req, who).await?;
-    if !Server::version_ok(req) {
-        return Err((400, "Bad Request: unsupported MCP-Protocol-Version"));
-    }
+    let session = find_versioned(server, req, who).await?;
     session.touch();
+    Ok(session)
+}
+
+/// [`find`], and the request's `MCP-Protocol-Version` checked against the session's.
+async fn find_versioned(
+    server: &Rc<Server>,
+    req: &Request,
+    who: Option<&Identity>,
+) -> Result<Rc<Session>, (u16, &'static str)> {
+    let session = find(server, req, who).await?;
+    if !Server::version_ok(req, session.version) {
+        return Err((
+            400,
+            "Bad Request: MCP-Protocol-Version is not the session's protocol version",
+        ));
+    }
     Ok(session)
 }
 
 /// DELETE: terminates the session.
 pub async fn delete(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc<Identity>>) {
-    let session = match find(&server, &req, who.as_deref()).await {
+    let session = match find_versioned(&server, &req, who.as_deref()).await {
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
