@@ -80,8 +80,10 @@ pub const SESSION_REPLAY_EVENTS_MAX: usize = 64;
 /// in the exit's stream, so the ring keeps them for the stream about to start).
 pub const GET_SETUP_EVENTS_MAX: usize = SESSION_REPLAY_EVENTS_MAX;
 
-/// Events kept per request SSE stream for `Last-Event-ID` replay after a dropped connection.
+/// Events kept per request SSE stream for `Last-Event-ID` replay after a dropped connection,
+/// and the bytes they may hold together (the newest is always kept, whatever its size).
 pub const REQUEST_REPLAY_EVENTS_MAX: usize = 256;
+pub const REQUEST_REPLAY_BYTES_MAX: usize = 8 * 1024 * 1024;
 
 /// The default credit window of an internal stream direction: one slot.
 pub const STREAM_WINDOW_BYTES: u32 = SLOT_BYTES as u32;
@@ -287,6 +289,10 @@ pub const LIST_CURSOR_BYTES_MAX: usize = 4 * 1024;
 /// handed on or resumed from.
 pub const EXIT_EVENT_ID_BYTES_MAX: usize = 512;
 
+/// Longest aggregate event id a proxy hands an agent (its routes' ids joined): the agent
+/// sends it back in `Last-Event-ID`, so it must fit a request head with room to spare.
+pub const AGGREGATE_EVENT_ID_BYTES_MAX: usize = 8 * 1024;
+
 /// Routes one proxy binding may have.
 pub const PROXY_ROUTES_MAX: usize = 64;
 
@@ -376,6 +382,7 @@ const _: () = assert!(CACHE_MERGED_LIST_BYTES_MAX <= REDIS_VALUE_BYTES_MAX);
 const _: () = assert!(TLS_HANDSHAKE_FIRST_READ_BYTES < TLS_HANDSHAKE_READ_BYTES);
 const _: () = assert!(HEADER_BYTES_MAX <= SLOT_BYTES);
 const _: () = assert!(REQUEST_TARGET_BYTES_MAX < HEADER_BYTES_MAX);
+const _: () = assert!(AGGREGATE_EVENT_ID_BYTES_MAX <= HEADER_BYTES_MAX / 2);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < SLOT_BYTES);
 const _: () = assert!(SSE_EVENT_BYTES_MAX <= MESSAGE_BYTES_MAX);
 const _: () = assert!(REQUESTS_PER_SESSION_MAX <= STREAMS_PER_WORKER_MAX);

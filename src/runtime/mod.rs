@@ -12,6 +12,7 @@
 pub mod deadline;
 pub mod encode_pool;
 mod handshake;
+pub mod held;
 pub mod io;
 pub mod kept;
 pub mod notify;

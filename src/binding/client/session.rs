@@ -27,6 +27,7 @@ use crate::limits::{
 };
 use crate::log;
 use crate::metrics;
+use crate::runtime::held::Held;
 use crate::runtime::notify::Notify;
 use crate::stream::{Callee, Caps, Challenge, Event, Flush, Frame, ReplyBegin, Throttle};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -282,27 +283,6 @@ impl Drop for Registration {
     }
 }
 
-/// Holds a place in its client's session bound while the session is being opened.
-struct Opening<'a>(&'a Client);
-
-impl<'a> Opening<'a> {
-    /// A place, if the bound leaves one.
-    fn take(client: &'a Client) -> Option<Opening<'a>> {
-        let held = client.sessions.borrow().len() + client.opening.get();
-        if held >= SESSIONS_PER_WORKER_MAX {
-            return None;
-        }
-        client.opening.set(client.opening.get() + 1);
-        Some(Opening(client))
-    }
-}
-
-impl Drop for Opening<'_> {
-    fn drop(&mut self) {
-        self.0.opening.set(self.0.opening.get() - 1);
-    }
-}
-
 /// Serves one lifecycle stream from `initialize` to `DELETE`.
 pub async fn serve(client: Rc<Client>, callee: Callee) {
     let fail = |err: UpErr| {
@@ -316,7 +296,8 @@ pub async fn serve(client: Rc<Client>, callee: Callee) {
             "Lifecycle stream without the agent's hello",
         )));
     };
-    let Some(opening) = Opening::take(&client) else {
+    let open = client.sessions.borrow().len();
+    let Some(opening) = Held::take(&client.opening, open, SESSIONS_PER_WORKER_MAX) else {
         metrics::with(|m| m.overload_rejections += 1);
         return fail(UpErr::Rpc(exchange::upstream_error(
             "Too many upstream sessions",

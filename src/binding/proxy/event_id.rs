@@ -14,6 +14,7 @@
 //! hold one, since SSE lines end at CR and LF and an id with NUL is ignored) is malformed
 //! and dropped.
 
+use crate::limits::AGGREGATE_EVENT_ID_BYTES_MAX;
 use std::fmt::Write;
 use std::rc::Rc;
 
@@ -48,20 +49,29 @@ impl Prefixes {
     }
 
     /// The aggregate of the routes' last ids (`ids[i]` is route i's); `None` while no route
-    /// has an id.
+    /// has an id. The agent sends it back in a header, so it is at most
+    /// [`AGGREGATE_EVENT_ID_BYTES_MAX`]: each route's pair gets an equal share of that, and a
+    /// pair longer than its share is left out (that route resumes from where it is, as
+    /// for an id too long to hand on at all).
     pub fn encode(&self, ids: &[Option<Rc<str>>]) -> Option<String> {
+        let share = AGGREGATE_EVENT_ID_BYTES_MAX / self.sorted.len().max(1);
         let mut out = String::new();
         for (prefix, route) in &self.sorted {
             let Some(Some(id)) = ids.get(*route) else {
                 continue;
             };
+            let before = out.len();
             if !out.is_empty() {
                 out.push(';');
             }
             out.push_str(prefix);
             out.push('=');
             escape_into(id, &mut out);
+            if out.len() - before > share {
+                out.truncate(before);
+            }
         }
+        assert!(out.len() <= AGGREGATE_EVENT_ID_BYTES_MAX);
         (!out.is_empty()).then_some(out)
     }
 
@@ -224,6 +234,27 @@ mod tests {
             let back = p.decode(&encoded);
             assert_eq!(back, [(0, Rc::from(id)), (1, Rc::from("1"))], "{encoded}");
         }
+    }
+
+    #[test]
+    fn the_aggregate_stays_within_its_bound() {
+        // 64 routes, each with the longest id an exit may hand on, all of it escaped.
+        let prefixes: Vec<String> = (0..64).map(|i| format!("p{i:02}")).collect();
+        let names: Vec<Option<&str>> = prefixes.iter().map(|p| Some(p.as_str())).collect();
+        let p = Prefixes::new(&names);
+        let long = ";".repeat(crate::limits::EXIT_EVENT_ID_BYTES_MAX);
+        let mut list: Vec<Option<&str>> = vec![Some(long.as_str()); 64];
+        list[5] = Some("short");
+        let encoded = p.encode(&ids(&list)).unwrap();
+        assert!(encoded.len() <= AGGREGATE_EVENT_ID_BYTES_MAX);
+        // The long ones are left out; the short one is kept, and decodes back.
+        assert_eq!(encoded, "p05=short");
+        assert_eq!(p.decode(&encoded), [(5, Rc::from("short"))]);
+        // With two routes the share is wide: the longest id passes whole.
+        let two = Prefixes::new(&[Some("a"), Some("b")]);
+        let plain = "x".repeat(crate::limits::EXIT_EVENT_ID_BYTES_MAX);
+        let encoded = two.encode(&ids(&[Some(&plain), Some(&plain)])).unwrap();
+        assert_eq!(two.decode(&encoded).len(), 2);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::limits::{
 };
 use crate::log;
 use crate::metrics::{self, Outcome};
+use crate::runtime::held::Held;
 
 use crate::jsonrpc::{ParamIndex, Raw};
 use crate::stream::{self, Begin, Caps, ClientHello, Frame, Kind, Reset, TargetAt, Throttle};
@@ -191,7 +192,8 @@ async fn initialize(
         .find(|v| **v == requested)
         .copied()
         .unwrap_or(PROTOCOL_VERSIONS[0]);
-    if server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
+    let open = server.sessions.borrow().len();
+    let Some(opening) = Held::take(&server.opening, open, SESSIONS_PER_WORKER_MAX) else {
         metrics::with(|m| m.overload_rejections += 1);
         return http_error(
             sink,
@@ -200,7 +202,7 @@ async fn initialize(
             Some(id),
         )
         .await;
-    }
+    };
     let session_id = match session_id::mint(0, server.worker) {
         Ok(s) => s,
         Err(_) => {
@@ -253,6 +255,7 @@ async fn initialize(
         link,
         owner,
     );
+    drop(opening);
     // A shared session is in the store before the agent has its id, so its next request
     // finds it at any node. A store that fails leaves it served by this node only.
     if session.write_record(server, Write::Create, true).await != Written::Done {

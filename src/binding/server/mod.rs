@@ -55,6 +55,9 @@ pub struct Server {
     /// The listener is a loopback address (tightens default Origin/Host rules).
     loopback: bool,
     pub(crate) sessions: RefCell<FastMap<Rc<str>, Rc<Session>>>,
+    /// Sessions being opened (their `initialize` waits for the exit): they count against
+    /// `SESSIONS_PER_WORKER_MAX` from the start.
+    pub(crate) opening: Cell<usize>,
     /// `sessions: { store }`: the store every node of the cluster finds sessions in.
     pub(crate) shared: Option<Arc<dyn Store>>,
     /// Shared sessions being taken up from the store, by id: later requests for the same
@@ -111,6 +114,7 @@ impl Server {
             inboxes,
             loopback,
             sessions: RefCell::new(FastMap::default()),
+            opening: Cell::new(0),
             shared,
             adopting: RefCell::new(FastMap::default()),
             absent: RefCell::new(lookup::Absent::default()),

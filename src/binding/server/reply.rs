@@ -4,7 +4,8 @@
 //! connection can resume it ([`pump`]); and Bearer challenges as `WWW-Authenticate`.
 //!
 //! Invariants: the reply's mode is chosen once, by what comes first; a request's ring
-//! holds at most [`REQUEST_REPLAY_EVENTS_MAX`] events; DATA gathered for one write is
+//! holds at most [`REQUEST_REPLAY_EVENTS_MAX`] events and [`REQUEST_REPLAY_BYTES_MAX`]
+//! bytes (but always its newest event); DATA gathered for one write is
 //! bounded by the stream's credit window, besides one answer its exit held whole (a stored
 //! list), which is written as it is, never copied: an SSE event or a list filter, which
 //! copy, take it a window at a time.
@@ -16,7 +17,10 @@ use super::session::{
 };
 use super::sink::{Piece, Sink};
 use crate::jsonrpc::{self};
-use crate::limits::{REQUEST_REPLAY_EVENTS_MAX, STREAM_WINDOW_BYTES, TIMEOUT_ANSWER_WRITE_GRACE};
+use crate::limits::{
+    REQUEST_REPLAY_BYTES_MAX, REQUEST_REPLAY_EVENTS_MAX, STREAM_WINDOW_BYTES,
+    TIMEOUT_ANSWER_WRITE_GRACE,
+};
 use crate::metrics::Outcome;
 use crate::sse;
 use crate::stream::{BearerChallenge, Challenge, Event, Flush, Frame, Reset, Throttle};
@@ -119,6 +123,8 @@ struct Render<'a> {
     sink: Option<Sink>,
     mode: Mode,
     ring: VecDeque<(u64, Bytes)>,
+    /// Bytes of the events in `ring`.
+    ring_bytes: usize,
     next_seq: u64,
     /// The result event has started (SSE) or the JSON body has (JSON).
     result_started: bool,
@@ -232,9 +238,16 @@ impl Render<'_> {
         let Some(out) = out else {
             return;
         };
+        self.ring_bytes += out.len();
         self.ring.push_back((seq, out.clone()));
-        while self.ring.len() > REQUEST_REPLAY_EVENTS_MAX {
-            self.ring.pop_front();
+        // Bounded in events and in bytes (events may be megabytes each); the newest stays.
+        while self.ring.len() > 1
+            && (self.ring.len() > REQUEST_REPLAY_EVENTS_MAX
+                || self.ring_bytes > REQUEST_REPLAY_BYTES_MAX)
+        {
+            if let Some((_, old)) = self.ring.pop_front() {
+                self.ring_bytes -= old.len();
+            }
         }
         self.write(&out).await;
     }
@@ -595,6 +608,7 @@ pub async fn pump(
         sink: Some(sink),
         mode: Mode::Undecided,
         ring: VecDeque::new(),
+        ring_bytes: 0,
         next_seq: 1,
         result_started: false,
         writer: None,
