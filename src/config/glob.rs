@@ -101,18 +101,27 @@ impl AllowList {
 /// resource globs decide (a route's `resources`, auth rules), URIs that are not in this
 /// form are not admitted. Refused (RFC 3986 §6.2.2, and what file servers fold):
 /// - a `.` or `..` path segment, or an empty one inside the path (`a//b`);
-/// - a `\` anywhere; an escape of `/` or `\` in the path (`%2F`, `%5C`);
-/// - an escape of an unreserved character (`%73` for `s`, `%2E` for `.`), or a `%` not
-///   followed by two hex digits;
-/// - an upper-case letter in the scheme or the authority, a `%` in the authority, an
-///   authority ending in `.` or `:`, or naming the scheme's default port (`:443` for
-///   https, `:80` for http);
-/// - a `file:` URI with an authority (`file://localhost/x` for `file:///x`).
+/// - a `\\` anywhere; an escape of `/` or `\\` in the path (`%2F`, `%5C`);
+/// - before the query, an escape of an unreserved character (`%73` for `s`, `%2E` for
+///   `.`), or a `%` not followed by two hex digits;
+/// - an upper-case scheme; for `http`, `https`, `ws`, `wss` and `file`, an upper-case
+///   letter or a `%` in the authority, an authority ending in `.` or `:`, or the scheme's
+///   default port (`:443`, `:80`); a `file:` URI with an authority (`file://localhost/x`
+///   for `file:///x`).
 ///
-/// The scheme is what precedes the first `:`, after any `<toolkit>+` (a proxy's
-/// agent-visible URIs).
+/// Other schemes' authorities are theirs to read (`repo://Microsoft/TypeScript`), and a
+/// URI template's `{…}` expressions (`users://{userId}/profile`) are read as one plain
+/// segment each: the URI they expand to is judged when it is asked for. The scheme is
+/// what precedes the first `:`, after any `<toolkit>+` (a proxy's agent-visible URIs).
 pub fn resource_uri_is_normal(uri: &str) -> bool {
-    if uri.contains('\\') || !escapes_are_normal(uri) {
+    let plain;
+    let uri = if uri.contains('{') {
+        plain = without_expressions(uri);
+        plain.as_str()
+    } else {
+        uri
+    };
+    if uri.contains('\\') {
         return false;
     }
     let (scheme, rest) = match uri.split_once(':') {
@@ -126,21 +135,26 @@ pub fn resource_uri_is_normal(uri: &str) -> bool {
         return false;
     }
     let hier = rest.split(['?', '#']).next().unwrap_or_default();
+    if !escapes_are_normal(hier) {
+        return false;
+    }
     let path = match hier.strip_prefix("//") {
         Some(after) => {
             let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
-            let port = authority.rsplit_once(':').map(|(_, port)| port);
             let default_port = match scheme {
                 "https" | "wss" => Some("443"),
                 "http" | "ws" => Some("80"),
                 _ => None,
             };
-            if authority
-                .bytes()
-                .any(|b| b.is_ascii_uppercase() || b == b'%')
-                || authority.ends_with(['.', ':'])
-                || (port.is_some() && port == default_port)
-                || (scheme == "file" && !authority.is_empty())
+            let known = default_port.is_some() || scheme == "file";
+            let port = authority.rsplit_once(':').map(|(_, port)| port);
+            if known
+                && (authority
+                    .bytes()
+                    .any(|b| b.is_ascii_uppercase() || b == b'%')
+                    || authority.ends_with(['.', ':'])
+                    || (port.is_some() && port == default_port)
+                    || (scheme == "file" && !authority.is_empty()))
             {
                 return false;
             }
@@ -157,6 +171,22 @@ pub fn resource_uri_is_normal(uri: &str) -> bool {
     !segments
         .enumerate()
         .any(|(n, seg)| seg == "." || seg == ".." || (seg.is_empty() && n + 1 < count))
+}
+
+/// `template` with each `{…}` expression replaced by `x` (an unclosed `{` is kept).
+fn without_expressions(template: &str) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest.get(open..).and_then(|r| r.find('}')) else {
+            break;
+        };
+        out.push_str(rest.get(..open).unwrap_or_default());
+        out.push('x');
+        rest = rest.get(open + close + 1..).unwrap_or_default();
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A URI scheme's characters (with `_`, which a toolkit prefix may hold).
@@ -211,6 +241,13 @@ mod tests {
             "urn:isbn:0451450523",
             "mem://store/{id}",
             "file:///a/.hidden/b..c",
+            "users://{userId}/profile",
+            "note://{noteId}",
+            "db://{Table}/rows",
+            "repo://Microsoft/TypeScript",
+            "https://example.com/a?name=foo%7Ebar",
+            "file:///{+path}",
+            "https://api.example.com/search{?q,lang}",
         ] {
             assert!(resource_uri_is_normal(good), "{good}");
         }
@@ -237,6 +274,9 @@ mod tests {
             "file:///srv/%zz",
             "file:///srv/%4",
             "docs/../x",
+            "file:///docs/{x}/../../etc/passwd",
+            "file:///docs/../etc/passwd?{q}",
+            "https://Example.com/{path}",
         ] {
             assert!(!resource_uri_is_normal(bad), "{bad}");
         }

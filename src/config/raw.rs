@@ -767,7 +767,7 @@ pub(super) struct RawJwt {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping")]
 pub(super) struct RawRule {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "de_present")]
     pub toolkit: Option<Value>,
     #[serde(default, deserialize_with = "de_tool_globs")]
     pub tools: Option<AllowList>,
@@ -781,6 +781,17 @@ pub(super) struct RawRule {
     pub groups: Option<Vec<Value>>,
     #[serde(default, deserialize_with = "de_condition_list")]
     pub subjects: Option<Vec<Value>>,
+}
+
+/// A key whose absence means "any" or "the default": present, so not empty (see
+/// [`RawRule`]).
+fn de_present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    match Value::deserialize(d)? {
+        Value::Null => Err(D::Error::custom(
+            "found nothing, expected a value (leave the key out for the default)",
+        )),
+        value => Ok(Some(value)),
+    }
 }
 
 /// A rule's list of scopes, groups or subjects: present, so not empty (see [`RawRule`]).
@@ -799,7 +810,7 @@ fn de_condition_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Value
 pub(super) struct RawLimit {
     #[serde(default)]
     pub name: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "de_present")]
     pub per: Option<Value>,
     #[serde(default, deserialize_with = "de_tool_globs")]
     pub tools: Option<AllowList>,

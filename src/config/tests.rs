@@ -1240,6 +1240,14 @@ fn auth_is_checked_where_it_is_written() {
             "gw.yaml: bindings.north.auth.rules[0].groups: found nothing, expected a list of one or more names (leave the key out for no condition)",
         ),
         (
+            format!("{{ {JWT}, audiences: [a] }}, rules: [{{ toolkit: ~ }}, {{}}] }}"),
+            "gw.yaml: bindings.north.auth.rules[0].toolkit: found nothing, expected a value (leave the key out for the default)",
+        ),
+        (
+            format!("{{ {JWT}, audiences: [a] }}, limits: [{{ name: x, rate: 1/s, per: ~ }}] }}"),
+            "gw.yaml: bindings.north.auth.limits[0].per: found nothing, expected a value (leave the key out for the default)",
+        ),
+        (
             format!("{{ {JWT}, audiences: [a] }}, rules: [{{ toolkit: time, scopes: ~ }}] }}"),
             "gw.yaml: bindings.north.auth.rules[0].scopes: found nothing, expected a list of one or more names (leave the key out for no condition)",
         ),

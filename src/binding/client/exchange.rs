@@ -213,7 +213,10 @@ impl Messages {
                 Ok(message.map(|m| {
                     // An event of a type other than `message` carries no JSON-RPC message
                     // (the SDKs' clients skip them too); its id still moves the resume point.
-                    let message_type = m.event.as_deref().is_none_or(|t| t == "message");
+                    let message_type = m
+                        .event
+                        .as_deref()
+                        .is_none_or(|t| t.is_empty() || t == "message");
                     Incoming {
                         event_id: m.id,
                         retry_ms: m.retry_ms,

@@ -357,7 +357,7 @@ fn no_more_addresses_are_tried_than_the_bound() {
 }
 
 #[test]
-fn idle_connections_past_the_idle_timeout_are_closed_without_traffic() {
+fn the_sweep_closes_only_connections_idle_past_the_timeout() {
     let certs = certs("pool-idle");
     for backend in backends() {
         // Two upstreams: each serves one connection at a time.

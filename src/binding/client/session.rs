@@ -728,8 +728,6 @@ fn valid_session_id(v: &[u8]) -> bool {
         && v.iter().all(|b| (0x21..=0x7e).contains(b))
 }
 
-/// Re-initializes the upstream session after a 404 seen under `generation`, unless
-/// another request already did. True if the session has fresh ids.
 /// [`reinitialize`] in a task of its own, for a request's caller to wait on: a caller that
 /// goes (its deadline, a cancel) stops waiting, but never cuts a renewal short between the
 /// upstream's `initialize` and `notifications/initialized` (which would leave an upstream
@@ -743,6 +741,8 @@ pub fn renew(
     tokio::task::spawn_local(async move { reinitialize(&client, &session, generation).await })
 }
 
+/// Re-initializes the upstream session after a 404 seen under `generation`, unless
+/// another request already did. True if the session has fresh ids.
 pub async fn reinitialize(client: &Client, session: &UpSession, generation: u64) -> bool {
     let _turn = session.renewing.lock().await;
     if session.ids.borrow().generation != generation {
@@ -759,6 +759,12 @@ pub async fn reinitialize(client: &Client, session: &UpSession, generation: u64)
     }
     client_metrics::with(|m| m.reinitialized += 1);
     match initialize(client, session).await {
+        Ok(_) if session.closed.get() => {
+            // The session ended while it was renewed (its DELETE went for the old ids):
+            // the new upstream session would be left open, so it is ended too.
+            Box::pin(terminate(client, session)).await;
+            false
+        }
         Ok(_) => {
             // A shared session's record must name the new upstream session, or another
             // node taking it up would find the old one gone and open one more.

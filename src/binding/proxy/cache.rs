@@ -20,7 +20,7 @@
 //! Store keys, per proxy binding `p`: `p/tools`, `p/prompts`, `p/resources`,
 //! `p/resources/templates` (the merged result objects, exactly as agents get them, behind
 //! a one-line header that says where each route's items are: see [`encode_list`]), their
-//! fragments `p/<kind>@<toolkit>`, `p/caps` (the routes' capabilities and instructions),
+//! fragments `p/<kind>@<toolkit>`, `p/routes` (the routes' capabilities and instructions),
 //! and the leases `p/lifecycle.lock` and `p/<kind>.lock`.
 
 use super::{Family, Proxy, Route};
@@ -114,7 +114,7 @@ pub struct CacheSetup {
     pub forwarding: Routes,
 }
 
-/// What the store says about the routes (`p/caps`), each named by its toolkit label, as
+/// What the store says about the routes (`p/routes`), each named by its toolkit label, as
 /// the lists' fragments are: nodes whose configs order the routes differently (a rolling
 /// change of config) read each route's record, not the one at its position.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -122,7 +122,7 @@ pub(super) struct StoredCaps {
     pub(super) routes: Vec<StoredRoute>,
 }
 
-/// One route's record in `p/caps`.
+/// One route's record in `p/routes`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub(super) struct StoredRoute {
     /// The route's toolkit label.
@@ -347,7 +347,7 @@ impl Cache {
     }
 
     pub(super) fn caps_key(&self) -> String {
-        format!("{}caps", self.prefix)
+        format!("{}routes", self.prefix)
     }
 
     pub(super) fn fragment_key(&self, kind: Kind, route: &Route) -> String {
@@ -413,9 +413,16 @@ impl Cache {
         };
         let Some(kind) = kind else {
             let labels: Vec<&str> = proxy.routes.iter().map(|r| &*r.label).collect();
-            if let Some(caps) = decode_caps(&value.bytes, &labels) {
-                self.view.borrow_mut().caps = Some(caps);
-                self.changed.notify_waiters();
+            match decode_caps(&value.bytes, &labels) {
+                Some(caps) => {
+                    self.view.borrow_mut().caps = Some(caps);
+                    self.changed.notify_waiters();
+                }
+                None => log::warn(format_args!(
+                    "cache: proxy {}: {} in the store is not a routes record; kept the previous",
+                    proxy.name,
+                    self.caps_key()
+                )),
             }
             return;
         };
@@ -457,7 +464,7 @@ pub enum News {
     First(Rc<CachedList>, usize),
 }
 
-/// Reads `p/caps` for the routes labelled `labels` (this node's, in its order); a route
+/// Reads `p/routes` for the routes labelled `labels` (this node's, in its order); a route
 /// the record does not name gets nothing. `None` if the value is not such a record.
 fn decode_caps(bytes: &[u8], labels: &[&str]) -> Option<CachedCaps> {
     let stored: StoredCaps = serde_json::from_slice(bytes).ok()?;

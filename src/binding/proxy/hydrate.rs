@@ -565,7 +565,7 @@ async fn open_session(
     Some((caller, session))
 }
 
-/// Writes what the routes serve (`p/caps`) unless it is what was written last
+/// Writes what the routes serve (`p/routes`) unless it is what was written last
 /// (`written`); returns what the store holds now.
 async fn write_caps(
     proxy: &Proxy,

@@ -1255,7 +1255,7 @@ async fn cached_fleet(count: usize) -> (Arc<dyn Store>, Rc<Proxy>, Vec<Caller>) 
     };
     let caps = serde_json::to_vec(&caps).expect("caps as JSON");
     store
-        .put("tools/caps", Bytes::from(caps))
+        .put("tools/routes", Bytes::from(caps))
         .await
         .expect("a put");
     let a = Fake::new("a", r#"{"tools":[{"name":"x"}]}"#);
@@ -1291,7 +1291,7 @@ fn cached_capabilities_are_read_by_label_not_position() {
         };
         let caps = serde_json::to_vec(&caps).expect("caps as JSON");
         store
-            .put("tools/caps", Bytes::from(caps))
+            .put("tools/routes", Bytes::from(caps))
             .await
             .expect("a put");
         let (a, b, c) = (

@@ -71,7 +71,7 @@ fn count_subject_refusal() {
 }
 
 /// The session a request names, checked and marked active: 400 without the session
-/// header or with an `MCP-Protocol-Version` other than the session's, 404 if unknown.
+/// header or with an unsupported `MCP-Protocol-Version`, 404 if unknown.
 pub async fn session_for(
     server: &Rc<Server>,
     req: &Request,
@@ -82,18 +82,15 @@ pub async fn session_for(
     Ok(session)
 }
 
-/// [`find`], and the request's `MCP-Protocol-Version` checked against the session's.
+/// [`find`], and the request's `MCP-Protocol-Version` checked.
 async fn find_versioned(
     server: &Rc<Server>,
     req: &Request,
     who: Option<&Identity>,
 ) -> Result<Rc<Session>, (u16, &'static str)> {
     let session = find(server, req, who).await?;
-    if !Server::version_ok(req, session.version) {
-        return Err((
-            400,
-            "Bad Request: MCP-Protocol-Version is not the session's protocol version",
-        ));
+    if !Server::version_ok(req) {
+        return Err((400, "Bad Request: unsupported MCP-Protocol-Version"));
     }
     Ok(session)
 }
@@ -208,7 +205,7 @@ pub async fn adopt(
         return found.ok_or_else(|| adoption.failed.get().unwrap_or(NOT_FOUND));
     }
     let place = match server.adopting.borrow().len() >= SHARED_SESSION_ADOPTIONS_MAX
-        || server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX
+        || server.sessions.borrow().len() + server.opening.get() >= SESSIONS_PER_WORKER_MAX
     {
         true => None,
         false => ADOPTIONS.take(),
@@ -304,7 +301,7 @@ async fn take_up(
             "Service Unavailable: the session could not be taken up",
         ));
     };
-    if server.sessions.borrow().len() >= SESSIONS_PER_WORKER_MAX {
+    if server.sessions.borrow().len() + server.opening.get() >= SESSIONS_PER_WORKER_MAX {
         // Filled up while the exit was asked.
         let_go(&caller);
         metrics::with(|m| m.overload_rejections += 1);
