@@ -439,10 +439,12 @@ fn check_status(head: &ResponseHead) -> Result<(), UpErr> {
 }
 
 /// Closes the client's expired idle connections every half idle timeout, for as long as
-/// the client lives.
+/// the client lives. Waits in the worker's deadline queue, not on a tokio timer: a timer
+/// that stays in tokio's wheel made every turn of the loop dearer (about 580 instructions
+/// per `tools/call` in callgrind).
 async fn sweep_idle(client: Weak<Client>) {
     loop {
-        tokio::time::sleep(UPSTREAM_POOL_IDLE_TIMEOUT / 2).await;
+        crate::runtime::deadline::until(Instant::now() + UPSTREAM_POOL_IDLE_TIMEOUT / 2).await;
         let Some(client) = client.upgrade() else {
             return;
         };
