@@ -52,6 +52,7 @@ fuzz_target!(|data: &[u8]| {
         error: strip(&challenge.error),
         error_description: strip(&challenge.error_description),
         resource_metadata: strip(&challenge.resource_metadata),
+        forwarded: false,
     };
     assert_eq!(again, want, "rendered as {rendered:?}");
 });
