@@ -35,6 +35,17 @@ pub const SSE_EVENT_BYTES_MAX: usize = MESSAGE_BYTES_MAX;
 /// Pipelined requests decoded ahead of the response being written, per connection.
 pub const PIPELINE_DEPTH_MAX: usize = 16;
 
+/// Bytes of pipelined requests (bodies and heads) queued ahead of the response being
+/// written, per connection: past it the connection is not read until the queue shrinks, so
+/// an agent that pipelines large bodies behind a long response (an event stream) holds at
+/// most this plus the one request being read.
+pub const PIPELINE_BYTES_MAX: usize = MESSAGE_BYTES_MAX;
+
+/// Bytes a chunked body may take on the wire beyond its data (chunk-size lines with their
+/// extensions, and the CRLF after each chunk); more is answered 413. Thousands of chunks
+/// of one byte fit, a body padded out with extensions does not.
+pub const CHUNK_FRAMING_BYTES_MAX: usize = 256 * 1024;
+
 /// Open connections per worker (agent side); more are answered 503 and closed.
 pub const CONNECTIONS_PER_WORKER_MAX: usize = 16 * 1024;
 
@@ -51,6 +62,11 @@ pub const REQUESTS_PER_SESSION_MAX: usize = 256;
 /// agent's answer; past it the oldest one waiting gets a JSON-RPC error as its answer
 /// ("too many requests awaiting the agent's answer"), and the new one is relayed.
 pub const PENDING_ANSWERS_PER_SESSION_MAX: usize = 256;
+
+/// Longest `_meta.progressToken` of an agent's request (its JSON lexeme); a longer one is
+/// refused with -32602. An upstream copies the token into every progress notification it
+/// sends, so a long one would be multiplied by the request's notifications.
+pub const PROGRESS_TOKEN_BYTES_MAX: usize = 1024;
 
 /// Longest id of a server-to-client request that is relayed to the agent (the raw JSON
 /// lexeme, a proxy's `<toolkit>~` included); longer ones are refused like a full table.
@@ -72,8 +88,10 @@ pub const PIECE_JOIN_BYTES: usize = 512;
 /// in frames too: small ones are joined ([`PIECE_JOIN_BYTES`]).
 pub const STREAM_FRAMES_MAX: usize = 256;
 
-/// Events kept per session for GET-stream `Last-Event-ID` replay.
+/// Events kept per session for GET-stream `Last-Event-ID` replay, and the bytes they may
+/// hold together (the newest is always kept, whatever its size).
 pub const SESSION_REPLAY_EVENTS_MAX: usize = 64;
+pub const SESSION_REPLAY_BYTES_MAX: usize = 8 * 1024 * 1024;
 
 /// Events the GET ring keeps beyond [`SESSION_REPLAY_EVENTS_MAX`] while an agent's GET
 /// stream is being set up (until the exit answered the resume, events cannot be held back

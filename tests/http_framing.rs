@@ -166,6 +166,154 @@ fn a_deep_pipeline_is_read_no_faster_than_it_is_answered() {
 }
 
 #[test]
+fn head_gets_a_head_without_a_body_and_the_connection_serves_on() {
+    // A response to HEAD has no body (RFC 9110 §9.3.2), its length field notwithstanding:
+    // a body after it would be read as the next response's head by a correct client.
+    each_mode(|gw| {
+        let mut bytes = request(&gw.host(), "HEAD", "/mcp", &[], b"");
+        bytes.extend(gw.post_bytes(None, &[], &initialize_body(7, "2025-11-25")));
+        let mut c = gw.conn();
+        c.send(&bytes);
+        let head = c.read_head();
+        assert_eq!(head.status, 405);
+        assert_eq!(head.header("allow"), Some("GET, POST, DELETE"));
+        assert!(
+            head.header("content-length")
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|n| n > 0),
+            "the length the body would have had: {head:?}"
+        );
+        let next = c.read_response();
+        assert_eq!(next.status, 200, "{}", next.text());
+        assert_eq!(next.json()["id"], 7);
+        gw.assert_serving();
+    });
+}
+
+/// A request in HTTP/1.0, with `headers` and `body` (a length when there is a body).
+fn http10(gw: &Gateway, method: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut out = format!("{method} /mcp HTTP/1.0\r\nhost: {}\r\n", gw.host());
+    for (name, value) in headers {
+        out.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() {
+        out.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
+    out.push_str("\r\n");
+    let mut bytes = out.into_bytes();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+#[test]
+fn an_http10_agent_gets_no_chunked_coding_and_its_connection_closes() {
+    // HTTP/1.0 knows no chunked coding (RFC 9112 §6.1): a streamed body runs until the
+    // connection closes, and a whole one has its length; either way the connection goes
+    // after the response, `connection: keep-alive` or not.
+    each_mode(|gw| {
+        let init = initialize_body(1, "2025-11-25");
+        let mut c = gw.conn();
+        c.send(&http10(
+            gw,
+            "POST",
+            &[
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("connection", "keep-alive"),
+            ],
+            init.as_bytes(),
+        ));
+        let r = c.read_response();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("connection"), Some("close"));
+        assert_eq!(r.header("transfer-encoding"), None);
+        assert_eq!(r.json()["id"], 1);
+        assert!(
+            c.closed(),
+            "the connection stays open after an HTTP/1.0 answer"
+        );
+        let session = r.header("mcp-session-id").expect("session id").to_owned();
+        let mut c = gw.conn();
+        c.send(&http10(
+            gw,
+            "GET",
+            &[
+                ("accept", "text/event-stream"),
+                ("mcp-session-id", &session),
+                ("mcp-protocol-version", "2025-11-25"),
+            ],
+            b"",
+        ));
+        let head = c.read_head();
+        assert_eq!(head.status, 200);
+        assert_eq!(head.header("transfer-encoding"), None, "{head:?}");
+        assert_eq!(head.header("content-length"), None, "{head:?}");
+        assert_eq!(head.header("connection"), Some("close"));
+        let ended = gw.raw(&request(
+            &gw.host(),
+            "DELETE",
+            "/mcp",
+            &[("mcp-session-id", &session)],
+            b"",
+        ));
+        assert_eq!(ended.status, 200);
+        // The stream ends with the session, and its body with the connection.
+        let body = String::from_utf8(c.read_body(&head)).expect("UTF-8");
+        assert!(
+            !body.contains("\r\n") && body.ends_with("\n\n"),
+            "SSE without chunk framing: {body:?}"
+        );
+        gw.assert_serving();
+    });
+}
+
+#[test]
+fn pipelined_bodies_behind_a_long_response_are_read_only_up_to_a_bound() {
+    // Behind an event stream (a response that lasts), pipelined requests wait; the
+    // gateway reads them only up to a byte bound (one message's worth), not 16 large
+    // bodies, so what it holds for such a connection stays small. The rest waits in the
+    // kernel's buffers, and the agent's writes stall.
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let mut c = gw.conn();
+        c.send(&gw.get_bytes(&session, &[("mcp-protocol-version", "2025-11-25")]));
+        let head = c.read_head();
+        assert_eq!(head.status, 200);
+        const BODY: usize = 3 * 1024 * 1024;
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","method":"ping","id":1,"pad":"{}"}}"#,
+            "x".repeat(BODY)
+        );
+        let one = gw.post_bytes(Some(&session), &[], &body);
+        c.stream
+            .set_write_timeout(Some(Duration::from_secs(1)))
+            .expect("write timeout");
+        let mut written = 0usize;
+        'send: for _ in 0..16 {
+            let mut rest = &one[..];
+            while !rest.is_empty() {
+                match std::io::Write::write(&mut c.stream, rest) {
+                    Ok(0) | Err(_) => break 'send,
+                    Ok(n) => {
+                        written += n;
+                        rest = &rest[n..];
+                    }
+                }
+            }
+        }
+        // 48 MiB sent if every body were read; the bound and the kernel's buffers on
+        // loopback (a few MiB each way) take far less.
+        assert!(
+            written < 28 * 1024 * 1024,
+            "{} MiB of pipelined bodies taken behind an event stream",
+            written / (1024 * 1024)
+        );
+        drop(c);
+        gw.assert_serving();
+    });
+}
+
+#[test]
 fn keep_alive_connection_is_reused() {
     each_mode(|gw| {
         let mut c = gw.conn();

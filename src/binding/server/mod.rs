@@ -203,13 +203,13 @@ impl Server {
     fn hand_off(&self, owner: usize, req: Request, sink: Sink, shared: Rc<ConnShared>) {
         let (tx, rx) = mpsc::channel(crate::limits::CROSS_WORKER_REPLY_QUEUE_LEN);
         let handoff = Arc::new(Handoff::default());
-        let keep_alive = sink.keep_alive();
+        let answer = sink.answer();
         let index = self.index;
         let owner_handoff = handoff.clone();
         let task = Box::new(move || {
             let server = SERVERS.with(|s| s.borrow().get(index).cloned());
             if let Some(server) = server {
-                let sink = Sink::from_channel(tx, owner_handoff, keep_alive);
+                let sink = Sink::from_channel(tx, owner_handoff, answer);
                 tokio::task::spawn_local(crate::runtime::pass::run(server.serve(req, sink)));
             }
         });

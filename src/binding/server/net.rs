@@ -13,13 +13,13 @@
 //! a slot (or, with the pool empty, a fallback buffer) for nothing.
 
 use super::Server;
-use super::sink::{self, ConnShared, Sink};
+use super::sink::{self, Answer, ConnShared, Sink};
 use crate::binding::server::metrics as server_metrics;
 use crate::http::Method;
 use crate::http::{self, HttpError, RequestDecoder, RequestEvent, RequestHead};
 use crate::limits::{
-    CONNECTION_IDLE_TIMEOUT, CONNECTION_STREAM_READ_BYTES, MESSAGE_BYTES_MAX, PIPELINE_DEPTH_MAX,
-    REQUEST_READ_TIMEOUT, SLOT_BYTES, TLS_HANDSHAKE_TIMEOUT,
+    CONNECTION_IDLE_TIMEOUT, CONNECTION_STREAM_READ_BYTES, MESSAGE_BYTES_MAX, PIPELINE_BYTES_MAX,
+    PIPELINE_DEPTH_MAX, REQUEST_READ_TIMEOUT, SLOT_BYTES, TLS_HANDSHAKE_TIMEOUT,
 };
 use crate::log;
 use crate::runtime::notify::Notify;
@@ -51,6 +51,9 @@ struct Link {
     /// Requests read and not yet taken by the dispatcher. Invariant: at most
     /// [`PIPELINE_DEPTH_MAX`] requests, and the end or error that closes them.
     queue: RefCell<VecDeque<Item>>,
+    /// The body bytes of the queued requests: no more is read while it is at
+    /// [`PIPELINE_BYTES_MAX`] or more.
+    queued_bytes: Cell<usize>,
     /// Woken when an item is queued.
     queued: Notify,
     /// Woken when the dispatcher takes an item (room to read more).
@@ -150,6 +153,7 @@ pub async fn serve(server: Rc<Server>, slots: Rc<Slots>, conn: Conn) {
             sink::write_limit(server.cfg.request_timeout),
         )),
         queue: RefCell::new(VecDeque::with_capacity(2)),
+        queued_bytes: Cell::new(0),
         queued: Notify::new(),
         taken: Notify::new(),
         busy: Cell::new(false),
@@ -207,6 +211,10 @@ async fn next_item(link: &Link, timer: &mut Pin<&mut Sleep>) -> Item {
     loop {
         let notified = link.queued.notified();
         if let Some(item) = link.queue.borrow_mut().pop_front() {
+            if let Item::Request(req) = &item {
+                link.queued_bytes
+                    .set(link.queued_bytes.get() - req.body.len());
+            }
             link.taken.notify_one();
             return item;
         }
@@ -247,8 +255,8 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
         match next_item(link, &mut timer).await {
             Item::Request(req) => {
                 link.busy.set(true);
-                let keep_alive = req.head.keep_alive() && !server.draining();
-                let sink = Sink::local(link.shared.clone(), keep_alive);
+                let answer = Answer::to(&req.head, server.draining());
+                let sink = Sink::local(link.shared.clone(), answer);
                 let done = link.shared.response_done();
                 tokio::pin!(done);
                 // Boxed before any await: the connection's task must keep no per-request
@@ -298,22 +306,32 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
     }
 }
 
-/// Back-pressure: waits while the dispatcher is [`PIPELINE_DEPTH_MAX`] requests behind.
-/// False once the dispatcher has ended (nothing more will be taken).
+/// Back-pressure: waits while the dispatcher is [`PIPELINE_DEPTH_MAX`] requests or
+/// [`PIPELINE_BYTES_MAX`] bytes behind. False once the dispatcher has ended (nothing more
+/// will be taken).
 async fn room(link: &Link) -> bool {
     loop {
         let taken = link.taken.notified();
         if link.dispatched.get() {
             return false;
         }
-        if link.queue.borrow().len() < PIPELINE_DEPTH_MAX {
+        if !full(link) {
             return true;
         }
         taken.await;
     }
 }
 
+/// The queue holds as many requests, or as many bytes, as the dispatcher may be behind.
+fn full(link: &Link) -> bool {
+    link.queue.borrow().len() >= PIPELINE_DEPTH_MAX || link.queued_bytes.get() >= PIPELINE_BYTES_MAX
+}
+
 fn push(link: &Link, item: Item) {
+    if let Item::Request(req) = &item {
+        link.queued_bytes
+            .set(link.queued_bytes.get() + req.body.len());
+    }
     let mut queue = link.queue.borrow_mut();
     // A request is read only with room for it ([`room`]); an end or an error may come
     // on top of a full queue.
@@ -406,7 +424,7 @@ async fn read_loop(link: &Link, slots: &Slots) {
                         .set(if buf.is_empty() { None } else { Some(now) });
                     // The requests still in the buffer wait for room as a read would
                     // (and a partial one after them is timed from when it can be taken).
-                    if link.queue.borrow().len() >= PIPELINE_DEPTH_MAX {
+                    if full(link) {
                         if !room(link).await {
                             break 'read;
                         }

@@ -319,6 +319,41 @@ impl Drop for Verdict {
     }
 }
 
+/// What the request allows its response, beyond the status and headers.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Answer {
+    /// The connection may carry another request after this response.
+    pub keep_alive: bool,
+    /// The response has a body; not for `HEAD`, whose response has the head only (RFC 9110
+    /// §9.3.2), its length fields as the body would have had them.
+    pub body: bool,
+    /// A streamed body may use the chunked coding; an HTTP/1.0 agent knows none, so its
+    /// streamed body runs until the connection closes (RFC 9112 §6.1, §6.3).
+    pub chunked: bool,
+}
+
+impl Answer {
+    /// An HTTP/1.1 request that keeps its connection.
+    pub const KEEP: Answer = Answer {
+        keep_alive: true,
+        body: true,
+        chunked: true,
+    };
+
+    /// What `head` allows; `draining` closes the connection after the response. An
+    /// HTTP/1.0 agent's connection is closed after each response: keeping it would need a
+    /// `connection: keep-alive` answer and a length on every body, for a client mcpyard
+    /// serves only for compatibility.
+    pub fn to(head: &http::RequestHead, draining: bool) -> Answer {
+        let chunked = head.minor_version >= 1;
+        Answer {
+            keep_alive: chunked && head.keep_alive() && !draining,
+            body: head.method != http::Method::Head,
+            chunked,
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
     Head,
@@ -331,6 +366,10 @@ pub struct Sink {
     out: Out,
     state: State,
     keep_alive: bool,
+    /// Body bytes are written (false: a `HEAD` request's response).
+    body: bool,
+    /// A streamed body is chunked (false: it runs until the connection closes).
+    chunked: bool,
     /// Every write ends by then ([`Sink::bound_until`]); `None`: within the connection's
     /// write limit from when it began.
     until: Option<Instant>,
@@ -347,32 +386,40 @@ pub fn write_limit(request_timeout: Duration) -> Duration {
 impl Sink {
     /// A sink writing to a connection on this worker; [`ConnShared::response_done`] tells,
     /// once the response is over, whether the connection may carry another request.
-    pub fn local(shared: Rc<ConnShared>, keep_alive: bool) -> Sink {
+    pub fn local(shared: Rc<ConnShared>, answer: Answer) -> Sink {
         shared.done.set(None);
-        Sink {
-            out: Out::Local {
+        Sink::new(
+            Out::Local {
                 shared,
                 pending: true,
             },
+            answer,
+        )
+    }
+
+    fn new(out: Out, answer: Answer) -> Sink {
+        Sink {
+            out,
             state: State::Head,
-            keep_alive,
+            // A body running until the close ends the connection with it.
+            keep_alive: answer.keep_alive && answer.chunked,
+            body: answer.body,
+            chunked: answer.chunked,
             until: None,
         }
     }
 
     /// A sink whose bytes travel to another worker over `tx` (built on the owning worker),
     /// sharing `handoff` with the relay there.
-    pub fn from_channel(tx: mpsc::Sender<Part>, handoff: Arc<Handoff>, keep_alive: bool) -> Sink {
-        Sink {
-            out: Out::Remote {
+    pub fn from_channel(tx: mpsc::Sender<Part>, handoff: Arc<Handoff>, answer: Answer) -> Sink {
+        Sink::new(
+            Out::Remote {
                 tx,
                 handoff,
                 ended: false,
             },
-            state: State::Head,
-            keep_alive,
-            until: None,
-        }
+            answer,
+        )
     }
 
     /// Bounds every write of this response from now on by `at`: a write still going then
@@ -416,9 +463,13 @@ impl Sink {
         self.state == State::Head
     }
 
-    /// Whether the response will leave the connection open.
-    pub fn keep_alive(&self) -> bool {
-        self.keep_alive
+    /// What the request allows this response (for a sink built on another worker).
+    pub fn answer(&self) -> Answer {
+        Answer {
+            keep_alive: self.keep_alive,
+            body: self.body,
+            chunked: self.chunked,
+        }
     }
 
     async fn write(&mut self, bytes: Bytes) -> Result<(), Gone> {
@@ -513,8 +564,10 @@ impl Sink {
         if let Err(e) = self.encode_head(status, headers, framing, &mut out.buf) {
             return self.refused(e).await;
         }
-        for part in parts {
-            out.put(*part);
+        if self.body {
+            for part in parts {
+                out.put(*part);
+            }
         }
         self.state = State::Done;
         self.write_gathered(out.done()).await?;
@@ -542,8 +595,10 @@ impl Sink {
             out.buf.extend_from_slice(CLOSE);
         }
         http::put_content_length(len as u64, &mut out.buf);
-        for part in parts {
-            out.put(*part);
+        if self.body {
+            for part in parts {
+                out.put(*part);
+            }
         }
         self.state = State::Done;
         self.write_gathered(out.done()).await?;
@@ -560,10 +615,16 @@ impl Sink {
     ) -> Result<(), Gone> {
         assert!(self.state == State::Head);
         let mut out = encode_pool::take(256);
-        if let Err(e) = self.encode_head(status, headers, BodyFraming::Chunked, &mut out) {
+        let framing = match self.chunked {
+            true => BodyFraming::Chunked,
+            false => BodyFraming::CloseDelimited,
+        };
+        if let Err(e) = self.encode_head(status, headers, framing, &mut out) {
             return self.refused(e).await;
         }
-        self.state = State::Body { chunked: true };
+        self.state = State::Body {
+            chunked: self.chunked,
+        };
         self.write(out.freeze()).await
     }
 
@@ -578,8 +639,13 @@ impl Sink {
         I: IntoIterator<Item = Piece<'a>>,
         I::IntoIter: Clone,
     {
-        assert!(matches!(self.state, State::Body { .. }));
-        let out = chunk_of(parts, false);
+        let State::Body { chunked } = self.state else {
+            panic!("a body is written after its head");
+        };
+        let out = match self.body {
+            true => chunk_of(parts, chunked, false),
+            false => Gather::new(0),
+        };
         if out.is_empty() {
             return Ok(());
         }
@@ -598,10 +664,17 @@ impl Sink {
         I: IntoIterator<Item = Piece<'a>>,
         I::IntoIter: Clone,
     {
-        assert!(matches!(self.state, State::Body { .. }));
-        let out = chunk_of(parts, true);
+        let State::Body { chunked } = self.state else {
+            panic!("a body is finished after its head");
+        };
+        let out = match self.body {
+            true => chunk_of(parts, chunked, true),
+            false => Gather::new(0),
+        };
         self.state = State::Done;
-        self.write_gathered(out.done()).await?;
+        if !out.is_empty() {
+            self.write_gathered(out.done()).await?;
+        }
         self.complete().await
     }
 
@@ -637,13 +710,19 @@ impl Sink {
 }
 
 /// `parts` as one chunk, and the body's end after it when `last`. No chunk when the parts
-/// are all empty, since an empty chunk would end the body.
-fn chunk_of<'a, I>(parts: I, last: bool) -> Gather
+/// are all empty, since an empty chunk would end the body. Not `chunked`: the parts as
+/// they are (the body ends with the connection).
+fn chunk_of<'a, I>(parts: I, chunked: bool, last: bool) -> Gather
 where
     I: IntoIterator<Item = Piece<'a>>,
     I::IntoIter: Clone,
 {
     let parts = parts.into_iter();
+    if !chunked {
+        let mut out = Gather::new(parts.clone().map(|p| p.copied()).sum());
+        parts.for_each(|part| out.put(part));
+        return out;
+    }
     let len: usize = parts.clone().map(|p| p.len()).sum();
     let copied: usize = parts.clone().map(|p| p.copied()).sum();
     let end = if last { http::LAST_CHUNK_BYTES } else { 0 };
@@ -701,7 +780,7 @@ mod tests {
             Piece::Shared(&stored),
             Piece::Copy(b"}"),
         ];
-        let gathered = chunk_of(pieces, true).done();
+        let gathered = chunk_of(pieces, true, true).done();
         if let Gathered::Parts(parts) = &gathered {
             assert_eq!(
                 parts.len(),
@@ -725,7 +804,7 @@ mod tests {
     #[test]
     fn small_shared_pieces_are_copied_into_one_buffer() {
         let small: Bytes = vec![b'y'; SHARED_PIECE_MIN_BYTES - 1].into();
-        let gathered = chunk_of([Piece::Shared(&small), Piece::Copy(b"z")], false).done();
+        let gathered = chunk_of([Piece::Shared(&small), Piece::Copy(b"z")], true, false).done();
         let (bytes, parts) = joined(gathered);
         assert_eq!(parts, 1);
         let mut want = BytesMut::new();
@@ -762,7 +841,7 @@ mod tests {
             let length = format!("content-length: {}\r\n\r\n", want_body.len());
 
             let (tx, rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, relayed(true), true);
+            let sink = Sink::from_channel(tx, relayed(true), Answer::KEEP);
             assert!(sink.respond_of(200, &headers, &body).await.is_ok());
             let got = sent(rx);
             let split = got
@@ -780,7 +859,7 @@ mod tests {
 
             let fields = http::response_head_fields(200, &headers).expect("fields");
             let (tx, rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, relayed(true), true);
+            let sink = Sink::from_channel(tx, relayed(true), Answer::KEEP);
             assert!(sink.respond_with_fields(&fields, &body).await.is_ok());
             assert_eq!(sent(rx), got, "the same bytes either way");
         });
@@ -803,13 +882,13 @@ mod tests {
     fn a_remote_response_is_done_when_its_relay_wrote_it() {
         crate::testing::run_local(async {
             let (tx, _rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, relayed(false), true);
+            let sink = Sink::from_channel(tx, relayed(false), Answer::KEEP);
             assert!(sink.respond(200, &[], b"{}").await.is_err());
 
             let handoff = Arc::new(Handoff::default());
             let verdict = Verdict::new(handoff.clone());
             let (tx, _rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, handoff, true);
+            let sink = Sink::from_channel(tx, handoff, Answer::KEEP);
             let mut respond = std::pin::pin!(sink.respond(200, &[], b"{}"));
             let pending =
                 std::future::poll_fn(|cx| Poll::Ready(respond.as_mut().poll(cx).is_pending()))
@@ -826,9 +905,9 @@ mod tests {
     #[test]
     fn empty_pieces_make_no_chunk() {
         let empty = [Piece::Copy(b""), Piece::Shared(&Bytes::new())];
-        assert!(chunk_of(empty, false).is_empty());
+        assert!(chunk_of(empty, true, false).is_empty());
         assert_eq!(
-            joined(chunk_of(empty, true).done()).0,
+            joined(chunk_of(empty, true, true).done()).0,
             b"0\r\n\r\n",
             "the end only"
         );
@@ -849,7 +928,7 @@ mod tests {
             let headers: [(&str, &[u8]); 1] = [("content-type", b"application/json")];
             let handoff = Arc::new(Handoff::default());
             let (tx, _rx) = mpsc::channel(8);
-            let mut sink = Sink::from_channel(tx, handoff.clone(), true);
+            let mut sink = Sink::from_channel(tx, handoff.clone(), Answer::KEEP);
             assert_eq!(handoff.until(), None);
             let at = Instant::now() + Duration::from_secs(5);
             sink.bound_until(at);
@@ -860,7 +939,7 @@ mod tests {
 
             let handoff = relayed(true);
             let (tx, _rx) = mpsc::channel(8);
-            let sink = Sink::from_channel(tx, handoff.clone(), true);
+            let sink = Sink::from_channel(tx, handoff.clone(), Answer::KEEP);
             assert!(sink.respond(200, &headers, b"{}").await.is_ok());
             assert!(!told(&handoff), "ended: not told");
         });
@@ -881,7 +960,7 @@ mod tests {
             // The peer never reads until the write was cut.
             let (mut peer, _) = listener.accept().expect("accept");
             let limit = Duration::from_millis(300);
-            let mut sink = Sink::local(Rc::new(ConnShared::new(conn, limit)), true);
+            let mut sink = Sink::local(Rc::new(ConnShared::new(conn, limit)), Answer::KEEP);
             let headers: [(&str, &[u8]); 1] = [("content-type", b"text/event-stream")];
             assert!(sink.head(200, &headers).await.is_ok());
             let cuts = server_metrics::with(|m| m.write_deadline_cuts);
