@@ -10,7 +10,9 @@ use bytes::{Buf, Bytes, BytesMut};
 
 use super::BodyFraming;
 use super::error::HttpError;
-use crate::limits::{CHUNK_LINE_BYTES_MAX, HEADER_BYTES_MAX, HEADERS_PER_MESSAGE_MAX};
+use crate::limits::{
+    CHUNK_FRAMING_BYTES_MAX, CHUNK_LINE_BYTES_MAX, HEADER_BYTES_MAX, HEADERS_PER_MESSAGE_MAX,
+};
 
 /// Where the body decoder is within the body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +54,16 @@ pub(super) struct BodyDecoder {
     /// `body_bytes_max` (checked before each chunk and close-delimited read).
     body_bytes: u64,
     body_bytes_max: u64,
+    /// Bytes of chunk framing (size lines with extensions, CRLF after the data) so far.
+    /// Invariant: at most [`CHUNK_FRAMING_BYTES_MAX`] plus [`CHUNK_FRAMING_PER_DATA_BYTE`]
+    /// times `body_bytes`, so a body padded out with extensions is refused (413) rather
+    /// than parsed for as long as its sender likes.
+    framing_bytes: u64,
 }
+
+/// Chunk framing allowed per byte of chunk data, beyond [`CHUNK_FRAMING_BYTES_MAX`]: a
+/// stream of one-byte chunks (five bytes of framing each) passes, padding does not.
+const CHUNK_FRAMING_PER_DATA_BYTE: u64 = 16;
 
 impl BodyDecoder {
     /// A decoder that refuses bodies larger than `body_bytes_max` with 413.
@@ -61,6 +72,7 @@ impl BodyDecoder {
             state: BodyState::Done,
             body_bytes: 0,
             body_bytes_max: u64::try_from(body_bytes_max).unwrap_or(u64::MAX),
+            framing_bytes: 0,
         }
     }
 
@@ -72,6 +84,7 @@ impl BodyDecoder {
     /// Starts a new body with the framing its head declared.
     pub(super) fn start(&mut self, framing: BodyFraming) {
         self.body_bytes = 0;
+        self.framing_bytes = 0;
         self.state = match framing {
             BodyFraming::None | BodyFraming::Length(0) => BodyState::Done,
             BodyFraming::Length(remaining) => BodyState::Length { remaining },
@@ -158,6 +171,14 @@ impl BodyDecoder {
             .checked_add(chunk_bytes)
             .filter(|total| *total <= self.body_bytes_max)
             .ok_or(HttpError::PayloadTooLarge)?;
+        // The line, and the CRLF that will follow the chunk's data.
+        let framing_bytes = self.framing_bytes.saturating_add(line_len as u64 + 2);
+        let framing_max = (CHUNK_FRAMING_BYTES_MAX as u64)
+            .saturating_add(body_bytes.saturating_mul(CHUNK_FRAMING_PER_DATA_BYTE));
+        if framing_bytes > framing_max {
+            return Err(HttpError::PayloadTooLarge);
+        }
+        self.framing_bytes = framing_bytes;
         self.body_bytes = body_bytes;
         buf.advance(line_len);
         self.state = match chunk_bytes {

@@ -645,3 +645,46 @@ fn random_line_ends_and_newline_bodies_round_trip() {
         );
     }
 }
+
+/// Decodes `wire` in one buffer to its end or first error: the data bytes delivered, and
+/// the error if there was one.
+fn decode_all(wire: &[u8]) -> (usize, Option<HttpError>) {
+    let mut decoder = decoder();
+    let mut buf = BytesMut::from(wire);
+    let mut data = 0;
+    loop {
+        match decoder.decode(&mut buf) {
+            Ok(Some(RequestEvent::Data(d))) => data += d.len(),
+            Ok(Some(RequestEvent::End)) | Ok(None) => return (data, None),
+            Ok(Some(RequestEvent::Head(_))) => {}
+            Err(e) => return (data, Some(e)),
+        }
+    }
+}
+
+#[test]
+fn a_body_padded_out_with_chunk_extensions_is_refused_and_one_byte_chunks_are_not() {
+    let head = &b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"[..];
+    // One byte of data per kilobyte of extension: refused once the framing passes its
+    // bound, long before the body's data does.
+    let padded_chunk = [
+        &b"1;"[..],
+        &[b'e'; crate::limits::CHUNK_LINE_BYTES_MAX - 4],
+        b"\r\nx\r\n",
+    ]
+    .concat();
+    // Enough chunks that their framing passes the bound and the allowance for their data
+    // (16 bytes per data byte, so each chunk counts as its length less 17 against it).
+    let chunks = crate::limits::CHUNK_FRAMING_BYTES_MAX / (padded_chunk.len() - 32) + 1;
+    assert!(
+        chunks < TEST_BODY_BYTES_MAX,
+        "the data alone is within the limit"
+    );
+    let padded = [head, &padded_chunk.repeat(chunks), b"0\r\n\r\n"].concat();
+    let (data, err) = decode_all(&padded);
+    assert_eq!(err, Some(HttpError::PayloadTooLarge));
+    assert!(data < chunks, "{data} of {chunks} bytes delivered");
+    // The same data bytes in one-byte chunks with a short extension each: accepted.
+    let plain = [head, &b"1;a=b\r\nx\r\n".repeat(chunks), b"0\r\n\r\n"].concat();
+    assert_eq!(decode_all(&plain), (chunks, None));
+}
