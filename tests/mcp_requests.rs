@@ -82,6 +82,35 @@ fn tools_call_without_name_gets_32602() {
 }
 
 #[test]
+fn a_progress_token_over_1024_bytes_gets_32602_and_one_of_1024_is_served() {
+    // An upstream copies the token into every progress notification, so a long one would
+    // be multiplied by them: it is refused before the request goes anywhere.
+    each_mode(|gw| {
+        let session = gw.initialize();
+        let body = |id: u32, token_bytes: usize| {
+            let token = "t".repeat(token_bytes - 2);
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"hi"}},"_meta":{{"progressToken":"{token}"}}}}}}"#
+            )
+        };
+        let v = call(gw, &session, &body(1, 1025));
+        assert_eq!(v["id"], 1);
+        assert_eq!(v["error"]["code"], -32602);
+        assert_eq!(
+            v["error"]["message"],
+            "Invalid params: _meta.progressToken is longer than 1024 bytes"
+        );
+        let r = gw.post(Some(&session), &body(2, 1024));
+        assert_eq!(r.status, 200);
+        assert!(
+            r.text().contains(r#""result""#) && !r.text().contains(r#""error""#),
+            "{}",
+            r.text()
+        );
+    });
+}
+
+#[test]
 fn notifications_and_responses_get_202_without_body() {
     each_mode(|gw| {
         let session = gw.initialize();

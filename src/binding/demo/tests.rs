@@ -290,6 +290,10 @@ fn bad_arguments_give_an_error_result() {
             ("remove_tool", json!({ "name": "echo" })),
             ("touch_resource", json!({ "uri": "demo://nope" })),
             ("log", json!({ "level": "loud", "message": "m" })),
+            (
+                "log",
+                json!({ "level": "error", "message": "m".repeat(4097) }),
+            ),
         ];
         for (tool, arguments) in cases {
             let result = call(&demo, &s, tool, arguments.clone()).await.result;

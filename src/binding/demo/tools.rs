@@ -25,9 +25,14 @@ const TOOL_NAME_BYTES_MAX: usize = 32;
 
 /// Most steps of the `progress` tool, and its default.
 const PROGRESS_STEPS_MAX: u64 = 100;
+
+/// Longest `message` the `log` tool sends: the session keeps its notifications for replay,
+/// so an agent's megabytes would be kept (and sent again) many times over.
+const LOG_MESSAGE_BYTES_MAX: usize = 4096;
 const PROGRESS_STEPS_DEFAULT: u64 = 5;
 
 const _: () = assert!(PROGRESS_STEPS_DEFAULT <= PROGRESS_STEPS_MAX);
+const _: () = assert!(LOG_MESSAGE_BYTES_MAX == 4096, "the refusal's text names it");
 // A whole run of progress events (plus the reply's BEGIN) fits in the reply's frame
 // queue, so a caller that drains only at the end never makes the tool wait for room.
 const _: () = assert!((PROGRESS_STEPS_MAX as usize) < crate::limits::STREAM_FRAMES_MAX);
@@ -318,6 +323,9 @@ fn log(session: &Session, args: Args<'_, '_>) -> Bytes {
     let Some(level) = Level::parse(level) else {
         return text_result("log: `level` must be an RFC 5424 level name", true);
     };
+    if message.len() > LOG_MESSAGE_BYTES_MAX {
+        return text_result("log: `message` is longer than 4096 bytes", true);
+    }
     if level < session.level() {
         let text = format!(
             "not sent: below the session level {}",

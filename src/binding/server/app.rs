@@ -19,7 +19,8 @@ use super::{PROTOCOL_VERSIONS, Server, session_id};
 use crate::binding::server::metrics as server_metrics;
 use crate::jsonrpc::{self, Envelope, Kind as MsgKind};
 use crate::limits::{
-    REQUESTS_PER_SESSION_MAX, SESSION_CAPABILITIES_BYTES_MAX, SESSIONS_PER_WORKER_MAX,
+    PROGRESS_TOKEN_BYTES_MAX, REQUESTS_PER_SESSION_MAX, SESSION_CAPABILITIES_BYTES_MAX,
+    SESSIONS_PER_WORKER_MAX,
 };
 use crate::log;
 use crate::metrics::{self, Outcome};
@@ -30,6 +31,11 @@ use crate::stream::{self, Begin, Caps, ClientHello, Frame, Kind, Reset, TargetAt
 use bytes::{Bytes, BytesMut};
 use std::rc::Rc;
 use std::time::Instant;
+
+/// The message of a refused `_meta.progressToken` (the limit written out, checked below).
+const PROGRESS_TOKEN_TOO_LONG: &str =
+    "Invalid params: _meta.progressToken is longer than 1024 bytes";
+const _: () = assert!(PROGRESS_TOKEN_BYTES_MAX == 1024);
 
 /// Handles one POST.
 pub async fn post(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc<Identity>>) {
@@ -412,6 +418,21 @@ async fn request(
             .await;
         }
     };
+    if env
+        .index
+        .progress_token
+        .is_some_and(|t| t.get().len() > PROGRESS_TOKEN_BYTES_MAX)
+    {
+        server_metrics::record_request(method, Outcome::Rejected, started.elapsed());
+        return rpc_error(
+            sink,
+            id.raw,
+            jsonrpc::INVALID_PARAMS,
+            PROGRESS_TOKEN_TOO_LONG,
+            Some(&session.id),
+        )
+        .await;
+    }
     let gate = server.gate.as_ref().zip(who);
     if let Some((gate, who)) = gate {
         // Counted first, so that probing for hidden names costs a caller its rate too.

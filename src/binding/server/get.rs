@@ -201,6 +201,7 @@ impl Drop for Hold {
         // A newer GET's hold is its own to release.
         if st.get_hold == Some(self.hold) {
             st.get_hold = None;
+            st.trim_ring_bytes();
         }
         drop(st);
         self.session.taken.notify_waiters();
@@ -261,6 +262,7 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: 
         st.get_generation += 1;
         st.get_live = true;
         st.get_taken = cursor;
+        st.trim_ring_bytes();
         st.get_generation
     };
     drop(hold);
@@ -301,6 +303,7 @@ async fn serve_get(session: Rc<Session>, mut sink: Sink, mut cursor: u64, hold: 
                 // position is the newer one's to keep.
                 if st.get_generation == generation {
                     st.get_taken = cursor;
+                    st.trim_ring_bytes();
                 }
                 drop(st);
                 session.taken.notify_waiters();

@@ -12,8 +12,9 @@
 //! Invariants: a session is in its server's table from [`Session::create`] until [`end`],
 //! which runs once; at most [`PENDING_ANSWERS_PER_SESSION_MAX`] server-to-client requests
 //! wait for the agent's answer; the ring holds at most [`SESSION_REPLAY_EVENTS_MAX`] events
-//! (plus [`GET_SETUP_EVENTS_MAX`] while a GET is being set up), and never drops one the
-//! live GET has not taken.
+//! (plus [`GET_SETUP_EVENTS_MAX`] while a GET is being set up) and, once a GET being set up
+//! is live, about [`SESSION_REPLAY_BYTES_MAX`] bytes (the newest event whatever its size),
+//! and never drops one the live GET has not taken.
 
 use super::Server;
 use super::edge::http_error;
@@ -24,7 +25,7 @@ use crate::binding::server::metrics as server_metrics;
 use crate::jsonrpc::{self, IdKey};
 use crate::limits::{
     GET_SETUP_EVENTS_MAX, PENDING_ANSWER_ID_BYTES_MAX, PENDING_ANSWERS_PER_SESSION_MAX,
-    SESSION_REPLAY_EVENTS_MAX,
+    SESSION_REPLAY_BYTES_MAX, SESSION_REPLAY_EVENTS_MAX,
 };
 use crate::log;
 use crate::metrics::{self};
@@ -74,6 +75,8 @@ pub(super) struct State {
     pub(super) next_stream: u32,
     /// Encoded GET-stream events kept for replay, oldest first.
     pub(super) ring: VecDeque<(u64, Bytes)>,
+    /// The bytes of the ring's events together (see [`State::trim_ring_bytes`]).
+    pub(super) ring_bytes: usize,
     pub(super) next_seq: u64,
     pub(super) get_generation: u64,
     pub(super) get_live: bool,
@@ -102,6 +105,44 @@ pub(super) struct State {
     pub(super) answers_order: u64,
     /// The number the next GET setup's hold gets (holds are told apart by it).
     pub(super) holds: u64,
+}
+
+impl State {
+    fn pop_ring(&mut self) {
+        if let Some((_, old)) = self.ring.pop_front() {
+            self.ring_bytes -= old.len();
+        }
+    }
+
+    /// Drops the ring's oldest events while it holds more than [`SESSION_REPLAY_BYTES_MAX`]
+    /// bytes, keeping the newest whatever its size, and never one a GET may still need to
+    /// write: past the live GET's position, or, while one is set up, past where it starts.
+    /// Such events stay, and [`Session::get_behind`] holds the exit back until the GET
+    /// took them (it calls this again when it has).
+    pub(super) fn trim_ring_bytes(&mut self) {
+        let mut needed_after = u64::MAX;
+        if self.get_live {
+            needed_after = self.get_taken;
+        }
+        if let Some(hold) = self.get_hold {
+            needed_after = needed_after.min(hold.from);
+        }
+        while self.ring_bytes > SESSION_REPLAY_BYTES_MAX
+            && self.ring.len() > 1
+            && self
+                .ring
+                .front()
+                .is_some_and(|(seq, _)| *seq <= needed_after)
+        {
+            self.pop_ring();
+        }
+    }
+
+    /// The ring is over its byte bound with events a GET has not taken (what is left
+    /// after [`State::trim_ring_bytes`]).
+    fn over_bytes(&self) -> bool {
+        self.ring_bytes > SESSION_REPLAY_BYTES_MAX && self.ring.len() > 1
+    }
 }
 
 /// One agent session, owned by the worker that created it.
@@ -212,6 +253,7 @@ impl Session {
                 streams: FastMap::default(),
                 next_stream: 1,
                 ring: VecDeque::new(),
+                ring_bytes: 0,
                 next_seq: 1,
                 get_generation: 0,
                 get_live: false,
@@ -318,8 +360,8 @@ impl Session {
             // task: it must go on reading, even for a live GET that stopped taking events
             // (the one the new GET replaces; the ring keeps more meanwhile).
             Some(hold) if st.acks <= hold.asked => false,
-            Some(hold) => last.saturating_sub(hold.from) >= ring,
-            None => st.get_live && last.saturating_sub(st.get_taken) >= ring,
+            Some(hold) => last.saturating_sub(hold.from) >= ring || st.over_bytes(),
+            None => st.get_live && (last.saturating_sub(st.get_taken) >= ring || st.over_bytes()),
         }
     }
 
@@ -519,14 +561,16 @@ impl Session {
         let Some(out) = out else {
             return;
         };
+        st.ring_bytes += out.len();
         st.ring.push_back((seq, out));
         let keep = match st.get_hold {
             Some(_) => SESSION_REPLAY_EVENTS_MAX + GET_SETUP_EVENTS_MAX,
             None => SESSION_REPLAY_EVENTS_MAX,
         };
         while st.ring.len() > keep {
-            st.ring.pop_front();
+            st.pop_ring();
         }
+        st.trim_ring_bytes();
         drop(st);
         self.changed.notify_waiters();
     }
@@ -1062,6 +1106,77 @@ mod tests {
                 assert_eq!(ring(&session), next);
             }
             assert_eq!(session.st.borrow().next_seq - 1, taken + total as u64);
+            let _callee = exit.await.expect("the exit's task");
+            close(&server, &session, "test over");
+        });
+    }
+
+    /// A notification whose params are `bytes` long.
+    fn big_note(n: usize, bytes: usize) -> Flush {
+        let pad = "x".repeat(bytes);
+        Flush {
+            id: None,
+            event: Event::Notification {
+                method: Rc::from("notifications/message"),
+                params: Some(Bytes::from(format!(r#"{{"n":{n},"pad":"{pad}"}}"#))),
+            },
+        }
+    }
+
+    #[test]
+    fn the_ring_keeps_its_bytes_bounded_and_large_events_a_live_get_has_not_taken_wait() {
+        run(async {
+            let server = server();
+            let (session, callee) = session(&server);
+            settle(64).await;
+            const MIB: usize = 1024 * 1024;
+            let per_ring = SESSION_REPLAY_BYTES_MAX / MIB;
+            // No GET: the oldest go once the ring is over its bytes, far before its count.
+            for n in 0..2 * per_ring {
+                assert!(callee.reply.flush(big_note(n, MIB)).await.is_ok());
+            }
+            settle(64).await;
+            let kept = ring(&session).len();
+            assert!(
+                (per_ring - 1..=per_ring).contains(&kept),
+                "{kept} events of 1 MiB kept"
+            );
+            assert!(session.st.borrow().ring_bytes <= SESSION_REPLAY_BYTES_MAX);
+            // A live GET that takes nothing: what it has not taken stays, and the exit
+            // waits once it holds the ring's bytes.
+            let taken = {
+                let mut st = session.st.borrow_mut();
+                st.get_live = true;
+                st.get_generation = 1;
+                st.get_taken = st.next_seq - 1;
+                st.get_taken
+            };
+            let exit = tokio::task::spawn_local(async move {
+                for n in 0..2 * per_ring {
+                    if callee.reply.flush(big_note(n, MIB)).await.is_err() {
+                        break;
+                    }
+                }
+                callee
+            });
+            settle(64).await;
+            let held = ring(&session);
+            let untaken = held.iter().filter(|seq| **seq > taken).count();
+            assert!(
+                (per_ring..=per_ring + 1).contains(&untaken),
+                "{untaken} untaken events held"
+            );
+            assert_eq!(held.last().copied(), Some(taken + untaken as u64));
+            assert!(session.get_behind());
+            // The GET takes them: the ring drops the older ones and the exit goes on.
+            {
+                let mut st = session.st.borrow_mut();
+                st.get_taken = st.next_seq - 1;
+                st.trim_ring_bytes();
+            }
+            session.taken.notify_waiters();
+            settle(64).await;
+            assert!(session.st.borrow().next_seq - 1 > taken + untaken as u64);
             let _callee = exit.await.expect("the exit's task");
             close(&server, &session, "test over");
         });
