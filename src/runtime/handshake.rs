@@ -37,6 +37,12 @@ impl Conn {
         };
         let side = tls.side();
         let started = Instant::now();
+        // Declared before the work, so dropped after it: a caller that drops this future
+        // mid-way (an agent cancelling the request that waits for an upstream connection)
+        // leaves no read pending on a live socket. On io_uring such a read keeps the
+        // socket and its buffer until the peer sends or closes, outside every bound; the
+        // shutdown completes it at once.
+        let mut unfinished = Unfinished(Some(self));
         let mut work = std::pin::pin!(self.drive_handshake(tls));
         let timer = std::pin::pin!(tokio::time::sleep(timeout));
         // The handshake future is never dropped before it completes (io_uring: its read
@@ -53,6 +59,7 @@ impl Conn {
                 }
             }
         };
+        unfinished.0 = None;
         match &result {
             Ok(done) => metrics::record_tls_handshake(side, None, done.resumed, started.elapsed()),
             Err(e) => {
@@ -97,6 +104,17 @@ impl Conn {
                 }
                 return Err(HandshakeError::Tls(e));
             }
+        }
+    }
+}
+
+/// Shuts its connection down when dropped, unless taken (the handshake finished).
+struct Unfinished<'a>(Option<&'a Conn>);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0 {
+            conn.shutdown();
         }
     }
 }

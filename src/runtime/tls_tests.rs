@@ -327,6 +327,39 @@ fn hostile_input_fails_the_handshake_alone() {
 }
 
 #[test]
+fn a_handshake_dropped_mid_way_shuts_its_connection_down() {
+    // A caller may drop a handshake before it ends (an agent cancelled the request that
+    // waited for the upstream connection). The socket is shut down then, so no read stays
+    // pending on it: the peer, which never answered the ClientHello, sees the close.
+    let (_ca, _server, upstream) = localhost("dropped");
+    for backend in backends() {
+        let std = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = std.local_addr().expect("addr");
+        block_on(backend, async {
+            let client = Conn::connect(addr, backend).await.expect("connect");
+            let client = client.with_tls(upstream.session().expect("client session"));
+            let cut = tokio::time::timeout(Duration::from_millis(100), client.handshake(SECOND));
+            assert!(cut.await.is_err(), "{backend:?}: no server, no handshake");
+            let (mut peer, _) = std.accept().expect("accept");
+            peer.set_read_timeout(Some(SECOND)).expect("read timeout");
+            let mut hello = Vec::new();
+            let read = std::io::Read::read_to_end(&mut peer, &mut hello);
+            assert!(
+                read.is_ok(),
+                "{backend:?}: the connection stays open after its handshake was dropped: {read:?}"
+            );
+            assert_eq!(
+                hello.first(),
+                Some(&0x16),
+                "{backend:?}: a ClientHello came first"
+            );
+            drop(client);
+        })
+        .expect("runtime");
+    }
+}
+
+#[test]
 fn config_errors_name_the_file() {
     let ca = Ca::new("files");
     let (cert, key) = ca.leaf("localhost", &["localhost"], false);

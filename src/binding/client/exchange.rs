@@ -72,6 +72,9 @@ impl Response {
                 match self.decoder.decode(&mut inbox, false) {
                     Ok(Some(event)) => Some(Ok(event)),
                     Ok(None) if wire.is_over() => Some(match self.decoder.decode_eof(&mut inbox) {
+                        // Over TLS a body that runs until the close ends with close_notify
+                        // only: a bare TCP close may be anyone's cut (RFC 8446 §6.1).
+                        Ok(Some(ResponseEvent::End)) if wire.cut_short() => Err(Broken::Closed),
                         Ok(Some(event)) => Ok(event),
                         Ok(None) => Err(Broken::Closed),
                         Err(e) => Err(Broken::Malformed(e)),

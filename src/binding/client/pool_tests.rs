@@ -41,6 +41,9 @@ enum Behaviour {
     Garbage,
     /// Accepts and says nothing.
     Silent,
+    /// A TLS server that sends these bytes after the handshake, then closes the TCP
+    /// connection, with close_notify before it or not.
+    TlsThenClose(Arc<ServerConfig>, &'static [u8], bool),
 }
 
 /// A loopback upstream on a thread of its own, serving one connection at a time until it
@@ -134,6 +137,25 @@ fn serve(mut tcp: TcpStream, behaviour: &Behaviour, handshaken: &AtomicUsize) {
             let _ = tcp.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
         }
         Behaviour::Silent => {}
+        Behaviour::TlsThenClose(config, bytes, close_notify) => {
+            let mut tls = rustls::ServerConnection::new(config.clone()).expect("session");
+            while tls.is_handshaking() {
+                if tls.complete_io(&mut tcp).is_err() {
+                    return;
+                }
+            }
+            handshaken.fetch_add(1, Ordering::Relaxed);
+            let _ = tls.writer().write_all(bytes);
+            if *close_notify {
+                tls.send_close_notify();
+            }
+            while tls.wants_write() {
+                if tls.write_tls(&mut tcp).is_err() {
+                    return;
+                }
+            }
+            let _ = tcp.shutdown(std::net::Shutdown::Write);
+        }
     }
     // Held until the client closes (or shuts it down at its deadline).
     let mut sink = [0u8; 4096];
@@ -384,5 +406,54 @@ fn the_sweep_closes_only_connections_idle_past_the_timeout() {
             assert_eq!(pool.idle_count(), 1, "{backend:?}");
         })
         .expect("runtime");
+    }
+}
+
+#[test]
+fn a_body_until_the_close_is_whole_only_with_close_notify() {
+    // A response without a length or chunks runs until the connection closes. Over TLS
+    // only close_notify says it ended; a bare TCP close is a cut (anyone on the path can
+    // send one), and the response is broken, not complete.
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"a\":1}";
+    let certs = certs("pool-cut");
+    for backend in backends() {
+        for close_notify in [true, false] {
+            let peer = Peer::start(Behaviour::TlsThenClose(
+                certs.good.clone(),
+                ANSWER,
+                close_notify,
+            ));
+            block_on(backend, async {
+                let pool = pool(backend, &certs, TIMEOUT);
+                let link = pool
+                    .connect_any(&[peer.addr])
+                    .await
+                    .unwrap_or_else(|e| panic!("{backend:?}: {}", e.describe()));
+                let mut response =
+                    crate::binding::client::exchange::Response::new(pool.lease(link));
+                let mut body = Vec::new();
+                let ended = loop {
+                    match response.next().await {
+                        Ok(crate::http::ResponseEvent::Data(d)) => body.extend_from_slice(&d),
+                        Ok(crate::http::ResponseEvent::End) => break Ok(()),
+                        Ok(_) => {}
+                        Err(e) => break Err(e),
+                    }
+                };
+                assert_eq!(
+                    body, b"{\"a\":1}",
+                    "{backend:?}, close_notify {close_notify}"
+                );
+                match close_notify {
+                    true => assert_eq!(ended, Ok(()), "{backend:?}"),
+                    false => assert_eq!(
+                        ended,
+                        Err(crate::binding::client::exchange::Broken::Closed),
+                        "{backend:?}"
+                    ),
+                }
+            })
+            .expect("runtime");
+        }
     }
 }

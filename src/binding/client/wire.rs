@@ -185,6 +185,11 @@ impl Wire {
         self.conn.shutdown();
     }
 
+    /// True for a TLS connection whose read side ended without the peer's close_notify.
+    pub fn cut_short(&self) -> bool {
+        self.conn.is_tls() && !self.conn.tls_closed()
+    }
+
     /// True once the read side is over (peer closed, error, or closed by us).
     pub fn is_over(&self) -> bool {
         self.over.get() || self.closed.get()
