@@ -388,6 +388,12 @@ pub const REDIS_PING_INTERVAL: Duration = Duration::from_secs(1);
 pub const REDIS_WATCHES_MAX: usize = 64 * 1024;
 const _: () = assert!(MEMORY_STORE_KEYS_MAX <= REDIS_WATCHES_MAX);
 
+/// While a store's watch table is full, it is swept for keys nobody watches any more at
+/// the first refusal and then once per this many refusals, not at each: a sweep is a pass
+/// over the whole table under the store's lock, and a full table refuses one watch per
+/// new shared session.
+pub const STORE_WATCH_SWEEP_SPACING: usize = 1024;
+
 /// Largest value a redis store writes or reads back: the largest any of its users writes
 /// (a cached list). A larger value found in Redis (written by someone else) is an error,
 /// refused by Redis itself before a byte of it is sent, so it costs the node no memory.

@@ -9,7 +9,22 @@ use std::fmt;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+#[cfg(test)]
+thread_local! {
+    /// Lines this thread logged (tests count them: a failure that repeats must not log
+    /// once per repeat).
+    static LINES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many lines this thread has logged.
+#[cfg(test)]
+pub fn lines_logged() -> usize {
+    LINES.with(std::cell::Cell::get)
+}
+
 fn line(level: &str, args: fmt::Arguments<'_>) {
+    #[cfg(test)]
+    LINES.with(|n| n.set(n.get() + 1));
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();

@@ -13,12 +13,12 @@
 //! receiver and is woken on its own event loop, once per change however many of its
 //! sessions care.
 
-use super::{Clock, StoreError, StoreFuture, SystemClock, Token, Value, Watch};
+use super::{Clock, Over, Put, StoreError, StoreFuture, SystemClock, Token, Value, Watch};
 use crate::limits::MEMORY_STORE_KEYS_MAX;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -36,6 +36,15 @@ struct Lease {
 struct Stored {
     value: Value,
     until: Option<Instant>,
+    /// A tombstone ([`super::Store::bury`]): reads as no value, and refuses `put_for`.
+    buried: bool,
+}
+
+/// What a write does to a key, decided from what is there under the writers' turn.
+enum Step {
+    Set(Stored),
+    Remove,
+    Keep,
 }
 
 /// The process-wide in-memory store.
@@ -50,6 +59,9 @@ pub struct MemoryStore {
     leases: Mutex<HashMap<Box<str>, Lease>>,
     /// Invariant: `len() <= MEMORY_STORE_KEYS_MAX`.
     watches: Mutex<HashMap<Box<str>, watch::Sender<u64>>>,
+    /// Watches refused since the watch table last made room (see
+    /// [`super::watch_sweep_due`]); changed under the `watches` lock.
+    watch_refusals: AtomicUsize,
     clock: Arc<dyn Clock>,
 }
 
@@ -66,9 +78,7 @@ fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn full() -> StoreError {
-    StoreError {
-        message: format!("memory store full ({MEMORY_STORE_KEYS_MAX} keys)"),
-    }
+    StoreError::new(format!("memory store full ({MEMORY_STORE_KEYS_MAX} keys)"))
 }
 
 impl MemoryStore {
@@ -80,6 +90,7 @@ impl MemoryStore {
             version: AtomicU64::new(0),
             leases: Mutex::new(HashMap::new()),
             watches: Mutex::new(HashMap::new()),
+            watch_refusals: AtomicUsize::new(0),
             clock,
         }
     }
@@ -88,87 +99,58 @@ impl MemoryStore {
     pub fn get_now(&self, key: &str) -> Option<Value> {
         let values = self.values.load();
         let stored = values.get(key)?;
-        if stored.until.is_some_and(|until| until <= self.clock.now()) {
+        if stored.buried || stored.until.is_some_and(|until| until <= self.clock.now()) {
             return None;
         }
         Some(stored.value.clone())
     }
 
-    /// Writes `bytes` under `key` (or removes it) and wakes its watchers.
-    /// `until`: when a written value is gone (`None`: never).
-    fn write(
+    /// Changes `key` as `decide` says from what is there now (`None`: nothing, or a value
+    /// whose time ran out), in one step (writers take turns), and wakes its watchers if it
+    /// changed. `decide` is given the version a written value gets.
+    fn change<T>(
         &self,
         key: &str,
-        bytes: Option<Bytes>,
-        until: Option<Instant>,
-    ) -> Result<Option<u64>, StoreError> {
-        let version = {
-            let _turn = guard(&self.writing);
-            let current = self.values.load();
-            let mut next = HashMap::clone(&current);
-            if bytes.is_some() && !next.contains_key(key) && next.len() >= MEMORY_STORE_KEYS_MAX {
-                let now = self.clock.now();
-                next.retain(|_, stored| stored.until.is_none_or(|until| until > now));
-                if next.len() >= MEMORY_STORE_KEYS_MAX {
-                    return Err(full());
-                }
-            }
-            let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
-            let changed = match bytes {
-                Some(bytes) => {
-                    let value = Value { bytes, version };
-                    next.insert(Box::from(key), Stored { value, until });
-                    true
-                }
-                None => next.remove(key).is_some(),
-            };
-            if !changed {
-                return Ok(None);
-            }
-            self.values.store(Arc::new(next));
-            version
-        };
-        if let Some(tx) = guard(&self.watches).get(key) {
-            tx.send_replace(version);
-        }
-        Ok(Some(version))
-    }
-
-    /// Writes `bytes` under `key` only if a value is there now (atomically: writers are
-    /// serialized); `None` if there was none.
-    fn write_over(
-        &self,
-        key: &str,
-        bytes: Bytes,
-        until: Instant,
-    ) -> Result<Option<u64>, StoreError> {
-        let version = {
+        decide: impl FnOnce(Option<&Stored>, u64) -> (Step, T),
+    ) -> Result<T, StoreError> {
+        let (version, out) = {
             let _turn = guard(&self.writing);
             let current = self.values.load();
             let now = self.clock.now();
-            let present = current
+            let live = current
                 .get(key)
-                .is_some_and(|stored| stored.until.is_none_or(|u| u > now));
-            if !present {
-                return Ok(None);
+                .filter(|stored| stored.until.is_none_or(|until| until > now));
+            // Only writers change the counter, and they take turns.
+            let version = self.version.load(Ordering::Acquire) + 1;
+            let (step, out) = decide(live, version);
+            let mut next = match step {
+                Step::Keep => return Ok(out),
+                Step::Remove if !current.contains_key(key) => return Ok(out),
+                Step::Remove | Step::Set(_) => HashMap::clone(&current),
+            };
+            match step {
+                Step::Set(stored) => {
+                    if !next.contains_key(key) && next.len() >= MEMORY_STORE_KEYS_MAX {
+                        next.retain(|_, stored| stored.until.is_none_or(|until| until > now));
+                        if next.len() >= MEMORY_STORE_KEYS_MAX {
+                            return Err(full());
+                        }
+                    }
+                    next.insert(Box::from(key), stored);
+                }
+                Step::Remove | Step::Keep => {
+                    next.remove(key);
+                }
             }
-            let mut next = HashMap::clone(&current);
-            let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
-            let value = Value { bytes, version };
-            next.insert(
-                Box::from(key),
-                Stored {
-                    value,
-                    until: Some(until),
-                },
-            );
+            assert!(next.len() <= MEMORY_STORE_KEYS_MAX);
+            self.version.store(version, Ordering::Release);
             self.values.store(Arc::new(next));
-            version
+            (version, out)
         };
         if let Some(tx) = guard(&self.watches).get(key) {
             tx.send_replace(version);
         }
-        Ok(Some(version))
+        Ok(out)
     }
 
     fn lock_now(&self, key: &str, ttl: Duration) -> Result<Option<Token>, StoreError> {
@@ -222,11 +204,17 @@ impl MemoryStore {
             return Ok(Watch::new(tx.subscribe()));
         }
         if watches.len() >= MEMORY_STORE_KEYS_MAX {
-            // Keys nobody watches any more make room.
-            watches.retain(|_, tx| tx.receiver_count() > 0);
-        }
-        if watches.len() >= MEMORY_STORE_KEYS_MAX {
-            return Err(full());
+            let refused = self.watch_refusals.load(Ordering::Relaxed);
+            if super::watch_sweep_due(refused) {
+                // Keys nobody watches any more make room.
+                watches.retain(|_, tx| tx.receiver_count() > 0);
+            }
+            if watches.len() >= MEMORY_STORE_KEYS_MAX {
+                self.watch_refusals
+                    .store(refused.wrapping_add(1), Ordering::Relaxed);
+                return Err(full());
+            }
+            self.watch_refusals.store(0, Ordering::Relaxed);
         }
         let version = self.get_now(key).map_or(0, |v| v.version);
         let (tx, rx) = watch::channel(version);
@@ -238,9 +226,8 @@ impl MemoryStore {
 /// 128 random bits for a lease token.
 pub(super) fn new_token() -> Result<u128, StoreError> {
     let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| StoreError {
-        message: format!("no entropy for a lease token: {e}"),
-    })?;
+    getrandom::fill(&mut bytes)
+        .map_err(|e| StoreError::new(format!("no entropy for a lease token: {e}")))?;
     Ok(u128::from_le_bytes(bytes))
 }
 
@@ -250,9 +237,15 @@ impl super::Store for MemoryStore {
     }
 
     fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {
-        let written = self
-            .write(key, Some(bytes), None)
-            .map(|v| v.unwrap_or_else(|| self.version.load(Ordering::Acquire)));
+        let written = self.change(key, |_, version| {
+            let value = Value { bytes, version };
+            let stored = Stored {
+                value,
+                until: None,
+                buried: false,
+            };
+            (Step::Set(stored), version)
+        });
         Box::pin(std::future::ready(written))
     }
 
@@ -261,22 +254,64 @@ impl super::Store for MemoryStore {
         key: &'a str,
         bytes: Bytes,
         ttl: Duration,
-        existing_only: bool,
-    ) -> StoreFuture<'a, Option<u64>> {
-        let until = self.clock.now() + ttl;
-        let written = if existing_only {
-            self.write_over(key, bytes, until)
-        } else {
-            self.write(key, Some(bytes), Some(until))
-                .map(|v| Some(v.unwrap_or_else(|| self.version.load(Ordering::Acquire))))
-        };
+        over: Over,
+    ) -> StoreFuture<'a, Put> {
+        let until = Some(self.clock.now() + ttl);
+        let written = self.change(key, |there, version| {
+            let refused = match (there, over) {
+                (Some(stored), _) if stored.buried => Some(Put::Buried),
+                (Some(_), Over::Nothing) => Some(Put::Taken),
+                (None, Over::Value) => Some(Put::Missing),
+                (None, Over::Nothing) | (Some(_), Over::Value) => None,
+            };
+            if let Some(refused) = refused {
+                return (Step::Keep, refused);
+            }
+            let value = Value { bytes, version };
+            let stored = Stored {
+                value,
+                until,
+                buried: false,
+            };
+            (Step::Set(stored), Put::Written(version))
+        });
         Box::pin(std::future::ready(written))
     }
 
+    fn bury<'a>(
+        &'a self,
+        key: &'a str,
+        ttl: Duration,
+        version: Option<u64>,
+    ) -> StoreFuture<'a, bool> {
+        let until = Some(self.clock.now() + ttl);
+        let buried = self.change(key, |there, next| {
+            let due = match version {
+                None => true,
+                Some(read) => there.is_some_and(|s| !s.buried && s.value.version == read),
+            };
+            if !due {
+                return (Step::Keep, false);
+            }
+            let value = Value {
+                bytes: Bytes::new(),
+                version: next,
+            };
+            let stored = Stored {
+                value,
+                until,
+                buried: true,
+            };
+            (Step::Set(stored), true)
+        });
+        Box::pin(std::future::ready(buried))
+    }
+
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
-        Box::pin(std::future::ready(
-            self.write(key, None, None).map(|v| v.is_some()),
-        ))
+        let deleted = self.change(key, |there, _| {
+            (Step::Remove, there.is_some_and(|stored| !stored.buried))
+        });
+        Box::pin(std::future::ready(deleted))
     }
 
     fn lock<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Option<Token>> {

@@ -1,7 +1,8 @@
 //! The store: the one thing workers (and, later, nodes) share.
 //!
 //! [`Store`] is the one cross-worker (and, later, cross-node) abstraction: values by key (`get`, `put`,
-//! `delete`), leases (`lock` → a [`Token`], `renew`, `unlock`) that expire by time whatever
+//! `delete`; records with a time to live, made, updated and buried in one step each:
+//! `put_for`, `bury`), leases (`lock` → a [`Token`], `renew`, `unlock`) that expire by time whatever
 //! their holder is doing, and [`Watch`]es that wake a worker's task on that worker's own
 //! event loop when a key changes. Every operation is asynchronous and fallible, and leases
 //! are tokens with TTLs, so a networked implementation (Redis: `GET`/`SET`, `SET NX PX` with
@@ -24,6 +25,7 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
+use crate::limits::STORE_WATCH_SWEEP_SPACING;
 use bytes::Bytes;
 use std::fmt;
 use std::future::Future;
@@ -59,6 +61,42 @@ impl fmt::Debug for Token {
 pub struct StoreError {
     /// What went wrong, for logs.
     pub message: String,
+    /// The operation may have been done all the same: it went out and its answer did not
+    /// come (a timeout, a connection lost under it). False when it surely was not done.
+    pub maybe_done: bool,
+}
+
+impl StoreError {
+    /// An operation that was surely not done.
+    pub fn new(message: String) -> StoreError {
+        StoreError {
+            message,
+            maybe_done: false,
+        }
+    }
+}
+
+/// Which value [`Store::put_for`] may write over. A *tombstone* ([`Store::bury`]) is what
+/// a deleted record leaves for a while, so that no late or stale write makes it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Over {
+    /// Nothing: neither a value nor a tombstone is there (a record being made).
+    Nothing,
+    /// A value only: not a tombstone, not nothing (a record being updated).
+    Value,
+}
+
+/// What came of a [`Store::put_for`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Put {
+    /// Written, with this version.
+    Written(u64),
+    /// Not written: nothing was there ([`Over::Value`]).
+    Missing,
+    /// Not written: a value was there ([`Over::Nothing`]).
+    Taken,
+    /// Not written: a tombstone was there.
+    Buried,
 }
 
 impl fmt::Display for StoreError {
@@ -93,15 +131,29 @@ pub trait Store: Send + Sync {
     fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64>;
     /// As [`Store::put`], and the value is gone `ttl` from now unless written again (a
     /// record whose writers may all die, such as a shared session's). Its end is not a
-    /// change: watchers are not woken by it. With `existing_only`, writes only over a
-    /// value that is there (atomically): `None` when there was none, nothing written.
+    /// change: watchers are not woken by it. Writes only over what `over` names, checked
+    /// and written in one step (no other write comes between); a tombstone is never
+    /// written over.
     fn put_for<'a>(
         &'a self,
         key: &'a str,
         bytes: Bytes,
         ttl: Duration,
-        existing_only: bool,
-    ) -> StoreFuture<'a, Option<u64>>;
+        over: Over,
+    ) -> StoreFuture<'a, Put>;
+    /// Replaces the value of `key` with a tombstone that lasts `ttl`, in one step: a
+    /// deleted record that must not come back. A tombstone reads as no value
+    /// ([`Store::get`]), wakes the key's watchers as a write does, and refuses every
+    /// [`Store::put_for`] until it ends. With `version`, only a value of that version is
+    /// replaced (a decision taken on a value read earlier holds only if nobody wrote it
+    /// since); without, whatever is there (nothing, or another tombstone, included).
+    /// True if the tombstone was written.
+    fn bury<'a>(
+        &'a self,
+        key: &'a str,
+        ttl: Duration,
+        version: Option<u64>,
+    ) -> StoreFuture<'a, bool>;
     /// Removes `key`; true if it had a value.
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool>;
     /// Takes the lease `key` for `ttl` if nobody holds it (or its holder's lease ran out);
@@ -113,6 +165,14 @@ pub trait Store: Send + Sync {
     fn unlock<'a>(&'a self, key: &'a str, token: &'a Token) -> StoreFuture<'a, bool>;
     /// A watch of `key`, waking the calling worker's task on change.
     fn watch(&self, key: &str) -> Result<Watch, StoreError>;
+}
+
+/// Whether a full watch table is swept for keys nobody watches any more at this refusal
+/// (`refused`: refusals since it last made room): at the first, then once per
+/// [`STORE_WATCH_SWEEP_SPACING`]. A sweep is a pass over the whole table under the store's
+/// lock, too much to repeat for every new shared session while the table is full.
+pub(crate) fn watch_sweep_due(refused: usize) -> bool {
+    refused.is_multiple_of(STORE_WATCH_SWEEP_SPACING)
 }
 
 /// Where a store reads the time (leases expire by it); tests move it by hand.

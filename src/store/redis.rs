@@ -57,7 +57,7 @@
 //! version in front, an error text with control bytes, all become a [`StoreError`] (its text
 //! cleaned for logs), never a panic.
 
-use super::{Store, StoreError, StoreFuture, Token, Value, Watch};
+use super::{Over, Put, Store, StoreError, StoreFuture, Token, Value, Watch};
 use crate::config::RedisStore as RedisConfig;
 use crate::limits::{
     LOG_FIELD_BYTES_MAX, REDIS_CONNECT_TIMEOUT, REDIS_INFLIGHT_MAX, REDIS_OPERATION_TIMEOUT,
@@ -70,6 +70,7 @@ use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
@@ -83,10 +84,21 @@ const VERSION_DIGITS_MAX: usize = 20;
 
 /// Writes a value: the next version, the value behind it, and the change message.
 /// KEYS: the value's key, the counter. ARGV: the bytes, the channel, the key as named, the
-/// value's time to live in milliseconds (0: for good), `1` to write only over a value that
-/// is there (0 is returned when there is none).
+/// value's time to live in milliseconds (0: for good), and what it may write over: `0`
+/// anything, `1` a value only, `2` nothing only. Returns the version, or when it wrote
+/// nothing: 0 (nothing was there), -1 (a value was), -2 (a tombstone was). A stored value
+/// is never empty (its version is in front), so an empty head is nothing there.
 const PUT_SCRIPT: &str = r"
-if ARGV[5] == '1' and redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[5] ~= '0' then
+  local head = redis.call('GETRANGE', KEYS[1], 0, 21)
+  if head == '' then
+    if ARGV[5] == '1' then return 0 end
+  elseif string.match(head, '^%d+!') then
+    return -2
+  elseif ARGV[5] == '2' then
+    return -1
+  end
+end
 local version = redis.call('INCR', KEYS[2])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -102,6 +114,28 @@ redis.call('PUBLISH', ARGV[2], v .. ' ' .. ARGV[3])
 return version
 ";
 
+/// Replaces a value with a tombstone (`<version>!`) for a time, and tells of it.
+/// KEYS: the value's key, the counter. ARGV: the channel, the key as named, the time to
+/// live in milliseconds, and the version the value must have (empty: any, or none).
+/// Returns 1 when the tombstone was written, 0 when the value was not of that version.
+const BURY_SCRIPT: &str = r"
+if ARGV[4] ~= '' then
+  local head = redis.call('GETRANGE', KEYS[1], 0, 21)
+  if string.sub(head, 1, string.len(ARGV[4]) + 1) ~= ARGV[4] .. ':' then return 0 end
+end
+local version = redis.call('INCR', KEYS[2])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+if version < now then
+  version = now
+  redis.call('SET', KEYS[2], string.format('%.0f', version))
+end
+local v = string.format('%.0f', version)
+redis.call('SET', KEYS[1], v .. '!', 'PX', ARGV[3])
+redis.call('PUBLISH', ARGV[1], v .. ' ' .. ARGV[2])
+return 1
+";
+
 /// Reads a value, unless it is longer than the store reads (checked before it is sent).
 /// KEYS: the value's key. ARGV: the longest value read, version prefix included.
 const GET_SCRIPT: &str = r"
@@ -111,9 +145,11 @@ end
 return redis.call('GET', KEYS[1])
 ";
 
-/// Removes a value and, if there was one, tells of it with a new version.
-/// KEYS: the value's key, the counter. ARGV: the channel, the key as named.
+/// Removes a value (or a tombstone) and, if there was one, tells of it with a new
+/// version. KEYS: the value's key, the counter. ARGV: the channel, the key as named.
+/// Returns 1 if a value was there, 0 if nothing or a tombstone was.
 const DELETE_SCRIPT: &str = r"
+local head = redis.call('GETRANGE', KEYS[1], 0, 21)
 if redis.call('DEL', KEYS[1]) == 0 then return 0 end
 local version = redis.call('INCR', KEYS[2])
 local time = redis.call('TIME')
@@ -123,6 +159,7 @@ if version < now then
   redis.call('SET', KEYS[2], string.format('%.0f', version))
 end
 redis.call('PUBLISH', ARGV[1], string.format('%.0f', version) .. ' ' .. ARGV[2])
+if string.match(head, '^%d+!') then return 0 end
 return 1
 ";
 
@@ -147,7 +184,9 @@ enum Op {
     Get,
     /// The bytes, how long they live (`None`: for good), and whether only over a value
     /// that is there.
-    Put(Bytes, Option<Duration>, bool),
+    Put(Bytes, Option<Duration>, Option<Over>),
+    /// A tombstone's time to live, and the version the value must have.
+    Bury(Duration, Option<u64>),
     Delete,
     /// The lease's TTL and the token to take it with (made by the caller, so a lock whose
     /// answer is lost can still be released).
@@ -161,7 +200,8 @@ impl Op {
         match self {
             Op::Get => StoreOp::Get,
             Op::Put(..) => StoreOp::Put,
-            Op::Delete => StoreOp::Delete,
+            // A tombstone is how a shared session's record is deleted.
+            Op::Delete | Op::Bury(..) => StoreOp::Delete,
             Op::Lock(..) => StoreOp::Lock,
             Op::Renew(..) => StoreOp::Renew,
             Op::Unlock(_) => StoreOp::Unlock,
@@ -172,7 +212,7 @@ impl Op {
 /// What an operation gives back.
 enum Reply {
     Value(Option<Value>),
-    Version(u64),
+    Put(Put),
     Done(bool),
     Lease(Option<Token>),
 }
@@ -207,6 +247,9 @@ struct Shared {
     db: u32,
     /// One sender per watched key. Invariant: `len() <= REDIS_WATCHES_MAX`.
     watches: Mutex<HashMap<Box<str>, watch::Sender<u64>>>,
+    /// Watches refused since the watch table last made room (see
+    /// [`super::watch_sweep_due`]); changed under the `watches` lock.
+    watch_refusals: AtomicUsize,
     stats: Arc<StoreStats>,
 }
 
@@ -228,8 +271,15 @@ impl Shared {
     }
 
     fn error(&self, what: &str) -> StoreError {
+        StoreError::new(format!("redis store {}: {what}", self.name))
+    }
+
+    /// As [`Shared::error`], for an operation that went out and got no answer: it may
+    /// have been done.
+    fn maybe_done(&self, what: &str) -> StoreError {
         StoreError {
-            message: format!("redis store {}: {what}", self.name),
+            maybe_done: true,
+            ..self.error(what)
         }
     }
 }
@@ -258,6 +308,7 @@ impl RedisStore {
             prefix: config.prefix.clone(),
             db: config.url.db,
             watches: Mutex::new(HashMap::new()),
+            watch_refusals: AtomicUsize::new(0),
             stats: crate::metrics::store::register(name),
         });
         let (queue, requests) = mpsc::channel(REDIS_QUEUE_LEN);
@@ -282,15 +333,14 @@ impl RedisStore {
         Ok(RedisStore { shared, queue })
     }
 
-    /// Writes `bytes` under `key`, for good or for `ttl`; with `existing_only`, only over
-    /// a value that is there (`None` when there was none).
+    /// Writes `bytes` under `key`, for good or for `ttl`; with `over`, only over that.
     fn write<'a>(
         &'a self,
         key: &str,
         bytes: Bytes,
         ttl: Option<Duration>,
-        existing_only: bool,
-    ) -> StoreFuture<'a, Option<u64>> {
+        over: Option<Over>,
+    ) -> StoreFuture<'a, Put> {
         if bytes.len() > REDIS_VALUE_BYTES_MAX {
             let error = self.shared.error(&format!(
                 "a value of {} bytes, over {REDIS_VALUE_BYTES_MAX}",
@@ -298,11 +348,10 @@ impl RedisStore {
             ));
             return Box::pin(std::future::ready(Err(error)));
         }
-        let call = self.call(Op::Put(bytes, ttl, existing_only), key);
+        let call = self.call(Op::Put(bytes, ttl, over), key);
         Box::pin(async move {
             match call.await? {
-                Reply::Version(v) => Ok(Some(v)),
-                Reply::Done(false) => Ok(None),
+                Reply::Put(put) => Ok(put),
                 _ => Err(self.shared.error("mismatched reply")),
             }
         })
@@ -332,8 +381,8 @@ impl RedisStore {
             }
             match tokio::time::timeout(REDIS_OPERATION_TIMEOUT * 2, rx).await {
                 Ok(Ok(answer)) => answer,
-                Ok(Err(_)) => Err(self.shared.error("its thread has stopped")),
-                Err(_) => Err(self.shared.error("no answer in time")),
+                Ok(Err(_)) => Err(self.shared.maybe_done("its thread has stopped")),
+                Err(_) => Err(self.shared.maybe_done("no answer in time")),
             }
         })
     }
@@ -401,11 +450,11 @@ impl Store for RedisStore {
     }
 
     fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {
-        let write = self.write(key, bytes, None, false);
+        let write = self.write(key, bytes, None, None);
         Box::pin(async move {
             match write.await? {
-                Some(version) => Ok(version),
-                None => Err(self.shared.error("mismatched reply")),
+                Put::Written(version) => Ok(version),
+                _ => Err(self.shared.error("mismatched reply")),
             }
         })
     }
@@ -415,11 +464,26 @@ impl Store for RedisStore {
         key: &'a str,
         bytes: Bytes,
         ttl: Duration,
-        existing_only: bool,
-    ) -> StoreFuture<'a, Option<u64>> {
+        over: Over,
+    ) -> StoreFuture<'a, Put> {
         // At least a millisecond: 0 means "for good" to the script.
         let ttl = ttl.max(Duration::from_millis(1));
-        self.write(key, bytes, Some(ttl), existing_only)
+        self.write(key, bytes, Some(ttl), Some(over))
+    }
+
+    fn bury<'a>(
+        &'a self,
+        key: &'a str,
+        ttl: Duration,
+        version: Option<u64>,
+    ) -> StoreFuture<'a, bool> {
+        let call = self.call(Op::Bury(ttl, version), key);
+        Box::pin(async move {
+            match call.await? {
+                Reply::Done(d) => Ok(d),
+                _ => Err(self.shared.error("mismatched reply")),
+            }
+        })
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
@@ -472,13 +536,19 @@ impl Store for RedisStore {
             return Ok(Watch::new(tx.subscribe()));
         }
         if watches.len() >= REDIS_WATCHES_MAX {
-            // Keys nobody watches any more (a shared session that ended) make room.
-            watches.retain(|_, tx| tx.receiver_count() > 0);
-        }
-        if watches.len() >= REDIS_WATCHES_MAX {
-            return Err(self
-                .shared
-                .error(&format!("too many watched keys ({REDIS_WATCHES_MAX})")));
+            let refusals = &self.shared.watch_refusals;
+            let refused = refusals.load(Ordering::Relaxed);
+            if super::watch_sweep_due(refused) {
+                // Keys nobody watches any more (a shared session that ended) make room.
+                watches.retain(|_, tx| tx.receiver_count() > 0);
+            }
+            if watches.len() >= REDIS_WATCHES_MAX {
+                refusals.store(refused.wrapping_add(1), Ordering::Relaxed);
+                return Err(self
+                    .shared
+                    .error(&format!("too many watched keys ({REDIS_WATCHES_MAX})")));
+            }
+            refusals.store(0, Ordering::Relaxed);
         }
         // Version 0 until the store thread reads the key's version at its next
         // (re)subscription or sees a change: the watcher reads the key itself first.
@@ -492,6 +562,7 @@ impl Store for RedisStore {
 struct Scripts {
     get: redis::Script,
     put: redis::Script,
+    bury: redis::Script,
     delete: redis::Script,
     renew: redis::Script,
     unlock: redis::Script,
@@ -537,6 +608,7 @@ async fn serve(
     let scripts = Rc::new(Scripts {
         get: redis::Script::new(GET_SCRIPT),
         put: redis::Script::new(PUT_SCRIPT),
+        bury: redis::Script::new(BURY_SCRIPT),
         delete: redis::Script::new(DELETE_SCRIPT),
         renew: redis::Script::new(RENEW_SCRIPT),
         unlock: redis::Script::new(UNLOCK_SCRIPT),
@@ -603,13 +675,13 @@ async fn execute(
         Ok(reply) => (StoreOutcome::Ok, Ok(reply)),
         Err(Failure::Error(why)) => (StoreOutcome::Error, Err(shared.error(&why))),
         Err(Failure::Connection(why)) => {
-            let error = shared.error(&format!("connection failed: {why}"));
+            let error = shared.maybe_done(&format!("connection failed: {why}"));
             link.fail(which, why);
             (StoreOutcome::Error, Err(error))
         }
         Err(Failure::Timeout) => (
             StoreOutcome::Timeout,
-            Err(shared.error("no answer in time")),
+            Err(shared.maybe_done("no answer in time")),
         ),
         Err(Failure::Unavailable(why)) => (StoreOutcome::Unavailable, Err(shared.error(why))),
     };
@@ -688,7 +760,7 @@ async fn run(
                 .invoke_async(connection)
                 .await
         }
-        Op::Put(bytes, ttl, existing_only) => {
+        Op::Put(bytes, ttl, over) => {
             scripts
                 .put
                 .key(shared.value_key(key))
@@ -697,7 +769,23 @@ async fn run(
                 .arg(shared.channel())
                 .arg(key)
                 .arg(ttl.map_or(0, millis))
-                .arg(if *existing_only { "1" } else { "0" })
+                .arg(match over {
+                    None => "0",
+                    Some(Over::Value) => "1",
+                    Some(Over::Nothing) => "2",
+                })
+                .invoke_async(connection)
+                .await
+        }
+        Op::Bury(ttl, version) => {
+            scripts
+                .bury
+                .key(shared.value_key(key))
+                .key(shared.counter_key())
+                .arg(shared.channel())
+                .arg(key)
+                .arg(millis(*ttl))
+                .arg(version.map_or_else(String::new, |v| v.to_string()))
                 .invoke_async(connection)
                 .await
         }
@@ -751,17 +839,23 @@ async fn run(
     match op {
         Op::Get => match reply {
             redis::Value::Nil => Ok(Reply::Value(None)),
+            // A tombstone reads as no value.
+            redis::Value::BulkString(stored) if tombstone(&stored).is_some() => {
+                Ok(Reply::Value(None))
+            }
             redis::Value::BulkString(stored) => decode_value(stored)
                 .map(|v| Reply::Value(Some(v)))
                 .map_err(|e| Failure::Error(e.message)),
             other => Err(unexpected(&other)),
         },
         Op::Put(..) => match reply {
-            redis::Value::Int(v) if v > 0 => Ok(Reply::Version(v.unsigned_abs())),
-            redis::Value::Int(0) => Ok(Reply::Done(false)),
+            redis::Value::Int(v) if v > 0 => Ok(Reply::Put(Put::Written(v.unsigned_abs()))),
+            redis::Value::Int(0) => Ok(Reply::Put(Put::Missing)),
+            redis::Value::Int(-1) => Ok(Reply::Put(Put::Taken)),
+            redis::Value::Int(-2) => Ok(Reply::Put(Put::Buried)),
             other => Err(unexpected(&other)),
         },
-        Op::Delete | Op::Renew(..) | Op::Unlock(_) => match reply {
+        Op::Delete | Op::Bury(..) | Op::Renew(..) | Op::Unlock(_) => match reply {
             redis::Value::Int(0) => Ok(Reply::Done(false)),
             redis::Value::Int(1) => Ok(Reply::Done(true)),
             other => Err(unexpected(&other)),
@@ -786,8 +880,8 @@ fn unexpected(reply: &redis::Value) -> Failure {
 
 /// A stored value: `<version>:<bytes>`. The bytes are a slice of what Redis sent (no copy).
 pub(crate) fn decode_value(stored: Vec<u8>) -> Result<Value, StoreError> {
-    let version = parse_version(&stored).ok_or_else(|| StoreError {
-        message: "a stored value without a valid version in front".to_owned(),
+    let version = parse_version(&stored).ok_or_else(|| {
+        StoreError::new("a stored value without a valid version in front".to_owned())
     })?;
     let (version, header) = version;
     Ok(Value {
@@ -807,6 +901,19 @@ fn parse_version(stored: &[u8]) -> Option<(u64, usize)> {
     }
     let version: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
     (version > 0).then_some((version, colon + 1))
+}
+
+/// The version of a tombstone (`<digits>!`, nothing after it); `None` for anything else.
+fn tombstone(stored: &[u8]) -> Option<u64> {
+    let (digits, mark) = stored.split_at_checked(stored.len().checked_sub(1)?)?;
+    if mark != b"!"
+        || digits.is_empty()
+        || digits.len() > VERSION_DIGITS_MAX
+        || !digits.iter().all(u8::is_ascii_digit)
+    {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// A change message: `<version> <key>`; `None` for anything else.
@@ -1061,7 +1168,9 @@ async fn resync(
     let watches = guard(&shared.watches);
     for (key, reply) in keys.iter().zip(read) {
         let version = match reply {
-            redis::Value::BulkString(head) => parse_version(&head).map_or(0, |(v, _)| v),
+            redis::Value::BulkString(head) => tombstone(&head)
+                .or_else(|| parse_version(&head).map(|(v, _)| v))
+                .unwrap_or(0),
             _ => 0,
         };
         if let Some(tx) = watches.get(key) {

@@ -4,7 +4,7 @@
 //! server as two nodes would, and what happens when the server goes away and comes back.
 
 use super::redis::RedisStore;
-use super::{Store, Token};
+use super::{Over, Put, Store, Token};
 use crate::config::{RedisStore as RedisConfig, RedisUrl};
 use crate::testing::run_local;
 use bytes::Bytes;
@@ -202,7 +202,7 @@ fn a_value_put_for_a_time_lives_that_long_and_a_plain_put_makes_it_last() {
         connected(&store).await;
         let ttl = Duration::from_millis(300);
         store
-            .put_for("s", Bytes::from_static(b"record"), ttl, false)
+            .put_for("s", Bytes::from_static(b"record"), ttl, Over::Nothing)
             .await
             .unwrap();
         assert!(store.get("s").await.unwrap().is_some());
@@ -213,7 +213,7 @@ fn a_value_put_for_a_time_lives_that_long_and_a_plain_put_makes_it_last() {
         // Written again with its time to live: it lives on from the new write.
         tokio::time::sleep(Duration::from_millis(200)).await;
         store
-            .put_for("s", Bytes::from_static(b"record"), ttl, false)
+            .put_for("s", Bytes::from_static(b"record"), ttl, Over::Value)
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -223,14 +223,14 @@ fn a_value_put_for_a_time_lives_that_long_and_a_plain_put_makes_it_last() {
         // Written over what is there only: nothing once it is gone.
         assert_eq!(
             store
-                .put_for("s", Bytes::from_static(b"r"), ttl, true)
+                .put_for("s", Bytes::from_static(b"r"), ttl, Over::Value)
                 .await,
-            Ok(None)
+            Ok(Put::Missing)
         );
         assert_eq!(store.get("s").await, Ok(None));
         // A plain put keeps the value for good.
         store
-            .put_for("k", Bytes::from_static(b"x"), ttl, false)
+            .put_for("k", Bytes::from_static(b"x"), ttl, Over::Nothing)
             .await
             .unwrap();
         store.put("k", Bytes::from_static(b"y")).await.unwrap();
@@ -613,5 +613,27 @@ fn a_lock_whose_answer_was_lost_is_released() {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    });
+}
+
+#[test]
+fn records_are_made_updated_and_buried_as_the_contract_says() {
+    let server = Server::start("records");
+    run_local(async {
+        let store = server.store("a", "rec:");
+        connected(&store).await;
+        let ttl = Duration::from_millis(400);
+        super::tests::records_keep_their_contract(&store, ttl).await;
+        tokio::time::sleep(ttl).await;
+        let made = store.put_for("r", Bytes::from_static(b"new"), ttl, Over::Nothing);
+        assert!(
+            matches!(made.await, Ok(Put::Written(_))),
+            "a tombstone ends"
+        );
+        // A tombstone is what the store writes, and reads as nothing at another node.
+        assert_eq!(store.bury("r", ttl, None).await, Ok(true));
+        let other = server.store("b", "rec:");
+        connected(&other).await;
+        assert_eq!(other.get("r").await, Ok(None));
     });
 }

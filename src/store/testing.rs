@@ -2,7 +2,7 @@
 //! recording every value written with `put`, whose next renewals fail on demand.
 
 use super::memory::MemoryStore;
-use super::{Store, StoreError, StoreFuture, Token, Value, Watch};
+use super::{Over, Put, Store, StoreError, StoreFuture, Token, Value, Watch};
 use bytes::Bytes;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -15,6 +15,47 @@ pub struct Hooked {
     puts: Mutex<Vec<(Box<str>, Bytes)>>,
     /// The next this many renewals fail with a store error.
     pub renew_errors: AtomicU32,
+    /// The next this many writes (`put_for`, `delete`) fail without writing, as with a
+    /// store that is down.
+    pub write_errors: AtomicU32,
+    /// The next this many writes (`put_for`, `delete`) are done but answer an error, as
+    /// one whose answer came too late.
+    pub late_answers: AtomicU32,
+}
+
+/// Takes one from `n` if it is not 0.
+fn take_one(n: &AtomicU32) -> bool {
+    n.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+/// A failed operation: surely not done, or (`maybe_done`) done without an answer.
+fn refused<'a, T: 'a>(message: &str, maybe_done: bool) -> StoreFuture<'a, T> {
+    let error = StoreError {
+        message: message.to_owned(),
+        maybe_done,
+    };
+    Box::pin(std::future::ready(Err(error)))
+}
+
+/// `done` unless the next write is to fail (see [`Hooked::write_errors`] and
+/// [`Hooked::late_answers`]).
+/// (`write` is called only when the write is to be done: the memory store writes at once.)
+fn hooked<'a, T: 'a>(
+    store: &'a Hooked,
+    write: impl FnOnce() -> StoreFuture<'a, T>,
+) -> StoreFuture<'a, T> {
+    if take_one(&store.write_errors) {
+        return refused("not connected", false);
+    }
+    let done = write();
+    if take_one(&store.late_answers) {
+        return Box::pin(async move {
+            let _ = done.await;
+            refused::<T>("no answer in time", true).await
+        });
+    }
+    done
 }
 
 impl Hooked {
@@ -43,12 +84,20 @@ impl Store for Hooked {
         key: &'a str,
         bytes: Bytes,
         ttl: Duration,
-        existing_only: bool,
-    ) -> StoreFuture<'a, Option<u64>> {
-        self.inner.put_for(key, bytes, ttl, existing_only)
+        over: Over,
+    ) -> StoreFuture<'a, Put> {
+        hooked(self, || self.inner.put_for(key, bytes, ttl, over))
+    }
+    fn bury<'a>(
+        &'a self,
+        key: &'a str,
+        ttl: Duration,
+        version: Option<u64>,
+    ) -> StoreFuture<'a, bool> {
+        hooked(self, || self.inner.bury(key, ttl, version))
     }
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
-        self.inner.delete(key)
+        hooked(self, || self.inner.delete(key))
     }
     fn lock<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Option<Token>> {
         self.inner.lock(key, ttl)
@@ -61,6 +110,7 @@ impl Store for Hooked {
         if failing {
             let error = StoreError {
                 message: "no answer in time".to_owned(),
+                maybe_done: true,
             };
             return Box::pin(std::future::ready(Err(error)));
         }

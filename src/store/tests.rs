@@ -3,7 +3,7 @@
 //! replayed with `MCPYARD_SEED`).
 
 use super::memory::MemoryStore;
-use super::{Clock, Store, Token};
+use super::{Clock, Over, Put, Store, Token};
 use crate::testing::{Rng, run_local};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,13 +58,13 @@ fn a_value_put_for_a_time_is_gone_after_it_and_makes_room_when_full() {
         let store = MemoryStore::with_clock(clock.clone());
         let ttl = Duration::from_secs(10);
         store
-            .put_for("s", Bytes::from_static(b"r"), ttl, false)
+            .put_for("s", Bytes::from_static(b"r"), ttl, Over::Nothing)
             .await
             .unwrap();
         clock.advance(Duration::from_secs(9));
         assert!(store.get("s").await.unwrap().is_some());
         store
-            .put_for("s", Bytes::from_static(b"r"), ttl, false)
+            .put_for("s", Bytes::from_static(b"r"), ttl, Over::Value)
             .await
             .unwrap();
         clock.advance(Duration::from_secs(9));
@@ -73,23 +73,25 @@ fn a_value_put_for_a_time_is_gone_after_it_and_makes_room_when_full() {
         assert_eq!(store.get("s").await, Ok(None));
         // Expired values give their room to new keys once the store is full.
         // Written over what is there only: nothing when it is gone.
-        assert_eq!(store.put_for("s", Bytes::new(), ttl, true).await, Ok(None));
-        assert_eq!(store.get("s").await, Ok(None));
-        store.put_for("s", Bytes::new(), ttl, false).await.unwrap();
-        assert!(
-            store
-                .put_for("s", Bytes::from_static(b"2"), ttl, true)
-                .await
-                .unwrap()
-                .is_some()
+        assert_eq!(
+            store.put_for("s", Bytes::new(), ttl, Over::Value).await,
+            Ok(Put::Missing)
         );
+        assert_eq!(store.get("s").await, Ok(None));
+        store
+            .put_for("s", Bytes::new(), ttl, Over::Nothing)
+            .await
+            .unwrap();
+        let written = store.put_for("s", Bytes::from_static(b"2"), ttl, Over::Value);
+        assert!(matches!(written.await, Ok(Put::Written(_))));
         assert_eq!(&store.get("s").await.unwrap().unwrap().bytes[..], b"2");
         assert_eq!(store.delete("s").await, Ok(true));
         let limit = crate::limits::MEMORY_STORE_KEYS_MAX;
         for i in 0..limit - 1 {
             store.put(&format!("k{i}"), Bytes::new()).await.unwrap();
         }
-        assert!(store.put_for("s", Bytes::new(), ttl, false).await.is_ok());
+        let written = store.put_for("s", Bytes::new(), ttl, Over::Nothing);
+        assert!(matches!(written.await, Ok(Put::Written(_))));
         assert!(store.put("one-more", Bytes::new()).await.is_err());
         clock.advance(ttl);
         assert!(store.put("one-more", Bytes::new()).await.is_ok());
@@ -239,4 +241,84 @@ fn readers_racing_a_writer_see_only_whole_values_in_order() {
         assert!(last <= writes, "seed {seed}");
     }
     assert_eq!(whole(&store.get_now("list").unwrap().bytes), Some(writes));
+}
+
+/// A full watch table is swept for keys nobody watches at its first refusal, then once
+/// per spacing of refusals: not a pass over the whole table at every one.
+#[test]
+fn a_full_watch_table_is_swept_once_per_spacing_of_refusals() {
+    use crate::limits::{MEMORY_STORE_KEYS_MAX, STORE_WATCH_SWEEP_SPACING};
+    let store = MemoryStore::default();
+    let held: Vec<super::Watch> = (0..MEMORY_STORE_KEYS_MAX)
+        .map(|n| store.watch(&format!("k{n}")))
+        .collect::<Result<_, _>>()
+        .expect("room for every watch");
+    assert!(
+        store.watch("more").is_err(),
+        "swept, and every watch is held"
+    );
+    drop(held);
+    for n in 1..STORE_WATCH_SWEEP_SPACING {
+        assert!(store.watch("more").is_err(), "refusal {n} swept the table");
+    }
+    assert!(store.watch("more").is_ok(), "the next sweep makes room");
+}
+
+/// The record contract every store keeps, the memory store and redis alike: a record is
+/// made only where nothing is, updated only where it is, and a deleted one leaves a
+/// tombstone that reads as nothing, wakes watchers and refuses every write until it ends;
+/// a delete decided on a version read earlier holds only while the record is of it.
+pub(super) async fn records_keep_their_contract(store: &dyn Store, ttl: Duration) {
+    let mut watch = store.watch("r").expect("a watch");
+    let put = |key: &'static str, bytes: &'static [u8], over| {
+        store.put_for(key, Bytes::from_static(bytes), ttl, over)
+    };
+    let Ok(Put::Written(v1)) = put("r", b"one", Over::Nothing).await else {
+        panic!("a record is made where nothing is")
+    };
+    assert_eq!(put("r", b"x", Over::Nothing).await, Ok(Put::Taken));
+    let Ok(Put::Written(v2)) = put("r", b"two", Over::Value).await else {
+        panic!("a record is updated where it is")
+    };
+    assert!(v2 > v1);
+    assert_eq!(
+        store.bury("r", ttl, Some(v1)).await,
+        Ok(false),
+        "written since"
+    );
+    assert_eq!(&store.get("r").await.unwrap().unwrap().bytes[..], b"two");
+    let woken = tokio::time::timeout(Duration::from_secs(2), watch.changed());
+    assert_eq!(woken.await, Ok(true));
+    assert_eq!(store.bury("r", ttl, Some(v2)).await, Ok(true));
+    let woken = tokio::time::timeout(Duration::from_secs(2), watch.changed());
+    assert_eq!(woken.await, Ok(true), "a tombstone wakes the watchers");
+    assert_eq!(store.get("r").await, Ok(None));
+    assert_eq!(put("r", b"x", Over::Nothing).await, Ok(Put::Buried));
+    assert_eq!(put("r", b"x", Over::Value).await, Ok(Put::Buried));
+    assert_eq!(store.bury("r", ttl, Some(v2)).await, Ok(false));
+    // A delete with nothing there leaves a tombstone too (a write on its way may land).
+    assert_eq!(store.bury("n", ttl, None).await, Ok(true));
+    assert_eq!(put("n", b"x", Over::Nothing).await, Ok(Put::Buried));
+    assert_eq!(put("n", b"x", Over::Value).await, Ok(Put::Buried));
+    assert_eq!(
+        store.delete("n").await,
+        Ok(false),
+        "a tombstone is no value"
+    );
+}
+
+#[test]
+fn records_are_made_updated_and_buried_as_the_contract_says() {
+    run_local(async {
+        let clock = Arc::new(ManualClock(Mutex::new(Instant::now())));
+        let store = MemoryStore::with_clock(clock.clone());
+        let ttl = Duration::from_secs(10);
+        records_keep_their_contract(&store, ttl).await;
+        clock.advance(ttl);
+        let made = store.put_for("r", Bytes::from_static(b"new"), ttl, Over::Nothing);
+        assert!(
+            matches!(made.await, Ok(Put::Written(_))),
+            "a tombstone ends"
+        );
+    });
 }

@@ -101,10 +101,19 @@ pub async fn delete(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc
         Ok(s) => s,
         Err((status, message)) => return http_error(sink, status, message, None).await,
     };
-    // A shared session ends everywhere: its record goes first, so no node takes it up
-    // again, and the nodes holding it are told through their watch.
-    if session.shared.is_some() {
-        shared::forget(&server, &session.id).await;
+    // A shared session ends everywhere: its record goes first (a tombstone), so no node
+    // takes it up again or writes it back, and the nodes holding it are told through
+    // their watch. A record that could not be deleted would keep the session alive at
+    // the other nodes: the agent is told to try again, and the session is kept here so
+    // that its retry finds it. Only a record surely never written (the store was down
+    // since the session opened here, and no write is in flight) is known to no other
+    // node: then the session ends here alone.
+    if let Some(link) = session.shared.as_ref()
+        && shared::forget(&server, &session.id, None).await == shared::Forgot::Failed
+        && (link.maybe_recorded() || link.writing())
+    {
+        let message = "Service Unavailable: the session store cannot be written; try again";
+        return http_error(sink, 503, message, None).await;
     }
     session::close(&server, &session, "deleted");
     let _ = sink.respond(200, &[], b"").await;
@@ -241,7 +250,7 @@ async fn take_up(
     who: Option<&Identity>,
 ) -> Result<Rc<Session>, (u16, &'static str)> {
     const NOT_FOUND: (u16, &str) = (404, "Session not found");
-    let record = match store.get(&key(&id)).await {
+    let record = match store.get(&key(&server.name, &id)).await {
         Ok(Some(value)) => value,
         Ok(None) => {
             server.absent.borrow_mut().add(id, Instant::now());
@@ -268,10 +277,11 @@ async fn take_up(
             return Err(NOT_FOUND);
         }
     };
-    // With `auth`, only the subject the record names takes the session up: another
-    // caller's token must not reach the exit, nor move the record, nor keep it alive. A
-    // record without an owner (written without `auth`) is no one's here.
-    if server.gate.is_some() && record.owner.as_deref() != who.map(|w| &*w.subject) {
+    let issuer = server
+        .gate
+        .as_ref()
+        .map(|g| g.guard.cfg.jwt.issuer.as_str());
+    if !owner_matches(issuer, &record, who.map(|w| &*w.subject)) {
         count_subject_refusal();
         return Err(NOT_FOUND);
     }
@@ -324,6 +334,25 @@ async fn take_up(
     Ok(session)
 }
 
+/// Whether the caller (subject `who`) may take up the session `record` describes, at a
+/// binding whose `auth` trusts tokens of `issuer` (`None`: no `auth`). With `auth`, only
+/// the owner the record names (issuer and subject) does: another caller's token must not
+/// reach the exit, nor move the record, nor keep it alive; a record without an owner
+/// (written without `auth`) is no one's here. Without `auth`, a record with an owner (a
+/// binding with `auth` wrote it) is no one's either: this binding cannot tell who calls.
+fn owner_matches(issuer: Option<&str>, record: &shared::Record, who: Option<&str>) -> bool {
+    let Some(issuer) = issuer else {
+        return record.owner.is_none() && record.issuer.is_none();
+    };
+    match who {
+        Some(who) => {
+            record.owner.as_deref() == Some(who) && record.issuer.as_deref() == Some(issuer)
+        }
+        // Not expected (a binding with `auth` checks every request first).
+        None => record.owner.is_none(),
+    }
+}
+
 /// Shared session ids the store was just found not to hold
 /// ([`SHARED_SESSION_ABSENT_KEPT`], each for [`SHARED_SESSION_ABSENT_TTL`]): a repeated one
 /// is answered 404 without a store read. Only a store's plain "no record" is kept: a read
@@ -372,7 +401,9 @@ fn let_go(caller: &stream::Caller) {
 pub fn detach_all(server: &Server) -> Vec<Rc<Session>> {
     let sessions: Vec<Rc<Session>> = server.sessions.borrow().values().cloned().collect();
     for s in &sessions {
-        let recorded = s.shared.as_ref().is_some_and(Link::recorded);
+        // A record whose write got no answer may be there, and the session in use at
+        // another node: it is let go of, not ended.
+        let recorded = s.shared.as_ref().is_some_and(Link::maybe_recorded);
         let ending = if recorded {
             Ending::Detach
         } else {
@@ -418,5 +449,39 @@ mod tests {
         assert_eq!(absent.ids.len(), SHARED_SESSION_ABSENT_KEPT);
         assert!(!absent.holds("0", t0), "the oldest goes first");
         assert!(absent.holds(&(SHARED_SESSION_ABSENT_KEPT + 9).to_string(), t0));
+    }
+
+    /// Two bindings sharing a store never find each other's sessions, and a record is
+    /// taken up only by the owner it names: issuer and subject, and with `auth` only.
+    #[test]
+    fn records_are_scoped_to_their_binding_and_owner() {
+        assert_ne!(key("north", "s"), key("south", "s"));
+        let record = |owner: Option<&str>, issuer: Option<&str>| shared::Record {
+            version: "2025-11-25",
+            capabilities: bytes::Bytes::from_static(b"{}"),
+            handoff: None,
+            touched: 1,
+            by: 1,
+            owner: owner.map(Rc::from),
+            issuer: issuer.map(Rc::from),
+        };
+        let iss = Some("https://a.example");
+        let alice = record(Some("alice"), iss);
+        assert!(owner_matches(iss, &alice, Some("alice")));
+        assert!(!owner_matches(iss, &alice, Some("bob")));
+        assert!(!owner_matches(
+            Some("https://b.example"),
+            &alice,
+            Some("alice")
+        ));
+        assert!(!owner_matches(
+            iss,
+            &record(Some("alice"), None),
+            Some("alice")
+        ));
+        assert!(!owner_matches(iss, &record(None, None), Some("alice")));
+        // Without `auth`: an owned record is no one's; an unowned one is anyone's.
+        assert!(!owner_matches(None, &alice, None));
+        assert!(owner_matches(None, &record(None, None), None));
     }
 }

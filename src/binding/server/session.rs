@@ -228,15 +228,18 @@ impl Session {
         owner: Option<Rc<str>>,
     ) -> Rc<Session> {
         if let (Some(store), Some(link)) = (server.shared.as_ref(), shared.as_ref()) {
-            match store.watch(&shared::key(&id)) {
+            match store.watch(&shared::key(&server.name, &id)) {
                 Ok(watch) => *link.watch.borrow_mut() = Some(watch),
                 Err(e) => {
-                    // It is then told of a DELETE at another node only at its expiry.
+                    // It is then told of a DELETE at another node only at its expiry. A
+                    // full watch table refuses every new session: one line per spacing.
                     server_metrics::with(|m| m.session_store_failures += 1);
-                    log::warn(format_args!(
-                        "server {}: a shared session is not watched: {e}",
-                        server.name
-                    ));
+                    if shared::store_log_due() {
+                        log::warn(format_args!(
+                            "server {}: a shared session is not watched: {e}",
+                            server.name
+                        ));
+                    }
                 }
             }
         }
@@ -703,6 +706,8 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
     let timeout = server.cfg.session_timeout;
     let mut reason = "lifecycle ended";
     let mut ending = Ending::End;
+    // At expiry: the version of the record the decision to end was taken on.
+    let mut read = None;
     // A shared session's record: its changes at any node wake this task.
     let mut watch = session.shared.as_ref().and_then(|l| l.watch.take());
     // One idle timer for the session's life, moved only when it fired or must fire
@@ -714,9 +719,9 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
     loop {
         let (expired, mut check_at) = expiry(&session, timeout);
         if expired {
-            let decided = match session.shared {
+            let (decided, version) = match session.shared {
                 Some(_) => shared::at_expiry(&server, &session.id).await,
-                None => Ending::End,
+                None => (Ending::End, None),
             };
             // Activity that came while the store was asked keeps the session.
             if !expiry(&session, timeout).0 {
@@ -724,6 +729,7 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             }
             reason = "expired";
             ending = decided;
+            read = version;
             break;
         }
         if let Some(link) = session.shared.as_ref() {
@@ -807,12 +813,20 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
             Some(Frame::End | Frame::Abort) | None => break,
         }
     }
-    end(&server, &session, reason, ending);
-    if reason == "expired" && ending == Ending::End {
-        // Out of the table first, so no request is served and then cut off meanwhile;
-        // then the record goes, so no node takes the session up again.
-        shared::forget(&server, &session.id).await;
+    if let Some(version) = read
+        && ending == Ending::End
+    {
+        // The record goes first, so no node takes the session up again; but only the
+        // record the decision was taken on: one written since (another node took the
+        // session up while the store was asked) means it lives on there, and this node
+        // lets go of its copy without ending the upstream sessions that node now uses.
+        // (A request that comes meanwhile is cut off by the end: the session was idle for
+        // the whole timeout, and its record is gone.)
+        if shared::forget(&server, &session.id, Some(version)).await == shared::Forgot::Moved {
+            ending = Ending::Detach;
+        }
     }
+    end(&server, &session, reason, ending);
 }
 
 /// Writes a shared session's record over the one in the store (a task of its own, so the
@@ -834,8 +848,9 @@ async fn write_record(server: Rc<Server>, session: Rc<Session>) {
 /// session): when its watch fired (the record changed at some node), or when the exit
 /// asked (`asked`: [`Event::Recheck`]'s `seq`, a route about to open here for the first
 /// time). A record gone lets go of the session here (see [`shared::Looked::Gone`]), unless
-/// this node never wrote it (the store was down when the session opened: no other node
-/// knows it, and the touch loop writes it); a record whose handoff differs from this
+/// this node surely never wrote it (the store was down when the session opened: no other
+/// node knows it, and the touch loop writes it; a write whose answer was lost may have
+/// landed, and counts as written); a record whose handoff differs from this
 /// node's (another node opened routes) is passed to the exit, which takes those routes up
 /// instead of opening upstream sessions of its own. Every ask gets an
 /// [`Event::Rechecked`] from a read that began after it, empty when there is no news.
@@ -867,7 +882,7 @@ fn recheck(server: &Rc<Server>, session: &Rc<Session>, asked: Option<u64>) {
             let generation = link.generation.get();
             let looked = shared::look(&server, &session.id).await;
             let read = match looked {
-                shared::Looked::Gone if link.recorded() => {
+                shared::Looked::Gone if link.maybe_recorded() => {
                     link.checking.set(false);
                     end(&server, &session, "deleted at another node", Ending::Detach);
                     return;
@@ -988,8 +1003,14 @@ mod tests {
     use super::*;
     use crate::binding::{Exit, Serving};
     use crate::config::ServerBinding;
+    use crate::limits::{MEMORY_STORE_KEYS_MAX, SHARED_SESSION_RECORD_BYTES_MAX};
+    use crate::store::memory::MemoryStore;
+    use crate::store::testing::Hooked;
+    use crate::store::{Store, Watch};
     use crate::stream::{Begin, Callee, ClientHello, ListKind};
     use crate::testing::{run_local as run, settle};
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     /// An exit that serves nothing: the tests hold the session's lifecycle themselves.
     struct NoExit;
@@ -1001,13 +1022,18 @@ mod tests {
     }
 
     fn server() -> Rc<Server> {
+        server_with(None, Duration::from_secs(600))
+    }
+
+    /// A server whose sessions are shared through `store` (`None`: not shared).
+    fn server_with(store: Option<Arc<dyn Store>>, session_timeout: Duration) -> Rc<Server> {
         let cfg = ServerBinding {
             listen: "127.0.0.1:0".parse().expect("an address"),
             path: "/mcp".into(),
             exit: "none".into(),
             origins: None,
             hosts: None,
-            session_timeout: Duration::from_secs(600),
+            session_timeout,
             request_timeout: Duration::from_secs(30),
             tls: None,
             sessions_store: None,
@@ -1016,7 +1042,7 @@ mod tests {
         let (inboxes, _receivers) = crate::runtime::inboxes(1);
         let common = super::super::Common {
             tls: None,
-            sessions: None,
+            sessions: store,
             auth: None,
         };
         Server::new("north", 0, cfg, 0, Rc::new(NoExit), inboxes, common)
@@ -1041,6 +1067,37 @@ mod tests {
         };
         let id: Rc<str> = Rc::from("s-1");
         let session = Session::create(server, id, "2025-11-25", reply, caller, None, None);
+        (session, callee)
+    }
+
+    /// A shared session `id` (its record not written yet) whose lifecycle's exit end the
+    /// test holds.
+    fn shared_session(server: &Rc<Server>, id: &str) -> (Rc<Session>, Callee) {
+        let hello = ClientHello {
+            capabilities: Bytes::from_static(b"{}"),
+            protocol_version: "2025-11-25",
+            authorization: None,
+            adopt: None,
+            shared: true,
+        };
+        let begin = Begin::lifecycle(hello, Instant::now() + Duration::from_secs(60));
+        let (caller, callee) = crate::stream::open(begin);
+        let reply = ReplyBegin {
+            session: Some(Rc::from("up-1")),
+            caps: Caps::empty(),
+            instructions: None,
+            handoff: None,
+        };
+        let link = Link::new(Bytes::from_static(b"{}"), None, None);
+        let session = Session::create(
+            server,
+            Rc::from(id),
+            "2025-11-25",
+            reply,
+            caller,
+            Some(link),
+            None,
+        );
         (session, callee)
     }
 
@@ -1247,5 +1304,142 @@ mod tests {
         for event in &events {
             assert_eq!(for_agent(event), render_event(event).is_some(), "{event:?}");
         }
+    }
+
+    /// A record too large to write fails the write, and the session's later touches are
+    /// still tried (the write must not stay "in flight" for good).
+    #[test]
+    fn a_record_too_large_to_write_does_not_stop_later_touches() {
+        run(async {
+            let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+            // A touch interval of 100 ms.
+            let server = server_with(Some(store), Duration::from_millis(400));
+            let big = format!(
+                r#"{{"routes":{{"a":"{}"}}}}"#,
+                "h".repeat(SHARED_SESSION_RECORD_BYTES_MAX)
+            );
+            let link = Link::new(Bytes::from_static(b"{}"), Some(Bytes::from(big)), None);
+            let (due, _) = shared::touch(&server, &link, Instant::now());
+            assert!(due, "a record never written is due");
+            let written = shared::write(
+                &server,
+                "s-1",
+                "2025-11-25",
+                &link,
+                Instant::now(),
+                Write::Create,
+                false,
+            )
+            .await;
+            assert_eq!(written, Written::Failed);
+            // A route closed: the handoff fits again.
+            link.set_handoff(Bytes::from_static(br#"{"routes":{}}"#));
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let (due, _) = shared::touch(&server, &link, Instant::now());
+            assert!(
+                due,
+                "a touch is tried again an interval after the failed one"
+            );
+        });
+    }
+
+    /// A store whose watch table is full refuses a watch to every new shared session: one
+    /// log line for all of them, not one each.
+    #[test]
+    fn refused_watches_are_logged_at_most_once_per_spacing() {
+        run(async {
+            let store = Arc::new(MemoryStore::default());
+            let held: Vec<Watch> = (0..MEMORY_STORE_KEYS_MAX)
+                .map(|n| store.watch(&format!("k{n}")))
+                .collect::<Result<_, _>>()
+                .expect("room for every watch");
+            let server = server_with(Some(store.clone()), Duration::from_secs(600));
+            let before = crate::log::lines_logged();
+            let sessions: Vec<(Rc<Session>, Callee)> = (0..3)
+                .map(|n| shared_session(&server, &format!("s-{n}")))
+                .collect();
+            let logged = crate::log::lines_logged() - before;
+            assert!(logged <= 1, "{logged} lines for three refused watches");
+            for (session, _) in &sessions {
+                close(&server, session, "test over");
+            }
+            drop(held);
+        });
+    }
+
+    /// Deletes of records that fail (the store is down) are counted each, logged once.
+    #[test]
+    fn failed_record_deletes_are_logged_at_most_once_per_spacing() {
+        run(async {
+            let store = Arc::new(Hooked::default());
+            store.write_errors.store(3, Ordering::Release);
+            let server = server_with(Some(store.clone()), Duration::from_secs(600));
+            let before = crate::log::lines_logged();
+            for n in 0..3 {
+                shared::forget(&server, &format!("s-{n}"), None).await;
+            }
+            let logged = crate::log::lines_logged() - before;
+            assert!(logged <= 1, "{logged} lines for three failed deletes");
+        });
+    }
+
+    /// Node A's first write of a record went out but its answer came too late (A does not
+    /// know it is there); node B took the session up and was sent `DELETE`. A's copy must
+    /// end when its watch fires, and A's next write must not make the record again.
+    #[test]
+    fn a_record_whose_write_answered_late_is_not_made_again_after_a_delete() {
+        run(async {
+            let store = Arc::new(Hooked::default());
+            let server = server_with(Some(store.clone()), Duration::from_secs(600));
+            // The session's first write (its task's first touch) answers late.
+            store.late_answers.store(1, Ordering::Release);
+            let (session, _callee) = shared_session(&server, "s-1");
+            settle(8).await;
+            assert_eq!(store.late_answers.load(Ordering::Acquire), 0, "written");
+            let key = shared::key("north", "s-1");
+            assert!(store.inner.get_now(&key).is_some(), "the write landed");
+            // Node B's DELETE (the same process stands for it: the record is all they share).
+            assert_eq!(
+                shared::forget(&server, "s-1", None).await,
+                shared::Forgot::Done
+            );
+            settle(64).await;
+            assert!(session.is_closed(), "node A lets go of its copy");
+            let again = session.write_record(&server, Write::Create, false).await;
+            assert_eq!(again, Written::Gone);
+            assert!(store.inner.get_now(&key).is_none(), "the record came back");
+        });
+    }
+
+    /// Node A found a session idle and decided to end it; meanwhile node C took it up and
+    /// wrote the record. A's delete must not remove C's record.
+    #[test]
+    fn an_expiry_does_not_remove_a_record_written_after_it_was_read() {
+        run(async {
+            let store = Arc::new(MemoryStore::default());
+            let server = server_with(Some(store.clone()), Duration::from_secs(600));
+            let link = Link::new(Bytes::from_static(b"{}"), None, None);
+            let old = Instant::now();
+            let write = |how| shared::write(&server, "s-2", "2025-11-25", &link, old, how, false);
+            assert_eq!(write(Write::Create).await, Written::Done);
+            let (decided, read) = shared::at_expiry(&server, "s-2").await;
+            assert_eq!(decided, Ending::End, "this node wrote it last");
+            // Node C's write (same process: the record is all they share).
+            assert_eq!(write(Write::Update).await, Written::Done);
+            let forgot = shared::forget(&server, "s-2", read).await;
+            assert_eq!(forgot, shared::Forgot::Moved);
+            assert!(
+                store.get_now(&shared::key("north", "s-2")).is_some(),
+                "the record C wrote was removed"
+            );
+            // Without another write, the same decision deletes it.
+            let (decided, read) = shared::at_expiry(&server, "s-2").await;
+            assert_eq!(decided, Ending::End);
+            assert_eq!(
+                shared::forget(&server, "s-2", read).await,
+                shared::Forgot::Done
+            );
+            assert!(store.get_now(&shared::key("north", "s-2")).is_none());
+        });
     }
 }

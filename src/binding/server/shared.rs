@@ -1,7 +1,7 @@
 //! Shared sessions (`sessions: { store }`): a session any node of a cluster can serve.
 //!
-//! The node that opens a session writes its record to the store under `session:<id>`
-//! before it answers `initialize`: the negotiated version, the agent's capabilities, and
+//! The node that opens a session writes its record to the store under
+//! `session:<binding>:<id>` before it answers `initialize`: the negotiated version, the agent's capabilities, and
 //! the exit's handoff (what the exit needs to go on with its own sessions: each route's
 //! upstream session id, version and capabilities). No credential is in it: a node that
 //! takes a session up uses the `Authorization` of the request in hand.
@@ -27,8 +27,16 @@
 //!   activity at another node within the timeout means the session lives on there, and the
 //!   node lets go of its copy without ending anything upstream (detach); otherwise it
 //!   deletes the record and ends the session (the exit ends its upstream sessions);
-//! - `DELETE` deletes the record and ends the session; the other nodes holding it see the
-//!   record gone through their watch and end their copies;
+//! - `DELETE` replaces the record with a tombstone that lasts as long as a record would,
+//!   and ends the session; the other nodes holding it see the record gone through their
+//!   watch and end their copies, and no write of theirs (an update on its way, or a first
+//!   write whose answer was lost and is tried again) can make the record again: only a
+//!   write over nothing makes one, and only a write over a record updates one. A `DELETE`
+//!   whose tombstone cannot be written is answered 503, and the session is kept;
+//! - the end at expiry deletes the record only if it is still the one the decision was
+//!   taken on: a record written since means another node took the session up;
+//! - a write whose answer never came (the store was slow, or the connection broke) may
+//!   have landed: the session is then treated as known to other nodes;
 //! - a drained node (SIGTERM) detaches every shared session: the others go on with them.
 //!
 //! Everything read from the store is outside input: a record is checked (format, version,
@@ -41,7 +49,7 @@ use crate::limits::{
     SHARED_SESSION_TOUCHES_PER_TIMEOUT,
 };
 use crate::log;
-use crate::store::Watch;
+use crate::store::{Over, Put, Watch};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -92,9 +100,12 @@ fn node_tag() -> u64 {
     })
 }
 
-/// The store key of session `id`'s record (`id` is of our format: checked by the caller).
-pub fn key(id: &str) -> String {
-    format!("session:{id}")
+/// The store key of session `id`'s record at server binding `binding` (`id` is of our
+/// format: checked by the caller; binding names are `[A-Za-z0-9_-]`, so the key is
+/// unambiguous). The binding is in it so that two bindings sharing one store never find
+/// each other's sessions, whatever their `auth`.
+pub fn key(binding: &str, id: &str) -> String {
+    format!("session:{binding}:{id}")
 }
 
 /// What a node holding a shared session keeps to write its record.
@@ -108,6 +119,9 @@ pub struct Link {
     /// The activity last written to the record (and when it was written): the next write
     /// is due once there is newer activity and a touch interval has passed.
     written: Cell<Option<(Instant, Instant)>>,
+    /// A write went out whose answer never came (a timeout, a connection lost under it):
+    /// the record may be in the store, and other nodes may have taken the session up.
+    maybe_written: Cell<bool>,
     /// The record must be written again (the handoff changed).
     stale: Cell<bool>,
     /// A write is in flight (at most one per session at a time from [`touch`]).
@@ -133,12 +147,25 @@ impl Link {
         self.written.get().is_some()
     }
 
+    /// True if the record may be in the store: written, or a write of it went out without
+    /// an answer. Such a session may be known to other nodes, so a record found gone
+    /// means it was deleted (or lost), not that it was never written.
+    pub fn maybe_recorded(&self) -> bool {
+        self.recorded() || self.maybe_written.get()
+    }
+
+    /// True while a write of the record is in flight.
+    pub fn writing(&self) -> bool {
+        self.writing.get()
+    }
+
     pub fn new(capabilities: Bytes, handoff: Option<Bytes>, owner: Option<Rc<str>>) -> Link {
         Link {
             capabilities,
             owner,
             handoff: RefCell::new(handoff),
             written: Cell::new(None),
+            maybe_written: Cell::new(false),
             stale: Cell::new(true),
             writing: Cell::new(false),
             failed_at: Cell::new(None),
@@ -186,6 +213,9 @@ struct RecordJson<'a> {
     /// `auth`: the subject the session belongs to.
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     owner: Option<Cow<'a, str>>,
+    /// `auth`: the issuer of the owner's token (a subject is unique only per issuer).
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    issuer: Option<Cow<'a, str>>,
 }
 
 /// A record read back and checked.
@@ -197,6 +227,7 @@ pub struct Record {
     pub touched: u64,
     pub by: u64,
     pub owner: Option<Rc<str>>,
+    pub issuer: Option<Rc<str>>,
 }
 
 /// Writes a record; `None` if a part is not JSON (our own values: not expected) or the
@@ -207,7 +238,7 @@ fn encode(
     capabilities: &[u8],
     handoff: Option<&[u8]>,
     touched: u64,
-    owner: Option<&str>,
+    owner: Option<(&str, &str)>,
 ) -> Option<Bytes> {
     let raw = |bytes: &[u8]| -> Option<Box<RawValue>> {
         RawValue::from_string(std::str::from_utf8(bytes).ok()?.to_owned()).ok()
@@ -224,7 +255,8 @@ fn encode(
         handoff: handoff.as_deref(),
         touched,
         by: node_tag(),
-        owner: owner.map(Cow::Borrowed),
+        owner: owner.map(|(_, subject)| Cow::Borrowed(subject)),
+        issuer: owner.map(|(issuer, _)| Cow::Borrowed(issuer)),
     };
     serde_json::to_vec(&json)
         .ok()
@@ -258,6 +290,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, &'static str> {
         touched: json.touched,
         by: json.by,
         owner: json.owner.map(|o| Rc::from(&*o)),
+        issuer: json.issuer.map(|i| Rc::from(&*i)),
     })
 }
 
@@ -284,7 +317,9 @@ fn touch_interval(server: &Server) -> Duration {
 /// How a record is written.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Write {
-    /// The session was just opened here: the record is made.
+    /// The session was opened here: the record is made, unless a `DELETE` left a
+    /// tombstone (then it is gone). A record already there is this node's own earlier
+    /// write, whose answer was lost: it is written over.
     Create,
     /// Over the record that is there only: a record that is gone was deleted (a `DELETE`
     /// at another node) and must not come back.
@@ -295,10 +330,17 @@ pub enum Write {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Written {
     Done,
-    /// [`Write::Update`] found no record: the session was ended elsewhere.
+    /// The record was deleted ([`Write::Update`] found none, or either found a
+    /// tombstone): the session was ended elsewhere.
     Gone,
     /// The store failed (counted; logged if asked).
     Failed,
+}
+
+/// The issuer and subject a session belongs to, as its record names them (`auth` only).
+fn owner_of<'a>(server: &'a Server, link: &'a Link) -> Option<(&'a str, &'a str)> {
+    let issuer = server.gate.as_ref()?.guard.cfg.jwt.issuer.as_str();
+    Some((issuer, link.owner.as_deref()?))
 }
 
 /// Writes the record of session `id` (negotiated `version`, last active at `active`) now,
@@ -322,11 +364,15 @@ pub async fn write(
         &link.capabilities,
         link.handoff.borrow().as_deref(),
         unix_ms(active),
-        link.owner.as_deref(),
+        owner_of(server, link),
     );
     let Some(record) = record else {
         // Capabilities are bounded at `initialize`, but the exit's handoffs (one per route,
         // from what upstreams gave) are not: a record no node could read is not written.
+        // The write [`touch`] took is over, and the next is tried an interval later (the
+        // handoff may be smaller by then).
+        link.writing.set(false);
+        link.failed_at.set(Some(Instant::now()));
         server_metrics::with(|m| m.session_store_failures += 1);
         if loud && store_log_due() {
             log::warn(format_args!(
@@ -338,25 +384,46 @@ pub async fn write(
     };
     let stale = link.stale.replace(false);
     link.writing.set(true);
-    let existing_only = how == Write::Update;
-    let written = store
-        .put_for(&key(id), record, record_ttl(server), existing_only)
-        .await;
+    let key = key(&server.name, id);
+    let mut over = match how {
+        Write::Create => Over::Nothing,
+        Write::Update => Over::Value,
+    };
+    let written = loop {
+        let put = store
+            .put_for(&key, record.clone(), record_ttl(server), over)
+            .await;
+        match put {
+            // This node's earlier write landed although its answer was lost: the record
+            // is there, and is written over (once: a value cannot be missing and there).
+            Ok(Put::Taken) if over == Over::Nothing => over = Over::Value,
+            put => break put,
+        }
+    };
     link.writing.set(false);
     match written {
-        Ok(Some(_)) => {
+        Ok(Put::Written(_)) => {
             link.written.set(Some((active, Instant::now())));
             link.failed_at.set(None);
             Written::Done
         }
-        Ok(None) => Written::Gone,
-        Err(e) => {
+        Ok(Put::Missing | Put::Buried) => Written::Gone,
+        Ok(Put::Taken) | Err(_) => {
+            if let Err(e) = &written
+                && e.maybe_done
+            {
+                link.maybe_written.set(true);
+            }
             link.stale.set(stale || link.stale.get());
             link.failed_at.set(Some(Instant::now()));
             server_metrics::with(|m| m.session_store_failures += 1);
             if loud && store_log_due() {
+                let why = match &written {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "the store answered out of turn".to_owned(),
+                };
                 log::warn(format_args!(
-                    "server {}: a shared session's record was not written: {e}",
+                    "server {}: a shared session's record was not written: {why}",
                     server.name
                 ));
             }
@@ -397,17 +464,42 @@ pub fn touch(server: &Server, link: &Link, active: Instant) -> (bool, Instant) {
     (due, now + interval)
 }
 
-/// Deletes session `id`'s record (a `DELETE`, or the cluster-wide end at expiry).
-pub async fn forget(server: &Server, id: &str) {
+/// What came of [`forget`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forgot {
+    /// The record is deleted: a tombstone stands in its place for the record's time to
+    /// live, so no late or stale write (from a node that had not heard yet) makes it again.
+    Done,
+    /// The record was written again since the version given was read (another node took
+    /// the session up): it is left alone.
+    Moved,
+    /// The store failed (counted; logged at most every [`STORE_LOG_SPACING`]).
+    Failed,
+}
+
+/// Deletes session `id`'s record: for a `DELETE` (`read`: `None`, whatever is there), or
+/// for the cluster-wide end at expiry (`read`: the version the decision was taken on; a
+/// record written since is left alone).
+pub async fn forget(server: &Server, id: &str, read: Option<u64>) -> Forgot {
     let Some(store) = server.shared.as_ref() else {
-        return;
+        return Forgot::Done;
     };
-    if let Err(e) = store.delete(&key(id)).await {
-        server_metrics::with(|m| m.session_store_failures += 1);
-        log::warn(format_args!(
-            "server {}: a shared session's record was not deleted: {e}",
-            server.name
-        ));
+    match store
+        .bury(&key(&server.name, id), record_ttl(server), read)
+        .await
+    {
+        Ok(true) => Forgot::Done,
+        Ok(false) => Forgot::Moved,
+        Err(e) => {
+            server_metrics::with(|m| m.session_store_failures += 1);
+            if store_log_due() {
+                log::warn(format_args!(
+                    "server {}: a shared session's record was not deleted: {e}",
+                    server.name
+                ));
+            }
+            Forgot::Failed
+        }
     }
 }
 
@@ -421,17 +513,17 @@ pub enum Ending {
 }
 
 /// Session `id` has been idle here for the session timeout: ends it for the cluster if no
-/// node used it within the timeout either (the caller then deletes its record), else lets
-/// go of it here.
+/// node used it within the timeout either (the caller then deletes its record, if it is
+/// still of the version returned: see [`forget`]), else lets go of it here.
 /// A store that cannot be read detaches (another node may be using it; the record's own
 /// time to live ends it in the store).
-pub async fn at_expiry(server: &Server, id: &str) -> Ending {
+pub async fn at_expiry(server: &Server, id: &str) -> (Ending, Option<u64>) {
     let Some(store) = server.shared.as_ref() else {
-        return Ending::End;
+        return (Ending::End, None);
     };
-    let record = match store.get(&key(id)).await {
-        Ok(None) => return Ending::End,
-        Ok(Some(value)) => decode(&value.bytes),
+    let (record, read) = match store.get(&key(&server.name, id)).await {
+        Ok(None) => return (Ending::End, None),
+        Ok(Some(value)) => (decode(&value.bytes), value.version),
         Err(e) => {
             server_metrics::with(|m| m.session_store_failures += 1);
             if store_log_due() {
@@ -441,7 +533,7 @@ pub async fn at_expiry(server: &Server, id: &str) -> Ending {
                     server.name
                 ));
             }
-            return Ending::Detach;
+            return (Ending::Detach, None);
         }
     };
     let timeout = u64::try_from(server.cfg.session_timeout.as_millis()).unwrap_or(u64::MAX);
@@ -454,9 +546,9 @@ pub async fn at_expiry(server: &Server, id: &str) -> Ending {
                 && record.touched.saturating_add(timeout) > now
                 && record.touched <= now.saturating_add(timeout) =>
         {
-            Ending::Detach
+            (Ending::Detach, None)
         }
-        _ => Ending::End,
+        _ => (Ending::End, Some(read)),
     }
 }
 
@@ -478,7 +570,7 @@ pub async fn look(server: &Server, id: &str) -> Looked {
     let Some(store) = server.shared.as_ref() else {
         return Looked::Unknown;
     };
-    match store.get(&key(id)).await {
+    match store.get(&key(&server.name, id)).await {
         Ok(None) => Looked::Gone,
         Ok(Some(value)) => match decode(&value.bytes) {
             Ok(record) => Looked::Recorded(record.handoff),
@@ -500,7 +592,7 @@ mod tests {
             br#"{"roots":{"listChanged":true}}"#,
             Some(br#"{"routes":{"a":{"session":"abc","version":"2025-06-18","caps":5}}}"#),
             1_700_000_000_000,
-            Some("alice \"x\""),
+            Some(("https://login.example.com", "alice \"x\"")),
         )
         .expect("our own parts are JSON");
         let text = std::str::from_utf8(&record).expect("JSON text");
@@ -512,6 +604,7 @@ mod tests {
         assert_eq!(back.by, node_tag());
         assert!(back.handoff.is_some());
         assert_eq!(back.owner.as_deref(), Some("alice \"x\""));
+        assert_eq!(back.issuer.as_deref(), Some("https://login.example.com"));
         let none = encode("2025-06-18", b"{}", None, 1, None).expect("JSON");
         assert_eq!(decode(&none).expect("ours").owner, None);
         assert_eq!(decode(&none).expect("ours").handoff, None);
