@@ -1,9 +1,9 @@
 //! Shared sessions (`sessions: { store }`): a session any node of a cluster can serve.
 //!
 //! The node that opens a session writes its record to the store under
-//! `session:<binding>:<id>` before it answers `initialize`: the negotiated version, the agent's capabilities, and
-//! the exit's handoff (what the exit needs to go on with its own sessions: each route's
-//! upstream session id, version and capabilities). No credential is in it: a node that
+//! `session:<binding>:<id>` before it answers `initialize`: the negotiated version, the
+//! agent's capabilities, and the exit's handoff (what the exit needs to go on with its own
+//! sessions: each route's upstream session id, version and capabilities). No credential is in it: a node that
 //! takes a session up uses the `Authorization` of the request in hand.
 //!
 //! A node that gets a request for a session it does not hold, with an id of our format,
