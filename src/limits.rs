@@ -35,6 +35,13 @@ pub const SSE_EVENT_BYTES_MAX: usize = MESSAGE_BYTES_MAX;
 /// Pipelined requests decoded ahead of the response being written, per connection.
 pub const PIPELINE_DEPTH_MAX: usize = 16;
 
+/// After an HTTP error answer that ends a connection (413, 431, 400, …), how long and how
+/// many bytes of what the agent still sends are read and dropped before the close: a close
+/// with unread input resets the connection, and the agent may lose the answer with it
+/// (RFC 9112 §9.6).
+pub const ERROR_LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+pub const ERROR_LINGER_BYTES_MAX: usize = 256 * 1024;
+
 /// Bytes of pipelined requests (bodies and heads) queued ahead of the response being
 /// written, per connection: past it the connection is not read until the queue shrinks, so
 /// an agent that pipelines large bodies behind a long response (an event stream) holds at

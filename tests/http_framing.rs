@@ -440,6 +440,38 @@ fn refused(gw: &Gateway, bytes: &[u8], status: u16) {
 }
 
 #[test]
+fn an_error_answer_is_followed_by_a_lingering_close_not_a_reset() {
+    // A 413 is decided from the head, while the body is still coming. Closing with that
+    // input unread would reset the connection, and the agent could lose the 413 with it:
+    // the gateway shuts its sending side, then reads and drops what still comes until the
+    // agent closes (or a bound passes).
+    each_mode(|gw| {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: 5000000\r\n\r\n",
+            gw.host()
+        );
+        let mut c = gw.conn();
+        c.send(head.as_bytes());
+        c.send(&[b' '; 64 * 1024]);
+        let r = c.read_response();
+        assert_eq!(r.status, 413);
+        assert_eq!(r.header("connection"), Some("close"));
+        // The gateway still reads: more of the body goes out without a reset.
+        std::thread::sleep(Duration::from_millis(100));
+        for _ in 0..2 {
+            std::io::Write::write_all(&mut c.stream, &[b' '; 64 * 1024])
+                .expect("the gateway drops the rest of the body rather than reset");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        c.stream
+            .shutdown(std::net::Shutdown::Write)
+            .expect("half close");
+        assert!(c.closed(), "the gateway closes once the agent has");
+        gw.assert_serving();
+    });
+}
+
+#[test]
 fn long_request_target_gets_414() {
     each_mode(|gw| {
         let target = format!("/mcp?{}", "a".repeat(5000));

@@ -248,6 +248,15 @@ impl Conn {
         self.write_all(joined.freeze()).await
     }
 
+    /// Shuts the sending direction down (after close_notify on a TLS connection): the
+    /// peer sees the end of what was written, and this side can still read. Idempotent.
+    pub fn shutdown_write(&self) {
+        if let Some(alert) = self.tls.as_ref().and_then(|t| t.close_notify()) {
+            send_now(self.socket.fd(), &alert);
+        }
+        let _ = shutdown_fd(self.socket.fd(), libc::SHUT_WR);
+    }
+
     /// Shuts both directions down: a pending read completes with 0 and the peer sees EOF.
     /// A TLS connection first sends close_notify when no write is in progress (a
     /// non-blocking send of one alert record; if the socket cannot take it now the close

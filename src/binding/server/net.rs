@@ -18,12 +18,13 @@ use crate::binding::server::metrics as server_metrics;
 use crate::http::Method;
 use crate::http::{self, HttpError, RequestDecoder, RequestEvent, RequestHead};
 use crate::limits::{
-    CONNECTION_IDLE_TIMEOUT, CONNECTION_STREAM_READ_BYTES, MESSAGE_BYTES_MAX, PIPELINE_BYTES_MAX,
-    PIPELINE_DEPTH_MAX, REQUEST_READ_TIMEOUT, SLOT_BYTES, TLS_HANDSHAKE_TIMEOUT,
+    CONNECTION_IDLE_TIMEOUT, CONNECTION_STREAM_READ_BYTES, ERROR_LINGER_BYTES_MAX,
+    ERROR_LINGER_TIMEOUT, MESSAGE_BYTES_MAX, PIPELINE_BYTES_MAX, PIPELINE_DEPTH_MAX,
+    REQUEST_READ_TIMEOUT, SLOT_BYTES, TLS_HANDSHAKE_TIMEOUT,
 };
 use crate::log;
 use crate::runtime::notify::Notify;
-use crate::runtime::{Conn, ReadBuf, Slots, pass, tls};
+use crate::runtime::{Conn, ReadBuf, Slots, deadline, pass, tls};
 use crate::stream::pieces::Whole;
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
@@ -298,10 +299,43 @@ async fn dispatch(server: &Rc<Server>, link: &Rc<Link>) {
                 let mut out = BytesMut::with_capacity(256);
                 http::encode_error_response(&e, &mut out);
                 // Boxed: rare, and larger than the rest of the dispatcher's state.
-                let _ = Box::pin(link.shared.write_bounded(out.freeze())).await;
+                let written = Box::pin(link.shared.write_bounded(out.freeze())).await;
+                // A decoding error ended the reader; a slow request's 408 did not (its
+                // read is still pending, and the agent is slow anyway: no lingering).
+                if written && e != HttpError::RequestTimeout {
+                    Box::pin(linger(&link.shared.conn)).await;
+                }
                 return;
             }
             Item::Eof => return,
+        }
+    }
+}
+
+/// After an error answer the reader has stopped at: the sending side is shut (the agent sees
+/// the answer end), and what the agent still sends (the rest of a body refused by its
+/// length, say) is read and dropped for [`ERROR_LINGER_TIMEOUT`] or
+/// [`ERROR_LINGER_BYTES_MAX`], or until the agent closes. Closing with unread input would
+/// reset the connection, and the agent could lose the answer it has not read yet.
+async fn linger(conn: &Conn) {
+    conn.shutdown_write();
+    let at = Instant::now() + ERROR_LINGER_TIMEOUT;
+    let mut dropped = 0;
+    while dropped < ERROR_LINGER_BYTES_MAX {
+        let buf = ReadBuf::Heap(Vec::with_capacity(CONNECTION_STREAM_READ_BYTES));
+        // Never dropped in flight (io_uring): at the deadline the shutdown completes it.
+        let mut read = std::pin::pin!(conn.read(buf));
+        let (result, _) = tokio::select! {
+            biased;
+            done = &mut read => done,
+            () = deadline::until(at) => {
+                conn.shutdown();
+                read.await
+            }
+        };
+        match result {
+            Ok(n) if n > 0 => dropped += n,
+            _ => return,
         }
     }
 }
