@@ -42,7 +42,7 @@ pub const PIPELINE_DEPTH_MAX: usize = 16;
 pub const ERROR_LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 pub const ERROR_LINGER_BYTES_MAX: usize = 256 * 1024;
 
-/// Bytes of pipelined requests (bodies and heads) queued ahead of the response being
+/// Bytes of pipelined requests' bodies queued ahead of the response being
 /// written, per connection: past it the connection is not read until the queue shrinks, so
 /// an agent that pipelines large bodies behind a long response (an event stream) holds at
 /// most this plus the one request being read.

@@ -292,7 +292,7 @@ fn bad_arguments_give_an_error_result() {
             ("log", json!({ "level": "loud", "message": "m" })),
             (
                 "log",
-                json!({ "level": "error", "message": "m".repeat(4097) }),
+                json!({ "level": "error", "message": "m".repeat(256 * 1024 + 1) }),
             ),
         ];
         for (tool, arguments) in cases {

@@ -28,11 +28,14 @@ const PROGRESS_STEPS_MAX: u64 = 100;
 
 /// Longest `message` the `log` tool sends: the session keeps its notifications for replay,
 /// so an agent's megabytes would be kept (and sent again) many times over.
-const LOG_MESSAGE_BYTES_MAX: usize = 4096;
+const LOG_MESSAGE_BYTES_MAX: usize = 256 * 1024;
 const PROGRESS_STEPS_DEFAULT: u64 = 5;
 
 const _: () = assert!(PROGRESS_STEPS_DEFAULT <= PROGRESS_STEPS_MAX);
-const _: () = assert!(LOG_MESSAGE_BYTES_MAX == 4096, "the refusal's text names it");
+const _: () = assert!(
+    LOG_MESSAGE_BYTES_MAX == 256 * 1024,
+    "the refusal's text names it"
+);
 // A whole run of progress events (plus the reply's BEGIN) fits in the reply's frame
 // queue, so a caller that drains only at the end never makes the tool wait for room.
 const _: () = assert!((PROGRESS_STEPS_MAX as usize) < crate::limits::STREAM_FRAMES_MAX);
@@ -324,7 +327,7 @@ fn log(session: &Session, args: Args<'_, '_>) -> Bytes {
         return text_result("log: `level` must be an RFC 5424 level name", true);
     };
     if message.len() > LOG_MESSAGE_BYTES_MAX {
-        return text_result("log: `message` is longer than 4096 bytes", true);
+        return text_result("log: `message` is longer than 256 KiB", true);
     }
     if level < session.level() {
         let text = format!(

@@ -108,12 +108,15 @@ pub async fn delete(server: Rc<Server>, req: Request, sink: Sink, who: Option<Rc
     // that its retry finds it. Only a record surely never written (the store was down
     // since the session opened here, and no write is in flight) is known to no other
     // node: then the session ends here alone.
-    if let Some(link) = session.shared.as_ref()
-        && shared::forget(&server, &session.id, None).await == shared::Forgot::Failed
-        && (link.maybe_recorded() || link.writing())
-    {
-        let message = "Service Unavailable: the session store cannot be written; try again";
-        return http_error(sink, 503, message, None).await;
+    // Asked first: this node's own watch may see the tombstone before `forget` returns,
+    // and the session must then end with its upstream sessions, not just be let go of.
+    if let Some(link) = session.shared.as_ref() {
+        link.ask_delete();
+        let forgot = shared::forget(&server, &session.id, None).await;
+        if forgot == shared::Forgot::Failed && (link.maybe_recorded() || link.writing()) {
+            let message = "Service Unavailable: the session store cannot be written; try again";
+            return http_error(sink, 503, message, None).await;
+        }
     }
     session::close(&server, &session, "deleted");
     let _ = sink.respond(200, &[], b"").await;
@@ -323,6 +326,8 @@ async fn take_up(
         reply.handoff.clone().or(record.handoff),
         record.owner,
     );
+    // Read from the store: other nodes know it, even if this node's first write fails.
+    link.taken_up();
     let session = Session::create(server, id, record.version, reply, caller, Some(link), owner);
     server_metrics::with(|m| m.sessions_adopted += 1);
     // The record now names this node's handoff and activity too, unless the session was

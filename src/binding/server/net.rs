@@ -321,11 +321,11 @@ async fn linger(conn: &Conn) {
     conn.shutdown_write();
     let at = Instant::now() + ERROR_LINGER_TIMEOUT;
     let mut dropped = 0;
+    let mut buf = ReadBuf::Heap(Vec::with_capacity(LINGER_READ_BYTES));
     while dropped < ERROR_LINGER_BYTES_MAX {
-        let buf = ReadBuf::Heap(Vec::with_capacity(CONNECTION_STREAM_READ_BYTES));
         // Never dropped in flight (io_uring): at the deadline the shutdown completes it.
         let mut read = std::pin::pin!(conn.read(buf));
-        let (result, _) = tokio::select! {
+        let (result, back) = tokio::select! {
             biased;
             done = &mut read => done,
             () = deadline::until(at) => {
@@ -333,12 +333,16 @@ async fn linger(conn: &Conn) {
                 read.await
             }
         };
+        buf = back;
         match result {
             Ok(n) if n > 0 => dropped += n,
             _ => return,
         }
     }
 }
+
+/// The buffer a lingering connection's input is read into (and dropped from), reused.
+const LINGER_READ_BYTES: usize = 16 * 1024;
 
 /// Back-pressure: waits while the dispatcher is [`PIPELINE_DEPTH_MAX`] requests or
 /// [`PIPELINE_BYTES_MAX`] bytes behind. False once the dispatcher has ended (nothing more

@@ -698,6 +698,9 @@ pub(super) fn render_event(event: &Event) -> Option<Bytes> {
     )
 }
 
+/// How often an expiry that waits for its own record's write in flight looks again.
+const EXPIRY_WRITE_WAIT: Duration = Duration::from_millis(50);
+
 /// The session's task: reads the exit's lifecycle reply (notifications for the GET stream,
 /// support news, the end of the session when the exit ends it) and expires the session
 /// once it has been idle (no request, no GET stream) for the binding's session timeout.
@@ -718,6 +721,14 @@ async fn lifecycle_task(server: Rc<Server>, session: Rc<Session>) {
     tokio::pin!(idle);
     loop {
         let (expired, mut check_at) = expiry(&session, timeout);
+        if expired && session.shared.as_ref().is_some_and(Link::writing) {
+            // A write of the record is in flight (a touch came due just before): decided
+            // before it lands, the end would find its own record moved and only let go,
+            // or find none and leave the write to make it again. It ends within the
+            // store's deadline.
+            tokio::time::sleep(EXPIRY_WRITE_WAIT).await;
+            continue;
+        }
         if expired {
             let (decided, version) = match session.shared {
                 Some(_) => shared::at_expiry(&server, &session.id).await,
@@ -884,7 +895,13 @@ fn recheck(server: &Rc<Server>, session: &Rc<Session>, asked: Option<u64>) {
             let read = match looked {
                 shared::Looked::Gone if link.maybe_recorded() => {
                     link.checking.set(false);
-                    end(&server, &session, "deleted at another node", Ending::Detach);
+                    // A DELETE asked here (its tombstone's answer may have been lost, or
+                    // this read overtook it): the session ends with its upstream ones.
+                    if link.delete_asked() {
+                        end(&server, &session, "deleted", Ending::End);
+                    } else {
+                        end(&server, &session, "deleted at another node", Ending::Detach);
+                    }
                     return;
                 }
                 shared::Looked::Recorded(Some(handoff)) => Some(handoff),
@@ -1408,6 +1425,43 @@ mod tests {
             let again = session.write_record(&server, Write::Create, false).await;
             assert_eq!(again, Written::Gone);
             assert!(store.inner.get_now(&key).is_none(), "the record came back");
+        });
+    }
+
+    /// A `DELETE` at this node whose tombstone the session's own watch sees (before the
+    /// delete's answer, or instead of it when the answer was lost): the session ends with
+    /// its upstream sessions, as a `DELETE` must, instead of being let go of as one
+    /// deleted at another node.
+    #[test]
+    fn a_record_gone_after_a_delete_asked_here_ends_the_session_upstream_too() {
+        run(async {
+            let store = Arc::new(MemoryStore::default());
+            let server = server_with(Some(store.clone()), Duration::from_secs(600));
+            let detached = || server_metrics::with(|m| m.sessions_detached);
+            for asked in [false, true] {
+                let id = format!("s-asked-{asked}");
+                let (session, _callee) = shared_session(&server, &id);
+                settle(8).await;
+                let link = session.shared.as_ref().expect("shared");
+                assert!(link.recorded(), "the first touch wrote the record");
+                if asked {
+                    link.ask_delete();
+                }
+                let before = detached();
+                // The tombstone lands; the delete's own answer is not waited for here.
+                assert_eq!(
+                    shared::forget(&server, &id, None).await,
+                    shared::Forgot::Done
+                );
+                settle(64).await;
+                assert!(session.is_closed(), "asked {asked}: the copy ends");
+                let want = if asked { before } else { before + 1 };
+                assert_eq!(
+                    detached(),
+                    want,
+                    "asked {asked}: detached only if not asked here"
+                );
+            }
         });
     }
 

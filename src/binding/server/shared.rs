@@ -119,9 +119,14 @@ pub struct Link {
     /// The activity last written to the record (and when it was written): the next write
     /// is due once there is newer activity and a touch interval has passed.
     written: Cell<Option<(Instant, Instant)>>,
-    /// A write went out whose answer never came (a timeout, a connection lost under it):
-    /// the record may be in the store, and other nodes may have taken the session up.
+    /// A write went out whose answer never came (a timeout, a connection lost under it),
+    /// or the session was taken up from its record: the record may be (or is) in the
+    /// store, and other nodes may hold the session.
     maybe_written: Cell<bool>,
+    /// The agent asked this node to delete the session (`DELETE`): a record found gone
+    /// from now on (this node's own tombstone, whose answer may have been lost) ends the
+    /// session here with its upstream sessions, rather than letting go of them.
+    delete_asked: Cell<bool>,
     /// The record must be written again (the handoff changed).
     stale: Cell<bool>,
     /// A write is in flight (at most one per session at a time from [`touch`]).
@@ -159,6 +164,22 @@ impl Link {
         self.writing.get()
     }
 
+    /// The session was taken up from its record: the record is in the store (this node
+    /// read it), whether or not a write of this node's lands.
+    pub fn taken_up(&self) {
+        self.maybe_written.set(true);
+    }
+
+    /// The agent asked this node to delete the session (see `delete_asked`).
+    pub fn ask_delete(&self) {
+        self.delete_asked.set(true);
+    }
+
+    /// True once the agent asked this node to delete the session.
+    pub fn delete_asked(&self) -> bool {
+        self.delete_asked.get()
+    }
+
     pub fn new(capabilities: Bytes, handoff: Option<Bytes>, owner: Option<Rc<str>>) -> Link {
         Link {
             capabilities,
@@ -166,6 +187,7 @@ impl Link {
             handoff: RefCell::new(handoff),
             written: Cell::new(None),
             maybe_written: Cell::new(false),
+            delete_asked: Cell::new(false),
             stale: Cell::new(true),
             writing: Cell::new(false),
             failed_at: Cell::new(None),
