@@ -24,7 +24,7 @@ use crate::limits::{
 };
 use crate::log;
 use crate::runtime::notify::Notify;
-use crate::runtime::{Conn, ReadBuf, Slots, deadline, pass, tls};
+use crate::runtime::{Conn, ReadBuf, Slots, pass, tls};
 use crate::stream::pieces::Whole;
 use bytes::{Bytes, BytesMut};
 use std::cell::{Cell, RefCell};
@@ -328,7 +328,9 @@ async fn linger(conn: &Conn) {
         let (result, back) = tokio::select! {
             biased;
             done = &mut read => done,
-            () = deadline::until(at) => {
+            // A tokio timer, not the worker's deadline queue: this path is rare, and
+            // a second user of the queue's future costs the request path its inlining.
+            () = tokio::time::sleep_until(at.into()) => {
                 conn.shutdown();
                 read.await
             }
