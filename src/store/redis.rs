@@ -82,13 +82,31 @@ const HEARTBEAT: &str = "heartbeat";
 /// Longest version prefix: `u64::MAX` has 20 digits.
 const VERSION_DIGITS_MAX: usize = 20;
 
+/// The Lua that takes the next version from the counter (`KEYS[2]`) into `version`: one
+/// more than the last, and never behind the server's clock in microseconds, so versions
+/// keep rising after a Redis that restarted empty. Every script that changes a value
+/// starts its change with it.
+macro_rules! next_version {
+    () => {
+        r"local version = redis.call('INCR', KEYS[2])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+if version < now then
+  version = now
+  redis.call('SET', KEYS[2], string.format('%.0f', version))
+end
+"
+    };
+}
+
 /// Writes a value: the next version, the value behind it, and the change message.
 /// KEYS: the value's key, the counter. ARGV: the bytes, the channel, the key as named, the
 /// value's time to live in milliseconds (0: for good), and what it may write over: `0`
 /// anything, `1` a value only, `2` nothing only. Returns the version, or when it wrote
 /// nothing: 0 (nothing was there), -1 (a value was), -2 (a tombstone was). A stored value
 /// is never empty (its version is in front), so an empty head is nothing there.
-const PUT_SCRIPT: &str = r"
+const PUT_SCRIPT: &str = concat!(
+    r"
 if ARGV[5] ~= '0' then
   local head = redis.call('GETRANGE', KEYS[1], 0, 21)
   if head == '' then
@@ -99,42 +117,35 @@ if ARGV[5] ~= '0' then
     return -1
   end
 end
-local version = redis.call('INCR', KEYS[2])
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-if version < now then
-  version = now
-  redis.call('SET', KEYS[2], string.format('%.0f', version))
-end
-local v = string.format('%.0f', version)
+",
+    next_version!(),
+    r"local v = string.format('%.0f', version)
 redis.call('SET', KEYS[1], v .. ':')
 redis.call('APPEND', KEYS[1], ARGV[1])
 if tonumber(ARGV[4]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
 redis.call('PUBLISH', ARGV[2], v .. ' ' .. ARGV[3])
 return version
-";
+"
+);
 
 /// Replaces a value with a tombstone (`<version>!`) for a time, and tells of it.
 /// KEYS: the value's key, the counter. ARGV: the channel, the key as named, the time to
 /// live in milliseconds, and the version the value must have (empty: any, or none).
 /// Returns 1 when the tombstone was written, 0 when the value was not of that version.
-const BURY_SCRIPT: &str = r"
+const BURY_SCRIPT: &str = concat!(
+    r"
 if ARGV[4] ~= '' then
   local head = redis.call('GETRANGE', KEYS[1], 0, 21)
   if string.sub(head, 1, string.len(ARGV[4]) + 1) ~= ARGV[4] .. ':' then return 0 end
 end
-local version = redis.call('INCR', KEYS[2])
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-if version < now then
-  version = now
-  redis.call('SET', KEYS[2], string.format('%.0f', version))
-end
-local v = string.format('%.0f', version)
+",
+    next_version!(),
+    r"local v = string.format('%.0f', version)
 redis.call('SET', KEYS[1], v .. '!', 'PX', ARGV[3])
 redis.call('PUBLISH', ARGV[1], v .. ' ' .. ARGV[2])
 return 1
-";
+"
+);
 
 /// Reads a value, unless it is longer than the store reads (checked before it is sent).
 /// KEYS: the value's key. ARGV: the longest value read, version prefix included.
@@ -148,20 +159,17 @@ return redis.call('GET', KEYS[1])
 /// Removes a value (or a tombstone) and, if there was one, tells of it with a new
 /// version. KEYS: the value's key, the counter. ARGV: the channel, the key as named.
 /// Returns 1 if a value was there, 0 if nothing or a tombstone was.
-const DELETE_SCRIPT: &str = r"
+const DELETE_SCRIPT: &str = concat!(
+    r"
 local head = redis.call('GETRANGE', KEYS[1], 0, 21)
 if redis.call('DEL', KEYS[1]) == 0 then return 0 end
-local version = redis.call('INCR', KEYS[2])
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-if version < now then
-  version = now
-  redis.call('SET', KEYS[2], string.format('%.0f', version))
-end
-redis.call('PUBLISH', ARGV[1], string.format('%.0f', version) .. ' ' .. ARGV[2])
+",
+    next_version!(),
+    r"redis.call('PUBLISH', ARGV[1], string.format('%.0f', version) .. ' ' .. ARGV[2])
 if string.match(head, '^%d+!') then return 0 end
 return 1
-";
+"
+);
 
 /// Extends a lease only for the token that holds it. KEYS: the lease. ARGV: token, ms.
 const RENEW_SCRIPT: &str = r"

@@ -9,7 +9,7 @@ checked on raw HTTP; one scenario drives the official SDK client.
 
 - config: `sessions.store` naming a memory store or no store at all is refused by
   `mcpyard check`, naming `bindings.north.sessions.store`;
-- `initialize` on A writes `<prefix>value:session:<id>` = `<version>:<record>` before
+- `initialize` on A writes `<prefix>value:session:north:<id>` = `<version>:<record>` before
   answering: `{"v":1,"version":"2025-11-25","capabilities":<the agent's>,"handoff":…,
   "touched":<unix ms>,"by":<the writing node's tag>}` with a TTL of about the session timeout; no credential in it (the
   agent's forwarded `Authorization` reaches the upstream from each request instead);
@@ -21,7 +21,8 @@ checked on raw HTTP; one scenario drives the official SDK client.
   (`0.<seq>:<aggregate of both routes' ids>`) gets on B what both upstreams sent after it
   (replayed from their event stores), then live events;
 - DELETE on B of a session opened on A: 200; then 404 on B at once and on A within 3 s,
-  for POST, GET and DELETE; the record is gone; the upstream session was ended;
+  for POST, GET and DELETE; the record is replaced by a tombstone (`<version>!`, which
+  no later write makes a record again); the upstream session was ended;
 - idle expiry is cluster-wide: `session_timeout: 2s`, the session used only on B every
   0.5 s for 5 s stays alive (same upstream session, A's expired local copy ended nothing
   upstream, A serves it again); idle for 6.5 s, it is 404 on both and ended upstream;
@@ -201,7 +202,7 @@ class Cluster:
         return f"{route}__{name}" if self.shape in ("proxy", "cached") else name
 
     def key(self, session_id: str) -> str:
-        return f"{self.prefix}value:session:{session_id}"
+        return f"{self.prefix}value:session:north:{session_id}"
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -725,7 +726,8 @@ def test_delete_on_another_node_ends_it_everywhere(upstreams, redis, tmp_path):
                 for node in (a, b):
                     for method in ("tools/call", "GET", "DELETE"):
                         assert await status_of(raw, node, method) == 404, (node.index, method)
-                assert conn("EXISTS", cluster.key(raw.session_id)) == 0
+                tombstone = conn("GET", cluster.key(raw.session_id))
+                assert tombstone is not None and re.fullmatch(rb"\d+!", tombstone), tombstone
                 assert await ended_upstream(client, alpha, u), f"the upstream session {u} was not ended"
 
     cluster.run(scenario)

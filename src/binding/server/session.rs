@@ -1067,35 +1067,22 @@ mod tests {
 
     /// A session whose lifecycle's exit end the test holds.
     fn session(server: &Rc<Server>) -> (Rc<Session>, Callee) {
-        let hello = ClientHello {
-            capabilities: Bytes::from_static(b"{}"),
-            protocol_version: "2025-11-25",
-            authorization: None,
-            adopt: None,
-            shared: false,
-        };
-        let begin = Begin::lifecycle(hello, Instant::now() + Duration::from_secs(60));
-        let (caller, callee) = crate::stream::open(begin);
-        let reply = ReplyBegin {
-            session: Some(Rc::from("up-1")),
-            caps: Caps::empty(),
-            instructions: None,
-            handoff: None,
-        };
-        let id: Rc<str> = Rc::from("s-1");
-        let session = Session::create(server, id, "2025-11-25", reply, caller, None, None);
-        (session, callee)
+        opened(server, "s-1", false)
     }
 
     /// A shared session `id` (its record not written yet) whose lifecycle's exit end the
     /// test holds.
     fn shared_session(server: &Rc<Server>, id: &str) -> (Rc<Session>, Callee) {
+        opened(server, id, true)
+    }
+
+    fn opened(server: &Rc<Server>, id: &str, shared: bool) -> (Rc<Session>, Callee) {
         let hello = ClientHello {
             capabilities: Bytes::from_static(b"{}"),
             protocol_version: "2025-11-25",
             authorization: None,
             adopt: None,
-            shared: true,
+            shared,
         };
         let begin = Begin::lifecycle(hello, Instant::now() + Duration::from_secs(60));
         let (caller, callee) = crate::stream::open(begin);
@@ -1105,14 +1092,14 @@ mod tests {
             instructions: None,
             handoff: None,
         };
-        let link = Link::new(Bytes::from_static(b"{}"), None, None);
+        let link = shared.then(|| Link::new(Bytes::from_static(b"{}"), None, None));
         let session = Session::create(
             server,
             Rc::from(id),
             "2025-11-25",
             reply,
             caller,
-            Some(link),
+            link,
             None,
         );
         (session, callee)
