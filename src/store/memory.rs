@@ -123,13 +123,16 @@ impl MemoryStore {
             // Only writers change the counter, and they take turns.
             let version = self.version.load(Ordering::Acquire) + 1;
             let (step, out) = decide(live, version);
-            let mut next = match step {
+            let next = match step {
                 Step::Keep => return Ok(out),
                 Step::Remove if !current.contains_key(key) => return Ok(out),
-                Step::Remove | Step::Set(_) => HashMap::clone(&current),
-            };
-            match step {
+                Step::Remove => {
+                    let mut next = HashMap::clone(&current);
+                    next.remove(key);
+                    next
+                }
                 Step::Set(stored) => {
+                    let mut next = HashMap::clone(&current);
                     if !next.contains_key(key) && next.len() >= MEMORY_STORE_KEYS_MAX {
                         next.retain(|_, stored| stored.until.is_none_or(|until| until > now));
                         if next.len() >= MEMORY_STORE_KEYS_MAX {
@@ -137,11 +140,9 @@ impl MemoryStore {
                         }
                     }
                     next.insert(Box::from(key), stored);
+                    next
                 }
-                Step::Remove | Step::Keep => {
-                    next.remove(key);
-                }
-            }
+            };
             assert!(next.len() <= MEMORY_STORE_KEYS_MAX);
             self.version.store(version, Ordering::Release);
             self.values.store(Arc::new(next));

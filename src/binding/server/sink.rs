@@ -365,11 +365,9 @@ enum State {
 pub struct Sink {
     out: Out,
     state: State,
-    keep_alive: bool,
-    /// Body bytes are written (false: a `HEAD` request's response).
-    body: bool,
-    /// A streamed body is chunked (false: it runs until the connection closes).
-    chunked: bool,
+    /// What the request allows; `keep_alive` is cleared when a refused head closes the
+    /// connection.
+    answer: Answer,
     /// Every write ends by then ([`Sink::bound_until`]); `None`: within the connection's
     /// write limit from when it began.
     until: Option<Instant>,
@@ -401,10 +399,7 @@ impl Sink {
         Sink {
             out,
             state: State::Head,
-            // A body running until the close ends the connection with it.
-            keep_alive: answer.keep_alive && answer.chunked,
-            body: answer.body,
-            chunked: answer.chunked,
+            answer,
             until: None,
         }
     }
@@ -454,7 +449,7 @@ impl Sink {
         if let Out::Local { shared, pending } = &mut self.out
             && std::mem::take(pending)
         {
-            shared.signal_done(keep_alive && self.keep_alive);
+            shared.signal_done(keep_alive && self.answer.keep_alive);
         }
     }
 
@@ -465,11 +460,7 @@ impl Sink {
 
     /// What the request allows this response (for a sink built on another worker).
     pub fn answer(&self) -> Answer {
-        Answer {
-            keep_alive: self.keep_alive,
-            body: self.body,
-            chunked: self.chunked,
-        }
+        self.answer
     }
 
     async fn write(&mut self, bytes: Bytes) -> Result<(), Gone> {
@@ -504,7 +495,7 @@ impl Sink {
         body: BodyFraming,
         out: &mut BytesMut,
     ) -> Result<(), http::HeadError> {
-        if self.keep_alive {
+        if self.answer.keep_alive {
             // The common case needs no extra header, so no copy of the list.
             return http::encode_response_head(status, headers, body, out);
         }
@@ -532,7 +523,7 @@ impl Sink {
         );
         assert!(written.is_ok(), "constant headers pass the check");
         out.extend_from_slice(detail.as_bytes());
-        self.keep_alive = false;
+        self.answer.keep_alive = false;
         self.state = State::Done;
         self.write(out.freeze()).await?;
         self.complete().await?;
@@ -564,7 +555,7 @@ impl Sink {
         if let Err(e) = self.encode_head(status, headers, framing, &mut out.buf) {
             return self.refused(e).await;
         }
-        if self.body {
+        if self.answer.body {
             for part in parts {
                 out.put(*part);
             }
@@ -587,15 +578,19 @@ impl Sink {
         const CLOSE: &[u8] = b"connection: close\r\n";
         let len: usize = parts.iter().map(Piece::len).sum();
         let copied: usize = parts.iter().map(Piece::copied).sum();
-        let close = if self.keep_alive { 0 } else { CLOSE.len() };
+        let close = if self.answer.keep_alive {
+            0
+        } else {
+            CLOSE.len()
+        };
         let size = fields.len() + close + http::content_length_bytes(len as u64) + copied;
         let mut out = Gather::new(size);
         out.buf.extend_from_slice(fields);
-        if !self.keep_alive {
+        if !self.answer.keep_alive {
             out.buf.extend_from_slice(CLOSE);
         }
         http::put_content_length(len as u64, &mut out.buf);
-        if self.body {
+        if self.answer.body {
             for part in parts {
                 out.put(*part);
             }
@@ -615,7 +610,7 @@ impl Sink {
     ) -> Result<(), Gone> {
         assert!(self.state == State::Head);
         let mut out = encode_pool::take(256);
-        let framing = match self.chunked {
+        let framing = match self.answer.chunked {
             true => BodyFraming::Chunked,
             false => BodyFraming::CloseDelimited,
         };
@@ -623,7 +618,7 @@ impl Sink {
             return self.refused(e).await;
         }
         self.state = State::Body {
-            chunked: self.chunked,
+            chunked: self.answer.chunked,
         };
         self.write(out.freeze()).await
     }
@@ -642,7 +637,7 @@ impl Sink {
         let State::Body { chunked } = self.state else {
             panic!("a body is written after its head");
         };
-        let out = match self.body {
+        let out = match self.answer.body {
             true => chunk_of(parts, chunked, false),
             false => Gather::new(0),
         };
@@ -667,7 +662,7 @@ impl Sink {
         let State::Body { chunked } = self.state else {
             panic!("a body is finished after its head");
         };
-        let out = match self.body {
+        let out = match self.answer.body {
             true => chunk_of(parts, chunked, true),
             false => Gather::new(0),
         };
@@ -679,7 +674,7 @@ impl Sink {
     }
 
     async fn complete(&mut self) -> Result<(), Gone> {
-        let keep_alive = self.keep_alive;
+        let keep_alive = self.answer.keep_alive;
         match &mut self.out {
             Out::Local { shared, pending } => {
                 if std::mem::take(pending) {
