@@ -348,6 +348,11 @@ pub const CACHE_REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(250);
 /// First wait before a failed cache refresh is tried again; it doubles up to the lease TTL.
 pub const CACHE_RETRY_MIN: Duration = Duration::from_millis(100);
 
+/// Tries of each read of the fragments an earlier hydrator stored, when a worker takes the
+/// hydration lease; if one still fails, the lease is given up rather than hydrating
+/// without the fragment (which would drop that route's items when its listing fails).
+pub const CACHE_FRAGMENT_READ_TRIES: u32 = 3;
+
 /// Longest wait between tries of a cache's store operation that failed (a networked store
 /// that is down): a read, or taking the hydration lease; the wait doubles from
 /// [`CACHE_RETRY_MIN`] up to this (or a third of the lease TTL, if shorter).
@@ -372,6 +377,11 @@ pub const REDIS_QUEUE_LEN: usize = 1024;
 /// Store operations a redis store has on its connection at once (pipelined); the queue
 /// waits behind them.
 pub const REDIS_INFLIGHT_MAX: usize = 256;
+
+/// Leases a redis store releases at once after their `SET NX` went out and its answer was
+/// lost (each is tried for up to its TTL); past it, a lease is left to expire and the
+/// refusal counts as an unavailable `unlock`.
+pub const REDIS_LOST_LEASES_MAX: usize = 64;
 
 /// Deadline of one store operation on Redis, from its queueing to the reply; past it the
 /// caller gets a store error and the connection is taken for lost.

@@ -60,9 +60,9 @@
 use super::{Over, Put, Store, StoreError, StoreFuture, Token, Value, Watch};
 use crate::config::RedisStore as RedisConfig;
 use crate::limits::{
-    LOG_FIELD_BYTES_MAX, REDIS_CONNECT_TIMEOUT, REDIS_INFLIGHT_MAX, REDIS_OPERATION_TIMEOUT,
-    REDIS_PING_INTERVAL, REDIS_QUEUE_LEN, REDIS_RECONNECT_MAX, REDIS_RECONNECT_MIN,
-    REDIS_VALUE_BYTES_MAX, REDIS_WATCHES_MAX,
+    LOG_FIELD_BYTES_MAX, REDIS_CONNECT_TIMEOUT, REDIS_INFLIGHT_MAX, REDIS_LOST_LEASES_MAX,
+    REDIS_OPERATION_TIMEOUT, REDIS_PING_INTERVAL, REDIS_QUEUE_LEN, REDIS_RECONNECT_MAX,
+    REDIS_RECONNECT_MIN, REDIS_VALUE_BYTES_MAX, REDIS_WATCHES_MAX,
 };
 use crate::log;
 use crate::metrics::store::{StoreOp, StoreOutcome, StoreStats};
@@ -624,6 +624,7 @@ async fn serve(
     let supervising = supervise(client, shown, link.clone(), shared.clone(), tried);
     tokio::task::spawn_local(supervising);
     let inflight = Arc::new(Semaphore::new(REDIS_INFLIGHT_MAX));
+    let releases = Rc::new(Semaphore::new(REDIS_LOST_LEASES_MAX));
     loop {
         let Ok(permit) = inflight.clone().acquire_owned().await else {
             return;
@@ -633,11 +634,26 @@ async fn serve(
             return;
         };
         let (link, scripts, shared) = (link.clone(), scripts.clone(), shared.clone());
+        let releases = releases.clone();
         tokio::task::spawn_local(async move {
-            if let Some(lost) = execute(request, &link, &scripts, &shared).await {
-                release_lost_lease(&link, &scripts, &shared, lost).await;
-            }
+            let lost = execute(request, &link, &scripts, &shared).await;
+            // The release can take up to the lease's TTL: it must not hold a place on
+            // the connection meanwhile, or lost answers would starve every operation.
             drop(permit);
+            let Some(lost) = lost else {
+                return;
+            };
+            match releases.try_acquire() {
+                Ok(_releasing) => release_lost_lease(&link, &scripts, &shared, lost).await,
+                // Too many at once (Redis is failing under a burst of locks): this one
+                // expires with its TTL, and the refusal is counted.
+                Err(_) => {
+                    let refused = StoreOutcome::Unavailable;
+                    shared
+                        .stats
+                        .record(StoreOp::Unlock, refused, Duration::ZERO);
+                }
+            }
         });
     }
 }

@@ -617,6 +617,38 @@ fn a_lock_whose_answer_was_lost_is_released() {
 }
 
 #[test]
+fn lost_leases_being_released_leave_the_connection_to_other_operations() {
+    let server = Server::start("lostmany");
+    run_local(async {
+        let store = std::rc::Rc::new(server.store("many", "m:"));
+        connected(&store).await;
+        // Each lease key holds a hash, so each release of a lost lease fails
+        // (WRONGTYPE) and is tried again until the lease's TTL.
+        let leases = crate::limits::REDIS_INFLIGHT_MAX + 44;
+        for n in 0..leases {
+            server.raw(&["HSET", &format!("m:lease:k{n}"), "f", "v"]);
+        }
+        // Every lock's answer is lost: Redis holds writes past the operation deadline.
+        server.raw(&["CLIENT", "PAUSE", "2500", "WRITE"]);
+        let ttl = Duration::from_secs(10);
+        let locks: Vec<_> = (0..leases)
+            .map(|n| {
+                let store = store.clone();
+                tokio::task::spawn_local(async move { store.lock(&format!("k{n}"), ttl).await })
+            })
+            .collect();
+        for lock in locks {
+            assert!(lock.await.unwrap().is_err(), "paused: no answer");
+        }
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        // The releases go on for the TTL; other operations still get the connection.
+        assert!(store.put("k", Bytes::from_static(b"v")).await.is_ok());
+        let value = store.get("k").await.unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(value.map(|v| v.bytes), Some(Bytes::from_static(b"v")));
+    });
+}
+
+#[test]
 fn records_are_made_updated_and_buried_as_the_contract_says() {
     let server = Server::start("records");
     run_local(async {

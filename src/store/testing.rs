@@ -15,6 +15,8 @@ pub struct Hooked {
     puts: Mutex<Vec<(Box<str>, Bytes)>>,
     /// The next this many renewals fail with a store error.
     pub renew_errors: AtomicU32,
+    /// The next this many reads (`get`) fail, as with a store that is down.
+    pub read_errors: AtomicU32,
     /// The next this many writes (`put_for`, `delete`) fail without writing, as with a
     /// store that is down.
     pub write_errors: AtomicU32,
@@ -71,6 +73,9 @@ impl Hooked {
 
 impl Store for Hooked {
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Value>> {
+        if take_one(&self.read_errors) {
+            return refused("not connected", false);
+        }
         self.inner.get(key)
     }
     fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {

@@ -34,12 +34,12 @@ use super::session::{self, ProxySession};
 use super::{Proxy, Route, join_all};
 use crate::binding::proxy::metrics as proxy_metrics;
 use crate::limits::{
-    CACHE_LIST_BYTES_MAX, CACHE_MERGED_LIST_BYTES_MAX, CACHE_REFRESH_INTERVAL_MIN, CACHE_RETRY_MIN,
-    CACHE_STORE_RETRY_MAX,
+    CACHE_FRAGMENT_READ_TRIES, CACHE_LIST_BYTES_MAX, CACHE_MERGED_LIST_BYTES_MAX,
+    CACHE_REFRESH_INTERVAL_MIN, CACHE_RETRY_MIN, CACHE_STORE_RETRY_MAX,
 };
 use crate::log;
 use crate::metrics;
-use crate::store::{Store, Token};
+use crate::store::{Store, StoreError, Token};
 use crate::stream::{
     self, Begin, Caps, Challenge, ClientHello, Event, Flush, Frame, Kind, ListKind, Reset,
 };
@@ -313,9 +313,9 @@ async fn hydrate(proxy: &Rc<Proxy>, key: &str, token: &Token) {
     // longer than the lease: it is renewed meanwhile.
     let opened = lease
         .renewing(async {
+            let fragments = load_fragments(proxy, cache).await?;
             let (life, session) = open_session(proxy, cache).await?;
             let caps = write_caps(proxy, cache, &session, None).await;
-            let fragments = load_fragments(proxy, cache).await;
             Some((life, session, caps, fragments))
         })
         .await
@@ -610,22 +610,48 @@ async fn write_caps(
     }
 }
 
-/// The fragments stored by an earlier holder: `[kind][route]`.
-async fn load_fragments(proxy: &Proxy, cache: &Cache) -> Fragments {
+/// The fragments stored by an earlier holder: `[kind][route]`. `None` when one of them
+/// cannot be read: a route that then failed its listing would keep no fragment, and the
+/// merged list written without it would drop the route's items that the store still
+/// holds. The lease is given up instead, and taken again once the store answers.
+async fn load_fragments(proxy: &Proxy, cache: &Cache) -> Option<Fragments> {
+    let store = &*cache.setup.store;
     let mut out = Vec::with_capacity(KINDS.len());
     for kind in KINDS {
         let mut row = Vec::with_capacity(proxy.routes.len());
         for route in &proxy.routes {
-            let value = cache
-                .setup
-                .store
-                .get(&cache.fragment_key(kind, route))
-                .await;
-            row.push(value.ok().flatten().map(|v| v.bytes));
+            let key = cache.fragment_key(kind, route);
+            match read_fragment(store, &key).await {
+                Ok(bytes) => row.push(bytes),
+                Err(e) => {
+                    log::warn(format_args!(
+                        "cache: reading {key} failed: {e}; giving the hydration lease up"
+                    ));
+                    return None;
+                }
+            }
         }
         out.push(row);
     }
-    out
+    Some(out)
+}
+
+/// One stored fragment, tried [`CACHE_FRAGMENT_READ_TRIES`] times (waits doubling from
+/// [`CACHE_RETRY_MIN`]) before its store error is final.
+async fn read_fragment(store: &dyn Store, key: &str) -> Result<Option<Bytes>, StoreError> {
+    let mut wait = CACHE_RETRY_MIN;
+    let mut tries = 1;
+    loop {
+        match store.get(key).await {
+            Ok(value) => return Ok(value.map(|v| v.bytes)),
+            Err(e) if tries >= CACHE_FRAGMENT_READ_TRIES => return Err(e),
+            Err(_) => {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+                tries += 1;
+            }
+        }
+    }
 }
 
 /// Hydrates each kind of `jobs` from its routes, all in parallel; returns each kind's
@@ -845,6 +871,24 @@ mod unit {
             let made = encode_list("resourceTemplates", &labels, &held).len();
             assert_eq!(encoded_list_len("resourceTemplates", &labels, &held), made);
         }
+    }
+
+    #[test]
+    fn a_fragment_that_cannot_be_read_is_an_error_not_an_empty_fragment() {
+        crate::testing::run_local(async {
+            let store = Hooked::default();
+            let stored = Bytes::from_static(br#"{"name":"a"}"#);
+            assert!(store.put("f", stored.clone()).await.is_ok());
+            // A store that fails for a moment: read on a later try.
+            store.read_errors.store(2, Ordering::Release);
+            assert_eq!(read_fragment(&store, "f").await, Ok(Some(stored)));
+            assert_eq!(read_fragment(&store, "none").await, Ok(None));
+            // One that keeps failing: an error after the tries, never "no fragment".
+            store.read_errors.store(1000, Ordering::Release);
+            assert!(read_fragment(&store, "f").await.is_err());
+            let left = 1000 - CACHE_FRAGMENT_READ_TRIES;
+            assert_eq!(store.read_errors.load(Ordering::Acquire), left);
+        });
     }
 
     #[test]
