@@ -20,6 +20,10 @@ pub const HEADER_BYTES_MAX: usize = 16 * 1024;
 /// Header fields per request or response head; more is answered 431.
 pub const HEADERS_PER_MESSAGE_MAX: usize = 64;
 
+/// Interim (1xx) responses an upstream may send before its final response; one more is a
+/// malformed response, so a peer cannot keep a decode call busy with endless 1xx heads.
+pub const INFORMATIONAL_RESPONSES_MAX: u32 = 8;
+
 /// Request target longer than this is answered 414.
 pub const REQUEST_TARGET_BYTES_MAX: usize = 4 * 1024;
 

@@ -81,6 +81,46 @@ fn foreign_host_gets_421() {
 }
 
 #[test]
+fn an_absolute_form_target_is_served_and_its_authority_is_the_host_checked() {
+    each_mode(|gw| {
+        let headers = [
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+        ];
+        let body = initialize_body(1, "2025-11-25");
+        // RFC 9112 §3.2.2: the path is the target's, and its authority comes before Host.
+        let target = format!("http://{}/mcp", gw.host());
+        let r = gw.raw(&request(
+            "evil.example",
+            "POST",
+            &target,
+            &headers,
+            body.as_bytes(),
+        ));
+        assert_eq!(r.status, 200);
+        assert!(r.header("mcp-session-id").is_some());
+        let r = gw.raw(&request(
+            &gw.host(),
+            "POST",
+            "HTTP://evil.example/mcp",
+            &headers,
+            body.as_bytes(),
+        ));
+        assert_eq!(r.status, 421);
+        let other = format!("https://{}/other?mcp", gw.host());
+        let r = gw.raw(&request(
+            &gw.host(),
+            "POST",
+            &other,
+            &headers,
+            body.as_bytes(),
+        ));
+        assert_eq!(r.status, 404);
+        gw.assert_serving();
+    });
+}
+
+#[test]
 fn pipelined_posts_are_answered_in_order() {
     each_mode(|gw| {
         let session = gw.initialize();

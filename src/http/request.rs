@@ -79,10 +79,25 @@ impl RequestHead {
         self.headers.text(self.target.0, self.target.1)
     }
 
-    /// Returns the target without its `?query` part (the whole target if it has none).
+    /// Returns the target's path: without its `?query` part, and for an absolute-form
+    /// target (`http://host/path`, which RFC 9112 §3.2.2 says a server must accept) without
+    /// its scheme and authority (`/` when the path is empty).
     pub fn path(&self) -> &str {
         let target = self.target();
-        target.split_once('?').map_or(target, |(path, _)| path)
+        let target = absolute_form(target).map_or(target, |(_, path)| path);
+        match target.split_once('?').map_or(target, |(path, _)| path) {
+            "" => "/",
+            path => path,
+        }
+    }
+
+    /// The host the request is for: the authority of an absolute-form target, which
+    /// RFC 9112 §3.2.2 puts before any `Host` field, or else the `Host` field.
+    pub fn host(&self) -> Option<&[u8]> {
+        match absolute_form(self.target()) {
+            Some((authority, _)) => Some(authority.as_bytes()),
+            None => self.headers.get("host"),
+        }
     }
 
     /// Returns true if the connection stays open after this request (RFC 9112 §9.3):
@@ -277,6 +292,17 @@ fn parse_head(scan: &[u8]) -> Result<Option<ParsedHead>, HttpError> {
         minor_version,
         fields,
     }))
+}
+
+/// The authority and the rest (path and query) of an absolute-form target: `http://` or
+/// `https://` (either case), the authority up to the first `/` or `?`, then the rest.
+fn absolute_form(target: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = target.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    rest.split_at_checked(end)
 }
 
 /// Maps an httparse error on a request head to the error we answer with.

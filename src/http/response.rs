@@ -14,12 +14,7 @@ use super::framing::declared_framing;
 use super::headers::{Field, Headers, locate_fields};
 use super::request::{DECODE_STEPS_MAX, first_line, version_error};
 use super::scan::{HeadScan, strip_empty_lines};
-use crate::limits::{HEADER_BYTES_MAX, HEADERS_PER_MESSAGE_MAX};
-
-/// Interim (1xx) responses accepted before a final response; more is treated as malformed.
-/// A bound of its own so a peer cannot keep a decode call busy with endless 1xx heads.
-/// TODO(#2): move to `limits.rs` with the other bounds.
-const INFORMATIONAL_RESPONSES_MAX: u32 = 8;
+use crate::limits::{HEADER_BYTES_MAX, HEADERS_PER_MESSAGE_MAX, INFORMATIONAL_RESPONSES_MAX};
 
 /// A decoded status line and header section.
 #[derive(Clone, Debug, PartialEq, Eq)]

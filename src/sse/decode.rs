@@ -73,8 +73,7 @@ impl Decoder {
     /// A message is emitted at a blank line if the block had at least one field (comments
     /// alone emit nothing). Bytes of an incomplete line stay in `buf`; the caller appends more
     /// to the same buffer and calls again (the decoder remembers how far it searched it). Errors: [`SseError::EventTooLarge`] when a block exceeds
-    /// [`SSE_EVENT_BYTES_MAX`], [`SseError::InvalidUtf8`] when an `id` or `event` value is not
-    /// UTF-8.
+    /// [`SSE_EVENT_BYTES_MAX`].
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Message>, SseError> {
         if let Some(error) = self.failed {
             return Err(error);
@@ -191,15 +190,17 @@ impl Decoder {
                 self.pending.data = Some(Bytes::new());
             }
             // WHATWG: an id containing NUL is ignored entirely.
+            // Bytes that are not UTF-8 are decoded as U+FFFD, as the WHATWG stream decoder
+            // (and so any browser) does: one odd byte from an upstream does not end its
+            // stream.
             b"id" if !value.contains(&0) => {
-                let id = std::str::from_utf8(value).map_err(|_| SseError::InvalidUtf8)?;
+                let id = String::from_utf8_lossy(value);
                 self.last_id.clear();
-                self.last_id.push_str(id);
-                self.pending.id = Some(id.to_owned());
+                self.last_id.push_str(&id);
+                self.pending.id = Some(id.into_owned());
             }
             b"event" => {
-                let event = std::str::from_utf8(value).map_err(|_| SseError::InvalidUtf8)?;
-                self.pending.event = Some(event.to_owned());
+                self.pending.event = Some(String::from_utf8_lossy(value).into_owned());
             }
             b"retry" => {
                 if let Some(ms) = parse_digits(value) {
@@ -408,14 +409,19 @@ mod tests {
     }
 
     #[test]
-    fn non_utf8_id_or_event_is_an_error_and_poisons() {
-        for input in [&b"id: \xff\n\n"[..], b"event: \xc3\x28\n\n"] {
-            let mut decoder = Decoder::new();
-            let mut buf = BytesMut::from(input);
-            assert_eq!(decoder.decode(&mut buf), Err(SseError::InvalidUtf8));
-            let mut more = BytesMut::from(&b"data: x\n\n"[..]);
-            assert_eq!(decoder.decode(&mut more), Err(SseError::InvalidUtf8));
-        }
+    fn non_utf8_id_or_event_is_replaced_and_the_stream_goes_on() {
+        let mut decoder = Decoder::new();
+        let mut buf = BytesMut::from(&b"id: a\xffb\nevent: \xc3\x28\ndata: x\n\n"[..]);
+        let message = decoder.decode(&mut buf);
+        let message = message
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("one message"));
+        assert_eq!(message.id.as_deref(), Some("a\u{fffd}b"));
+        assert_eq!(message.event.as_deref(), Some("\u{fffd}("));
+        assert_eq!(decoder.last_event_id(), Some("a\u{fffd}b"));
+        let mut more = BytesMut::from(&b"data: y\n\n"[..]);
+        assert!(matches!(decoder.decode(&mut more), Ok(Some(_))));
     }
 
     #[test]

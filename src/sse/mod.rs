@@ -26,8 +26,6 @@ pub enum SseError {
     /// An upstream event block (all its lines, comments included) exceeds
     /// [`crate::limits::SSE_EVENT_BYTES_MAX`].
     EventTooLarge,
-    /// An upstream `id` or `event` value is not UTF-8.
-    InvalidUtf8,
 }
 
 impl fmt::Display for SseError {
@@ -37,7 +35,6 @@ impl fmt::Display for SseError {
                 write!(f, "sse field `{name}` contains CR, LF or NUL")
             }
             SseError::EventTooLarge => f.write_str("sse event exceeds the size limit"),
-            SseError::InvalidUtf8 => f.write_str("sse id or event name is not UTF-8"),
         }
     }
 }

@@ -148,7 +148,7 @@ impl Server {
         if let Some(gate) = self.gate.as_ref()
             && gate.guard.is_metadata_path(req.head.path())
         {
-            if !self.host_allowed(req.head.headers.get("host")) {
+            if !self.host_allowed(req.head.host()) {
                 let refusal = edge::http_error(sink, 421, "host not allowed", None);
                 tokio::task::spawn_local(refusal);
                 return None;
@@ -233,7 +233,7 @@ impl Server {
         if !matches!(req.head.method, Method::Post | Method::Get | Method::Delete) {
             return Err((405, "method not allowed"));
         }
-        if !self.host_allowed(req.head.headers.get("host")) {
+        if !self.host_allowed(req.head.host()) {
             return Err((421, "host not allowed"));
         }
         if let Some(origin) = req.head.headers.get("origin")

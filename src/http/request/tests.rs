@@ -434,6 +434,57 @@ fn head_accessors() {
     };
     assert_eq!(head.path(), "/plain");
     assert!(head.headers.is_empty());
+    assert_eq!(head.host(), None);
+}
+
+#[test]
+fn an_absolute_form_target_gives_its_path_and_its_authority_as_the_host() {
+    type Case<'a> = (&'a [u8], &'a str, Option<&'a [u8]>);
+    let table: [Case; 6] = [
+        (
+            b"GET http://a:8/mcp?x=1 HTTP/1.1\r\nHost: b\r\n\r\n",
+            "/mcp",
+            Some(b"a:8"),
+        ),
+        (
+            b"GET HTTPS://a HTTP/1.1\r\nHost: b\r\n\r\n",
+            "/",
+            Some(b"a"),
+        ),
+        (
+            b"GET http://a?q HTTP/1.1\r\nHost: b\r\n\r\n",
+            "/",
+            Some(b"a"),
+        ),
+        (
+            b"GET http:///mcp HTTP/1.1\r\nHost: b\r\n\r\n",
+            "/mcp",
+            Some(b""),
+        ),
+        // Not absolute-form: left as it is.
+        (
+            b"GET ftp://a/mcp HTTP/1.1\r\nHost: b\r\n\r\n",
+            "ftp://a/mcp",
+            Some(b"b"),
+        ),
+        (
+            b"GET /x?http://a/y HTTP/1.1\r\nHost: b\r\n\r\n",
+            "/x",
+            Some(b"b"),
+        ),
+    ];
+    for (input, path, host) in table {
+        let outcome = run(&mut decoder(), &[input], false);
+        let Some(Out::Head(head)) = outcome.events.first() else {
+            panic!("expected a head, got {:?}", outcome.events);
+        };
+        assert_eq!(
+            (head.path(), head.host()),
+            (path, host),
+            "{}",
+            head.target()
+        );
+    }
 }
 
 #[test]

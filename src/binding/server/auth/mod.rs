@@ -696,10 +696,10 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The request's `Host`, when it is one a URL may carry: 1 to 255 bytes of letters,
-/// digits, `.`, `-`, `_`, `:`, `[` and `]`.
+/// The request's host (see [`crate::http::RequestHead::host`]), when it is one a URL may
+/// carry: 1 to 255 bytes of letters, digits, `.`, `-`, `_`, `:`, `[` and `]`.
 pub fn url_host(req: &Request) -> Option<&str> {
-    host_for_url(req.head.headers.get("host")?)
+    host_for_url(req.head.host()?)
 }
 
 /// Longest `Host` written into a metadata URL.
