@@ -356,13 +356,23 @@ fn each_mode_exit(exit: &str, body: impl Fn(&Gateway)) {
 /// A minimal upstream that answers each request and then closes the connection without
 /// saying so (no `Connection: close`), like a server whose keep-alive timer fired.
 fn closing_upstream() -> SocketAddr {
-    raw_upstream(None)
+    raw_upstream(Framing::Length)
+}
+
+/// How [`raw_upstream`] sends a call's answer.
+#[derive(Clone, Copy)]
+enum Framing {
+    /// JSON with `Content-Length`.
+    Length,
+    /// JSON in chunks of this many bytes.
+    Chunks(usize),
+    /// An event stream: an event whose data is not JSON-RPC, then the answer's event.
+    SseAfterJunk,
 }
 
 /// A minimal upstream that answers each request (a call's result echoes its `text`
-/// argument), with `Content-Length`, or in chunks of `chunk` bytes, and then closes the
-/// connection without saying so.
-fn raw_upstream(chunk: Option<usize>) -> SocketAddr {
+/// argument) as `framing` says, and then closes the connection without saying so.
+fn raw_upstream(framing: Framing) -> SocketAddr {
     use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -401,14 +411,22 @@ fn raw_upstream(chunk: Option<usize>) -> SocketAddr {
                 let answer = serde_json::json!({
                     "jsonrpc": "2.0", "id": request["id"], "result": {"content": content}
                 });
-                (
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n",
-                    answer.to_string(),
-                )
+                match framing {
+                    Framing::SseAfterJunk => (
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n",
+                        format!(
+                            "event: message\ndata: not json\n\nevent: message\ndata: {answer}\n\n"
+                        ),
+                    ),
+                    _ => (
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n",
+                        answer.to_string(),
+                    ),
+                }
             };
             let mut reply = head.as_bytes().to_vec();
-            match chunk {
-                Some(n) if !json.is_empty() => {
+            match framing {
+                Framing::Chunks(n) if !json.is_empty() => {
                     reply.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
                     for piece in json.as_bytes().chunks(n) {
                         reply.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
@@ -438,7 +456,7 @@ fn raw_upstream(chunk: Option<usize>) -> SocketAddr {
 /// cost a handle per byte.
 #[test]
 fn bodies_in_one_byte_chunks_come_through_whole() {
-    let addr = raw_upstream(Some(1));
+    let addr = raw_upstream(Framing::Chunks(1));
     let exit = format!("{{kind: client, server: \"http://{addr}/mcp\"}}");
     each_mode_exit(&exit, |gw| {
         let session = gw.initialize();
@@ -465,6 +483,26 @@ fn bodies_in_one_byte_chunks_come_through_whole() {
             v["result"]["content"][0]["text"].as_str(),
             Some(text.as_str())
         );
+        gw.assert_serving();
+    });
+}
+
+/// An event on a call's answer stream that is not JSON-RPC is skipped and counted, as on
+/// the session's GET stream, and the answer after it still reaches the agent.
+#[test]
+fn an_answer_event_that_is_not_jsonrpc_is_skipped_and_counted() {
+    let addr = raw_upstream(Framing::SseAfterJunk);
+    let exit = format!("{{kind: client, server: \"http://{addr}/mcp\"}}");
+    each_mode_exit(&exit, |gw| {
+        let session = gw.initialize();
+        let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"x","arguments":{"text":"after"}}}"#;
+        let r = gw.raw(&gw.post_bytes(Some(&session), &[], call));
+        assert_eq!(r.status, 200);
+        let text = r.text();
+        assert!(text.contains(r#""text":"after""#), "{text}");
+        assert!(!text.contains("not json"), "{text}");
+        let metrics = scrape(gw);
+        assert_eq!(metric(&metrics, "mcpyard_upstream_malformed_total"), 1);
         gw.assert_serving();
     });
 }

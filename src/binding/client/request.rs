@@ -476,8 +476,13 @@ impl Exchange<'_> {
                 last_event = Some(id).filter(|id| super::session::resendable(id));
             }
             let Some(data) = incoming.data else { continue };
-            let upward = exchange::classify(&data, Some(self.id.as_str()))
-                .map_err(|e| UpErr::Exchange(exchange::Failure::Body(e)))?;
+            let Ok(upward) = exchange::classify(&data, Some(self.id.as_str())) else {
+                // No answer to this request: skipped and counted, as on the session's GET
+                // stream. (Had it been the answer, a malformed one, the stream ends or the
+                // deadline comes without one, and that is the agent's error.)
+                client_metrics::with(|m| m.malformed += 1);
+                continue;
+            };
             match upward {
                 Upward::Result(result) => {
                     self.open_reply().await?;
