@@ -23,7 +23,13 @@ pub struct Hooked {
     /// The next this many writes (`put_for`, `delete`) are done but answer an error, as
     /// one whose answer came too late.
     pub late_answers: AtomicU32,
+    /// The next this many writes (`put_for`, `delete`) land, and answer, only after
+    /// [`SLOW_WRITE`], as on a store that is slow for a moment.
+    pub slow_writes: AtomicU32,
 }
+
+/// How long a slow write (see [`Hooked::slow_writes`]) is in flight.
+pub const SLOW_WRITE: Duration = Duration::from_millis(600);
 
 /// Takes one from `n` if it is not 0.
 fn take_one(n: &AtomicU32) -> bool {
@@ -45,10 +51,16 @@ fn refused<'a, T: 'a>(message: &str, maybe_done: bool) -> StoreFuture<'a, T> {
 /// (`write` is called only when the write is to be done: the memory store writes at once.)
 fn hooked<'a, T: 'a>(
     store: &'a Hooked,
-    write: impl FnOnce() -> StoreFuture<'a, T>,
+    write: impl FnOnce() -> StoreFuture<'a, T> + 'a,
 ) -> StoreFuture<'a, T> {
     if take_one(&store.write_errors) {
         return refused("not connected", false);
+    }
+    if take_one(&store.slow_writes) {
+        return Box::pin(async move {
+            tokio::time::sleep(SLOW_WRITE).await;
+            write().await
+        });
     }
     let done = write();
     if take_one(&store.late_answers) {
@@ -91,7 +103,7 @@ impl Store for Hooked {
         ttl: Duration,
         over: Over,
     ) -> StoreFuture<'a, Put> {
-        hooked(self, || self.inner.put_for(key, bytes, ttl, over))
+        hooked(self, move || self.inner.put_for(key, bytes, ttl, over))
     }
     fn bury<'a>(
         &'a self,
@@ -99,10 +111,10 @@ impl Store for Hooked {
         ttl: Duration,
         version: Option<u64>,
     ) -> StoreFuture<'a, bool> {
-        hooked(self, || self.inner.bury(key, ttl, version))
+        hooked(self, move || self.inner.bury(key, ttl, version))
     }
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
-        hooked(self, || self.inner.delete(key))
+        hooked(self, move || self.inner.delete(key))
     }
     fn lock<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Option<Token>> {
         self.inner.lock(key, ttl)

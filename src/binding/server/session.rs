@@ -1077,6 +1077,13 @@ mod tests {
     }
 
     fn opened(server: &Rc<Server>, id: &str, shared: bool) -> (Rc<Session>, Callee) {
+        let link = shared.then(|| Link::new(Bytes::from_static(b"{}"), None, None));
+        opened_with(server, id, link)
+    }
+
+    /// A session `id`, shared through `link` if there is one.
+    fn opened_with(server: &Rc<Server>, id: &str, link: Option<Link>) -> (Rc<Session>, Callee) {
+        let shared = link.is_some();
         let hello = ClientHello {
             capabilities: Bytes::from_static(b"{}"),
             protocol_version: "2025-11-25",
@@ -1092,7 +1099,6 @@ mod tests {
             instructions: None,
             handoff: None,
         };
-        let link = shared.then(|| Link::new(Bytes::from_static(b"{}"), None, None));
         let session = Session::create(
             server,
             Rc::from(id),
@@ -1412,6 +1418,72 @@ mod tests {
             let again = session.write_record(&server, Write::Create, false).await;
             assert_eq!(again, Written::Gone);
             assert!(store.inner.get_now(&key).is_none(), "the record came back");
+        });
+    }
+
+    /// The session expires while its first record write is in flight: the expiry waits
+    /// for the write to land, and then deletes the record it made. Decided before, it
+    /// would find no record, delete nothing, and the write would leave one behind for an
+    /// ended session.
+    #[test]
+    fn an_expiry_waits_out_its_own_record_write_in_flight() {
+        run(async {
+            let store = Arc::new(Hooked::default());
+            let timeout = crate::store::testing::SLOW_WRITE / 3;
+            let server = server_with(Some(store.clone()), timeout);
+            store.slow_writes.store(1, Ordering::Release);
+            let (session, _callee) = shared_session(&server, "s-slow");
+            let key = shared::key("north", "s-slow");
+            tokio::time::sleep(timeout * 2).await;
+            assert!(
+                store.inner.get_now(&key).is_none(),
+                "the write is still slow"
+            );
+            tokio::time::sleep(crate::store::testing::SLOW_WRITE * 2).await;
+            assert!(session.is_closed(), "expired");
+            assert!(
+                store.inner.get_now(&key).is_none(),
+                "the record outlived its session"
+            );
+        });
+    }
+
+    /// A session this node took up from its record counts as recorded even when this
+    /// node's own write of it failed: the record found gone later means it was deleted at
+    /// another node, and the copy here ends (not kept on as never written).
+    #[test]
+    fn a_session_taken_up_whose_write_failed_still_ends_when_its_record_goes() {
+        run(async {
+            let store = Arc::new(Hooked::default());
+            let server = server_with(Some(store.clone()), Duration::from_secs(600));
+            // Node A's record.
+            let a = Link::new(Bytes::from_static(b"{}"), None, None);
+            let write = shared::write(
+                &server,
+                "s-up",
+                "2025-11-25",
+                &a,
+                Instant::now(),
+                Write::Create,
+                false,
+            );
+            assert_eq!(write.await, Written::Done);
+            // Node B takes it up; B's own write fails.
+            let b = Link::new(Bytes::from_static(b"{}"), None, None);
+            b.taken_up();
+            store.write_errors.store(1, Ordering::Release);
+            let (session, _callee) = opened_with(&server, "s-up", Some(b));
+            settle(8).await;
+            let link = session.shared.as_ref().expect("shared");
+            assert!(!link.recorded(), "B's write failed");
+            // Deleted at node A.
+            let forgot = shared::forget(&server, "s-up", None).await;
+            assert_eq!(forgot, shared::Forgot::Done);
+            settle(64).await;
+            assert!(
+                session.is_closed(),
+                "B's copy of a deleted session lives on"
+            );
         });
     }
 
