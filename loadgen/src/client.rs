@@ -69,8 +69,10 @@ pub fn body_kind(content_type: Option<&[u8]>) -> BodyKind {
 
 /// Appends one request to `out`: method, target, host, the MCP headers and the body.
 ///
-/// `session` adds `mcp-session-id` and `mcp-protocol-version`; a POST gets the JSON content
-/// type and the two-type `accept` MCP requires, a GET asks for an event stream.
+/// `session` adds `mcp-session-id`; `initialized` (every request after initialize) adds
+/// `mcp-protocol-version`, which MCP (Streamable HTTP, 2025-06-18 on) requires on all of
+/// them, with a session id or without. A POST gets the JSON content type and the two-type
+/// `accept` MCP requires, a GET asks for an event stream.
 ///
 /// `Err` (a decode failure: nothing written) when the session id the gateway gave would
 /// break the head (a control byte).
@@ -78,6 +80,7 @@ pub fn encode_request(
     method: &str,
     target: &Target,
     session: Option<&str>,
+    initialized: bool,
     body: &[u8],
     out: &mut BytesMut,
 ) -> Result<(), Failure> {
@@ -93,6 +96,8 @@ pub fn encode_request(
     }
     if let Some(session) = session {
         headers.push(("mcp-session-id", session.as_bytes()));
+    }
+    if initialized {
         headers.push(("mcp-protocol-version", PROTOCOL_VERSION.as_bytes()));
     }
     for (name, value) in &target.headers {
@@ -216,10 +221,60 @@ pub fn io_failure(err: &io::Error, doing: &str) -> Failure {
     Failure::new(kind, format!("{doing}: {err}"))
 }
 
-/// A blocking keep-alive connection with a read timeout, plain or TLS.
+/// Why [`Conn::send`] returned no response.
+#[derive(Debug)]
+pub enum SendFailure {
+    /// The connection had carried an exchange before and the target had closed it while
+    /// it sat idle: the close (or reset) came before any byte of the answer. HTTP lets a
+    /// server close an idle persistent connection at any time (RFC 9112 §9.6), so this is
+    /// no error of the target: reconnect and send once more.
+    IdleClosed(Failure),
+    /// Anything else: the exchange failed.
+    Failed(Failure),
+}
+
+impl SendFailure {
+    /// The failure to count when no retry is made.
+    pub fn into_failure(self) -> Failure {
+        match self {
+            SendFailure::IdleClosed(f) | SendFailure::Failed(f) => f,
+        }
+    }
+}
+
+impl From<Failure> for SendFailure {
+    fn from(failure: Failure) -> SendFailure {
+        SendFailure::Failed(failure)
+    }
+}
+
+/// True for the socket errors a peer's close produces on a write or read.
+fn is_peer_close(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+    )
+}
+
+/// The failure of an exchange that did not complete by its deadline.
+fn deadline_failure(timeout: Duration) -> Failure {
+    Failure::new(
+        ErrorKind::Timeout,
+        format!("no complete response within {timeout:?} of the send"),
+    )
+}
+
+/// A blocking keep-alive connection, plain or TLS, whose exchanges each have a deadline.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
+    /// How long one exchange may take, from the send to the response's last byte.
+    timeout: Duration,
+    /// Exchanges this connection has completed: past the first, it may have been closed
+    /// by the target while idle.
+    exchanges: u64,
     /// The TLS session of an https target; its records pass through `scratch` (reads) and
     /// `sealed` (writes), and `read` holds plaintext only.
     tls: Option<Box<Layer>>,
@@ -237,8 +292,8 @@ impl Conn {
     /// Connects to `target` within `timeout`; a refused or unreachable target is a
     /// `Connect` failure. With `ReceiveTime::Kernel` the socket stamps what it receives
     /// (if the kernel refuses, responses are timed when read). With `tls` the TLS
-    /// handshake runs here, within `timeout` per read; a refused handshake is a `Connect`
-    /// failure too.
+    /// handshake runs here, within `timeout` in all; a refused handshake is a `Connect`
+    /// failure too. Each later exchange gets `timeout` from its send to its end.
     pub fn open(
         target: &Target,
         timeout: Duration,
@@ -266,6 +321,8 @@ impl Conn {
             && crate::sys::enable_receive_timestamps(stream.as_raw_fd()).is_ok();
         let mut conn = Conn {
             stream,
+            timeout,
+            exchanges: 0,
             tls: None,
             sealed: Vec::new(),
             stamped,
@@ -276,14 +333,15 @@ impl Conn {
         if let Some(tls) = tls {
             let layer = tls.session().map_err(|e| connect_failure(&e))?;
             conn.tls = Some(Box::new(layer));
-            conn.handshake()
+            let deadline = Instant::now() + timeout;
+            conn.handshake(deadline)
                 .map_err(|f| connect_failure(&format!("TLS handshake: {f}")))?;
         }
         Ok(conn)
     }
 
-    /// Runs the TLS handshake to its end: flights out, answers in.
-    fn handshake(&mut self) -> Result<(), Failure> {
+    /// Runs the TLS handshake to its end by `deadline`: flights out, answers in.
+    fn handshake(&mut self, deadline: Instant) -> Result<(), Failure> {
         loop {
             let Some(layer) = self.tls.as_deref_mut() else {
                 return Ok(());
@@ -296,6 +354,7 @@ impl Conn {
             if !handshaking {
                 return Ok(());
             }
+            self.arm(deadline)?;
             let (n, _) = crate::sys::recv_stamped(self.stream.as_raw_fd(), &mut self.scratch)
                 .map_err(|e| io_failure(&e, "read"))?;
             if n == 0 {
@@ -306,6 +365,21 @@ impl Conn {
             }
             self.take_raw(n)?;
         }
+    }
+
+    /// Bounds the next socket read or write by what is left until `deadline`, so a target
+    /// that trickles its answer a byte at a time cannot stretch an exchange past it (a
+    /// per-read timeout alone would restart with every byte). A deadline already passed
+    /// is a timeout.
+    fn arm(&self, deadline: Instant) -> Result<(), Failure> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(deadline_failure(self.timeout));
+        }
+        self.stream
+            .set_read_timeout(Some(left))
+            .and_then(|()| self.stream.set_write_timeout(Some(left)))
+            .map_err(|e| io_failure(&e, "socket timeout"))
     }
 
     /// Writes the sealed records waiting in `self.sealed`.
@@ -344,39 +418,59 @@ impl Conn {
         }
     }
 
-    /// Sends one request and reads its whole response; `Response::arrived` is the kernel's
-    /// receive time of the read that completed it, if the socket is stamped.
+    /// Sends one request and reads its whole response by `timeout` after the send;
+    /// `Response::arrived` is the kernel's receive time of the read that completed it, if
+    /// the socket is stamped.
+    ///
+    /// A deadline passed is a `Timeout` failure (the caller drops the connection: the
+    /// answer may still be on its way). A reused connection found closed before any byte
+    /// of the answer is [`SendFailure::IdleClosed`].
     pub fn send(
         &mut self,
         method: &str,
         target: &Target,
         session: Option<&str>,
+        initialized: bool,
         body: &[u8],
-    ) -> Result<Response, Failure> {
+    ) -> Result<Response, SendFailure> {
         self.write.clear();
-        encode_request(method, target, session, body, &mut self.write)?;
+        encode_request(method, target, session, initialized, body, &mut self.write)?;
         let written = Instant::now();
-        match self.tls.as_deref_mut() {
-            None => self
-                .stream
-                .write_all(&self.write)
-                .map_err(|e| io_failure(&e, "write"))?,
-            Some(layer) => {
-                layer
-                    .seal(&self.write, &mut self.sealed)
-                    .map_err(|e| io_failure(&e, "TLS"))?;
-                self.flush_sealed()?;
+        let deadline = written + self.timeout;
+        let reused = self.exchanges > 0;
+        // Bytes left over from an earlier answer would be part of this one.
+        let mut answered = !self.read.is_empty();
+        let idle_closed = |failure: Failure, answered: bool| {
+            if reused && !answered {
+                SendFailure::IdleClosed(failure)
+            } else {
+                SendFailure::Failed(failure)
             }
+        };
+        self.arm(deadline)?;
+        match self.write_request() {
+            Ok(()) => {}
+            Err(SendFailure::IdleClosed(failure)) => return Err(idle_closed(failure, answered)),
+            Err(failed) => return Err(failed),
         }
         let mut collector = Collector::new();
         let mut arrived = None;
         loop {
             if let Some(mut response) = collector.feed(&mut self.read)? {
                 response.arrived = arrived;
+                self.exchanges += 1;
                 return Ok(response);
             }
-            let (n, stamp) = crate::sys::recv_stamped(self.stream.as_raw_fd(), &mut self.scratch)
-                .map_err(|e| io_failure(&e, "read"))?;
+            self.arm(deadline)?;
+            let (n, stamp) =
+                match crate::sys::recv_stamped(self.stream.as_raw_fd(), &mut self.scratch) {
+                    Ok(read) => read,
+                    Err(e) if is_peer_close(&e) => {
+                        return Err(idle_closed(io_failure(&e, "read"), answered));
+                    }
+                    Err(e) if is_timeout(&e) => return Err(deadline_failure(self.timeout).into()),
+                    Err(e) => return Err(io_failure(&e, "read").into()),
+                };
             if self.stamped {
                 // The wall clock first, then the monotonic one: the age is then at most
                 // the few ns between the two reads too long.
@@ -388,14 +482,53 @@ impl Conn {
             }
             // A TLS peer's close_notify is followed by the socket's end: n == 0 then.
             if n == 0 {
-                return collector.feed_eof(&mut self.read)?.ok_or_else(|| {
-                    Failure::new(
-                        ErrorKind::Io,
-                        "the target closed the connection mid-response",
-                    )
-                });
+                let closed = Failure::new(
+                    ErrorKind::Io,
+                    "the target closed the connection mid-response",
+                );
+                return match collector.feed_eof(&mut self.read) {
+                    Ok(Some(mut response)) => {
+                        response.arrived = arrived;
+                        Ok(response)
+                    }
+                    Ok(None) => Err(idle_closed(closed, answered)),
+                    Err(failure) => Err(idle_closed(failure, answered)),
+                };
             }
+            let before = self.read.len();
             self.take_raw(n)?;
+            answered |= self.read.len() > before;
         }
     }
+
+    /// Writes the encoded request in `self.write`, through TLS if there is one. A write the
+    /// peer's close refused is `IdleClosed` (whether it may be retried is the caller's
+    /// call).
+    fn write_request(&mut self) -> Result<(), SendFailure> {
+        let written = match self.tls.as_deref_mut() {
+            None => self.stream.write_all(&self.write),
+            Some(layer) => {
+                layer
+                    .seal(&self.write, &mut self.sealed)
+                    .map_err(|e| io_failure(&e, "TLS"))?;
+                let sealed = self.stream.write_all(&self.sealed);
+                self.sealed.clear();
+                sealed
+            }
+        };
+        match written {
+            Ok(()) => Ok(()),
+            Err(e) if is_peer_close(&e) => Err(SendFailure::IdleClosed(io_failure(&e, "write"))),
+            Err(e) if is_timeout(&e) => Err(deadline_failure(self.timeout).into()),
+            Err(e) => Err(io_failure(&e, "write").into()),
+        }
+    }
+}
+
+/// True for the errors a socket timeout produces.
+fn is_timeout(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }

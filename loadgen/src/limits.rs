@@ -63,7 +63,8 @@ pub const FANOUT_ROUNDS_MAX: u32 = 1000;
 /// Pause between fan-out rounds, so one round's stragglers never count in the next.
 pub const FANOUT_ROUND_PAUSE: Duration = Duration::from_millis(200);
 
-/// Default per-request timeout (socket read timeout in `run`, wait limit in `fanout`).
+/// Default per-request timeout (in `run`, the deadline of each exchange from its send to the
+/// response's last byte; in `fanout`, the wait limit).
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
 /// The open-loop pacer sleeps until this long before a request's intended send time and
@@ -87,7 +88,9 @@ pub const PROGRESS_AFTER: Duration = Duration::from_secs(3);
 /// How often the progress line is rewritten.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Latency histograms record microseconds from 1 µs to this many (one minute).
+/// Latency histograms record microseconds from 1 µs to this many (one minute). A longer
+/// latency is recorded as this and counted (`clamped` in the report), so a max at this
+/// value reads as "at least".
 pub const LATENCY_US_MAX: u64 = 60_000_000;
 
 /// Significant figures of the latency histograms.

@@ -181,6 +181,18 @@ pub struct Recorder {
     pub response: Histogram<u64>,
     /// Service time in µs, from each request's actual send time.
     pub service: Histogram<u64>,
+    /// Response time in µs of every recorded request, successful or failed (a failure at
+    /// the moment it failed), from its intended send time.
+    pub response_all: Histogram<u64>,
+    /// Recorded requests whose response time exceeded `LATENCY_US_MAX` and was recorded
+    /// as that maximum: when non-zero, the histograms' max is a clamp.
+    pub clamped: u64,
+    /// When the last recorded request finished, on the run's clock: the measured window
+    /// ends here (or at the scheduled end, if later).
+    pub last_done: Nanos,
+    /// Keep-alive connections the target closed while idle, reopened and the request sent
+    /// again (warm-up included): normal HTTP, not errors.
+    pub reconnects: u64,
     /// Failures of recorded (post-warm-up) requests.
     pub errors: ErrorCounts,
     /// Warm-up requests completed (successful or not).
@@ -204,6 +216,10 @@ impl Recorder {
             warmup_end,
             response: latency_histogram(),
             service: latency_histogram(),
+            response_all: latency_histogram(),
+            clamped: 0,
+            last_done: 0,
+            reconnects: 0,
             errors: ErrorCounts::default(),
             warmup_count: 0,
             unsent: 0,
@@ -231,7 +247,8 @@ impl Recorder {
     /// `sent` and finished at `done` (all on the run's clock).
     ///
     /// Response time is `done - intended`, so a request that had to wait for a stalled
-    /// predecessor carries that wait: coordinated omission is not hidden.
+    /// predecessor carries that wait: coordinated omission is not hidden. A failure is
+    /// counted by kind and recorded in `response_all` only.
     pub fn on_complete(
         &mut self,
         intended: Nanos,
@@ -247,9 +264,14 @@ impl Recorder {
             self.warmup_count += 1;
             return;
         }
+        let response = nanos_to_us(done.saturating_sub(intended));
+        if response > LATENCY_US_MAX {
+            self.clamped += 1;
+        }
+        self.response_all.saturating_record(response);
+        self.last_done = self.last_done.max(done);
         match outcome {
             Ok(served) => {
-                let response = nanos_to_us(done.saturating_sub(intended));
                 let service = nanos_to_us(done.saturating_sub(sent));
                 self.response.saturating_record(response);
                 self.service.saturating_record(service);
@@ -272,6 +294,10 @@ impl Recorder {
     pub fn merge(&mut self, other: &Recorder) -> Result<(), hdrhistogram::AdditionError> {
         self.response.add(&other.response)?;
         self.service.add(&other.service)?;
+        self.response_all.add(&other.response_all)?;
+        self.clamped += other.clamped;
+        self.last_done = self.last_done.max(other.last_done);
+        self.reconnects += other.reconnects;
         self.errors.merge(&other.errors);
         self.warmup_count += other.warmup_count;
         self.unsent += other.unsent;
@@ -357,6 +383,34 @@ mod tests {
         assert_eq!(a.errors.first(ErrorKind::Decode), Some("bad"));
         assert_eq!(a.unsent, 3);
         assert_eq!(a.notifications, 200);
+    }
+
+    #[test]
+    fn failures_are_in_the_histogram_with_errors_at_their_time_to_failure() {
+        let mut rec = Recorder::new(0);
+        rec.on_complete(0, 0, MS, &Ok(Served::default()));
+        let timeout = Failure::new(ErrorKind::Timeout, "no complete response within 10s");
+        rec.on_complete(0, 0, 10_000 * MS, &Err(timeout));
+        assert_eq!(rec.ok_count(), 1);
+        assert_eq!(rec.response.max(), 1000);
+        assert_eq!(rec.response_all.len(), 2);
+        assert_eq!(
+            rec.response_all.max(),
+            rec.response_all.highest_equivalent(10_000_000)
+        );
+    }
+
+    #[test]
+    fn latencies_past_the_histogram_are_counted_as_clamped() {
+        let mut rec = Recorder::new(0);
+        let beyond = (LATENCY_US_MAX + 5_000_000) * 1000;
+        rec.on_complete(0, 0, beyond, &Ok(Served::default()));
+        rec.on_complete(0, 0, MS, &Ok(Served::default()));
+        assert_eq!(rec.clamped, 1);
+        let mut total = Recorder::new(0);
+        total.merge(&rec).unwrap_or_else(|e| panic!("merge: {e}"));
+        assert_eq!(total.clamped, 1);
+        assert_eq!(total.last_done, beyond);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use bytes::BytesMut;
 
 use crate::args::{Mode, ReceiveTime, RunArgs, Scenario, Target};
 use crate::arrival::lead;
-use crate::client::{Conn, Response};
+use crate::client::{Conn, Response, SendFailure};
 use crate::limits::{DRAIN_GRACE, PROGRESS_AFTER, PROGRESS_INTERVAL};
 use crate::mcp::{self, ToolsCall};
 use crate::record::{ErrorKind, Failure, Recorder, Served};
@@ -138,6 +138,8 @@ pub struct Session {
     body: BytesMut,
     /// Requests sent on the current session (for `--session-calls`).
     calls: u64,
+    /// Keep-alive connections found closed by the target while idle, and reopened.
+    pub reconnects: u64,
 }
 
 impl Session {
@@ -150,12 +152,39 @@ impl Session {
             next_id: 1,
             body: BytesMut::new(),
             calls: 0,
+            reconnects: 0,
         }
     }
 
     /// Sends `self.body` and returns the response; a broken or closing connection is
-    /// dropped so the next call reconnects.
-    fn send(&mut self, method: &str, session: Option<&str>) -> Result<Response, Failure> {
+    /// dropped so the next call reconnects. `initialized` is false only for initialize
+    /// itself (every later request carries `mcp-protocol-version`).
+    ///
+    /// A keep-alive connection the target closed while it sat idle is no failure: it is
+    /// counted in `reconnects` and the request is sent once more on a new connection.
+    fn send(
+        &mut self,
+        method: &str,
+        session: Option<&str>,
+        initialized: bool,
+    ) -> Result<Response, Failure> {
+        match self.send_once(method, session, initialized) {
+            Err(SendFailure::IdleClosed(_)) => {
+                self.reconnects += 1;
+                self.send_once(method, session, initialized)
+                    .map_err(SendFailure::into_failure)
+            }
+            other => other.map_err(SendFailure::into_failure),
+        }
+    }
+
+    /// One attempt of [`Session::send`], connecting first if there is no connection.
+    fn send_once(
+        &mut self,
+        method: &str,
+        session: Option<&str>,
+        initialized: bool,
+    ) -> Result<Response, SendFailure> {
         let conn = match &mut self.conn {
             Some(conn) => conn,
             slot @ None => slot.insert(Conn::open(
@@ -165,7 +194,7 @@ impl Session {
                 self.plan.tls.as_ref(),
             )?),
         };
-        match conn.send(method, &self.plan.target, session, &self.body) {
+        match conn.send(method, &self.plan.target, session, initialized, &self.body) {
             Ok(response) => {
                 if self.plan.new_connection {
                     if let Some(conn) = self.conn.take() {
@@ -198,19 +227,19 @@ impl Session {
         let id = self.take_id();
         self.body.clear();
         mcp::initialize(id, &mut self.body);
-        let response = self.send("POST", None)?;
+        let response = self.send("POST", None, false)?;
         mcp::expect_result(&response, id, "initialize")?;
         let session = response.session;
         self.body.clear();
         mcp::initialized(&mut self.body);
-        let response = self.send("POST", session.as_deref())?;
+        let response = self.send("POST", session.as_deref(), true)?;
         mcp::expect_status(&response, 202, "notifications/initialized")?;
         Ok(session)
     }
 
     fn close_session(&mut self, session: &str) -> Result<(), Failure> {
         self.body.clear();
-        let response = self.send("DELETE", Some(session))?;
+        let response = self.send("DELETE", Some(session), true)?;
         // MCP 2025-11-25: a server that does not let clients end sessions answers 405.
         if response.status == 405 {
             return Ok(());
@@ -249,7 +278,7 @@ impl Session {
             _ => self.plan.call.encode(id, false, &mut self.body),
         }
         let session = self.session.clone().flatten();
-        let response = self.send("POST", session.as_deref())?;
+        let response = self.send("POST", session.as_deref(), !self.plan.no_initialize)?;
         if response.status == 404 && !self.plan.no_initialize {
             // MCP: 404 means the session is gone; start a new one next time.
             self.session = None;
@@ -432,6 +461,7 @@ impl Job {
                 drive_closed(&clock, &mut session, &self.window, &mut rec, &self.progress);
             }
         }
+        rec.reconnects = session.reconnects;
         rec.finish_series();
         rec
     }

@@ -339,7 +339,7 @@ async fn open_stream(ctx: &Ctx) -> Result<(TcpStream, BytesMut, ResponseDecoder)
     let response = exchange(&mut stream, &mut read, target, "POST", sid, &body, timeout).await?;
     mcp::expect_status(&response, 202, "notifications/initialized")?;
     let mut request = BytesMut::new();
-    encode_request("GET", target, sid, b"", &mut request)?;
+    encode_request("GET", target, sid, true, b"", &mut request)?;
     stream
         .write_all(&request)
         .await
@@ -413,7 +413,15 @@ async fn exchange(
     timeout: Duration,
 ) -> Result<Response, Failure> {
     let mut request = BytesMut::new();
-    encode_request(method, target, session, body, &mut request)?;
+    // Only initialize goes without a session here: every later request is after it.
+    encode_request(
+        method,
+        target,
+        session,
+        session.is_some(),
+        body,
+        &mut request,
+    )?;
     let work = async {
         stream
             .write_all(&request)

@@ -13,9 +13,10 @@ use hdrhistogram::Histogram;
 use serde_json::{Map, Value, json};
 
 use crate::args::{Mode, RunArgs};
-use crate::limits::{CONNECTION_BUSY_AIM, CONNECTION_BUSY_WARN};
+use crate::limits::{CONNECTION_BUSY_AIM, CONNECTION_BUSY_WARN, LATENCY_US_MAX};
 use crate::record::{ErrorKind, Recorder};
 use crate::run::RunError;
+use crate::schedule::nanos;
 
 /// The quantiles the table shows, with their labels.
 pub const TABLE_QUANTILES: [(&str, f64); 4] =
@@ -27,9 +28,14 @@ pub const ACHIEVED_RATE_MIN: f64 = 0.99;
 /// The headline numbers of a request run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Figures {
-    /// Successful recorded requests per second of measured time.
+    /// The measured window in seconds: from the end of warm-up to the last recorded
+    /// completion, or to the scheduled end if that is later. A lagging open-loop run keeps
+    /// finishing requests past `--duration`; dividing those by `--duration` would overstate
+    /// what the target achieved.
+    pub measured_secs: f64,
+    /// Successful recorded requests per second of the measured window.
     pub throughput: f64,
-    /// Recorded requests sent (successful or not) per second of measured time.
+    /// Recorded requests completed (successful or not) per second of the measured window.
     pub sent_rate: f64,
     /// The target rate, open loop only.
     pub target_rate: Option<u64>,
@@ -41,7 +47,10 @@ pub struct Figures {
 impl Figures {
     /// Computes the figures of `rec` for a run of `args`.
     pub fn of(args: &RunArgs, rec: &Recorder) -> Figures {
-        let secs = args.duration.as_secs_f64().max(1e-9);
+        let ran_past = rec.last_done.saturating_sub(nanos(args.warmup));
+        let secs = (ran_past as f64 / 1e9)
+            .max(args.duration.as_secs_f64())
+            .max(1e-9);
         let target_rate = match args.mode {
             Mode::Open { rate } => Some(rate),
             Mode::Closed => None,
@@ -50,6 +59,7 @@ impl Figures {
             .filter(|_| rec.ok_count() > 0)
             .map(|rate| rec.service.mean() * 1e-6 * rate as f64 / args.connections.max(1) as f64);
         Figures {
+            measured_secs: secs,
             throughput: rec.ok_count() as f64 / secs,
             sent_rate: (rec.ok_count() + rec.errors.total()) as f64 / secs,
             target_rate,
@@ -104,16 +114,17 @@ pub fn table(args: &RunArgs, rec: &Recorder) -> String {
     );
     let _ = write!(
         out,
-        "requests {:>10} ok {:>8} errors {:>8} unsent   throughput {:.1} req/s",
+        "requests {:>10} ok {:>8} errors {:>8} unsent   throughput {:.1} req/s over {:.2} s",
         rec.ok_count(),
         rec.errors.total(),
         rec.unsent,
-        fig.throughput
+        fig.throughput,
+        fig.measured_secs
     );
     if let Some(rate) = fig.target_rate {
         let _ = write!(
             out,
-            " (sent {:.1}/s = {:.1} % of target)",
+            " (offered {rate}/s; completed {:.1}/s = {:.1} % of it)",
             fig.sent_rate,
             100.0 * fig.sent_rate / rate as f64
         );
@@ -123,7 +134,11 @@ pub fn table(args: &RunArgs, rec: &Recorder) -> String {
     for kind in ErrorKind::ALL {
         let _ = write!(out, " {} {}", kind.name(), rec.errors.get(kind));
     }
-    out.push('\n');
+    let _ = writeln!(
+        out,
+        "   reconnects {} (idle keep-alive closed by the target)",
+        rec.reconnects
+    );
     for kind in ErrorKind::ALL {
         if let Some(detail) = rec.errors.first(kind) {
             let _ = writeln!(out, "  first {}: {detail}", kind.name());
@@ -140,7 +155,27 @@ pub fn table(args: &RunArgs, rec: &Recorder) -> String {
     out.push_str(&latency_rows(&[
         ("response", &rec.response),
         ("service", &rec.service),
+        ("with errors", &rec.response_all),
     ]));
+    if rec.errors.total() > 0 {
+        let _ = writeln!(
+            out,
+            "note: response and service hold the {} successful requests; with errors also \
+             holds the {} failed ones at their time to failure (a timeout at --timeout or more)",
+            rec.ok_count(),
+            rec.errors.total()
+        );
+    }
+    if rec.clamped > 0 {
+        let _ = writeln!(
+            out,
+            "warning: {} requests took longer than the histograms' {} s and were recorded \
+             as {} s: the max shown is a clamp",
+            rec.clamped,
+            LATENCY_US_MAX / 1_000_000,
+            LATENCY_US_MAX / 1_000_000
+        );
+    }
     if let (Some(busy), Some(wanted)) = (
         fig.connection_busy,
         fig.connections_wanted(args.connections),
@@ -243,11 +278,17 @@ pub fn run_json(args: &RunArgs, rec: &Recorder) -> Value {
         "unsent": rec.unsent,
         "warmup_requests": rec.warmup_count,
         "notifications": rec.notifications,
+        "measured_s": fig.measured_secs,
         "throughput_rps": fig.throughput,
         "sent_rps": fig.sent_rate,
+        "offered_rps": fig.target_rate,
+        "reconnects": rec.reconnects,
+        "latency_clamped": rec.clamped,
+        "latency_max_us": LATENCY_US_MAX,
         "connection_busy": fig.connection_busy,
         "response_us": histogram_json(&rec.response),
         "service_us": histogram_json(&rec.service),
+        "response_with_errors_us": histogram_json(&rec.response_all),
     })
 }
 
@@ -343,6 +384,40 @@ mod tests {
         assert_eq!(fig.sent_rate, 500.5);
         assert!(fig.rate_short());
         assert!(!Figures::of(&args(Mode::Closed), &recorder()).rate_short());
+    }
+
+    #[test]
+    fn completions_past_the_duration_stretch_the_window_they_are_divided_by() {
+        // A 2 s run whose lagging connections finish their 1000 requests at 4 s: the
+        // target achieved 250 req/s, not 500.
+        let mut rec = Recorder::new(0);
+        for i in 1..=1000u64 {
+            rec.on_complete(0, 0, i * 4_000_000, &Ok(Served::default()));
+        }
+        let fig = Figures::of(&args(Mode::Open { rate: 1000 }), &rec);
+        assert_eq!(fig.measured_secs, 4.0);
+        assert_eq!(fig.throughput, 250.0);
+        let v = run_json(&args(Mode::Open { rate: 1000 }), &rec);
+        assert_eq!(v["offered_rps"], 1000);
+        assert_eq!(v["measured_s"], 4.0);
+    }
+
+    #[test]
+    fn clamped_latencies_are_shown_in_the_table_and_json() {
+        let mut rec = recorder();
+        rec.on_complete(
+            0,
+            0,
+            (LATENCY_US_MAX + 1_000_000) * 1000,
+            &Ok(Served::default()),
+        );
+        let text = table(&args(Mode::Closed), &rec);
+        assert!(text.contains("1 requests took longer"), "{text}");
+        assert_eq!(run_json(&args(Mode::Closed), &rec)["latency_clamped"], 1);
+        assert_eq!(
+            run_json(&args(Mode::Closed), &recorder())["latency_clamped"],
+            0
+        );
     }
 
     #[test]

@@ -1,0 +1,313 @@
+//! `run` against targets that misbehave in ways a real server may: a raw TcpListener in
+//! the test speaks just enough MCP (initialize, notifications, tools/call, DELETE) and
+//! then trickles, closes or leaves headers out. Ports are chosen at run time; every run
+//! of the binary has a bounded wait, so a hang fails the test instead of hanging it.
+//! Assertions are on counts and headers, never on how long anything took.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mcpyard-loadgen");
+
+/// How long a run of the binary may take before the test calls it hung.
+const RUN_BOUND: Duration = Duration::from_secs(60);
+
+/// How the target misbehaves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Behaviour {
+    /// Answers the first tools/call (the probe) in full; every later one gets a head that
+    /// announces 1 MB and then one body byte every 50 ms, for ever.
+    Trickle,
+    /// Answers every request in full, keep-alive, then closes the connection.
+    CloseAfterEachAnswer,
+    /// Answers every request in full but gives no `mcp-session-id`.
+    NoSession,
+}
+
+/// One request as the target saw it: the head's lines (lower-cased names) and the body.
+#[derive(Clone, Debug)]
+struct Seen {
+    head: String,
+    body: String,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    fn method(&self) -> String {
+        let v: serde_json::Value = serde_json::from_str(&self.body).unwrap_or_default();
+        match v["method"].as_str() {
+            Some(m) => m.to_owned(),
+            None => self.head.split(' ').next().unwrap_or_default().to_owned(),
+        }
+    }
+}
+
+/// A target listening on 127.0.0.1:0, a thread per connection; `seen` collects every
+/// request it read.
+struct Target {
+    url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Target {
+    fn start(behaviour: Behaviour) -> Target {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("addr: {e}"));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let calls = Arc::new(AtomicU64::new(0));
+        let shared = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let seen = Arc::clone(&shared);
+                let calls = Arc::clone(&calls);
+                std::thread::spawn(move || serve(stream, behaviour, &seen, &calls));
+            }
+        });
+        Target {
+            url: format!("http://{addr}/mcp"),
+            seen,
+        }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// Reads one request (Content-Length bodies only); `None` when the client closed.
+fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Seen> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(buf.get(..end).unwrap_or_default()).into_owned();
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (n, v) = l.split_once(':')?;
+                    n.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                let body = buf.get(end + 4..end + 4 + length).unwrap_or_default();
+                let body = String::from_utf8_lossy(body).into_owned();
+                buf.drain(..end + 4 + length);
+                return Some(Seen { head, body });
+            }
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(chunk.get(..n).unwrap_or_default()),
+        }
+    }
+}
+
+fn serve(mut stream: TcpStream, behaviour: Behaviour, seen: &Mutex<Vec<Seen>>, calls: &AtomicU64) {
+    let mut buf = Vec::new();
+    while let Some(request) = read_request(&mut stream, &mut buf) {
+        if let Ok(mut seen) = seen.lock() {
+            seen.push(request.clone());
+        }
+        let method = request.method();
+        if behaviour == Behaviour::Trickle
+            && method == "tools/call"
+            && calls.fetch_add(1, Ordering::Relaxed) > 0
+        {
+            trickle(&mut stream);
+            return;
+        }
+        if stream
+            .write_all(answer(&request, behaviour).as_bytes())
+            .is_err()
+        {
+            return;
+        }
+        if behaviour == Behaviour::CloseAfterEachAnswer {
+            return; // closes the connection, keep-alive though it was
+        }
+    }
+}
+
+/// The full answer to `request`: 202 for a notification, 200 and a result otherwise.
+fn answer(request: &Seen, behaviour: Behaviour) -> String {
+    let v: serde_json::Value = serde_json::from_str(&request.body).unwrap_or_default();
+    let (status, body) = if request.head.starts_with("DELETE") {
+        (200, String::new())
+    } else if v["id"].is_null() {
+        (202, String::new())
+    } else {
+        let result = if v["method"] == "initialize" {
+            r#"{"protocolVersion":"2025-11-25","capabilities":{}}"#
+        } else {
+            r#"{"content":[{"type":"text","text":"ok"}]}"#
+        };
+        (
+            200,
+            format!(r#"{{"jsonrpc":"2.0","id":{},"result":{result}}}"#, v["id"]),
+        )
+    };
+    let session = if v["method"] == "initialize" && behaviour != Behaviour::NoSession {
+        "mcp-session-id: s1\r\n"
+    } else {
+        ""
+    };
+    format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{session}\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A head announcing 1 MB, then a byte every 50 ms until the client goes away.
+fn trickle(stream: &mut TcpStream) {
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\n\r\n";
+    if stream.write_all(head.as_bytes()).is_err() {
+        return;
+    }
+    while stream.write_all(b" ").is_ok() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "mcpyard-loadgen-hostile-{}-{name}",
+        std::process::id()
+    ))
+}
+
+/// Runs the binary with `args`, killing it and failing the test if it outlives
+/// `RUN_BOUND`.
+fn loadgen_bounded(args: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {BIN}: {e}"));
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if started.elapsed() > RUN_BOUND => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("mcpyard-loadgen {args:?} still running after {RUN_BOUND:?}: hung");
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("wait: {e}"),
+        }
+    }
+    child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("output: {e}"))
+}
+
+fn json_file(path: &PathBuf) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path:?}: {e}"));
+    let _ = std::fs::remove_file(path);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {path:?}: {e}"))
+}
+
+#[test]
+fn a_target_that_trickles_its_answer_times_out_at_the_deadline_and_is_recorded() {
+    let target = Target::start(Behaviour::Trickle);
+    let json = temp_path("trickle.json");
+    let out = loadgen_bounded(&[
+        "run",
+        "--url",
+        &target.url,
+        "--connections",
+        "1",
+        "--duration",
+        "1s",
+        "--timeout",
+        "300ms",
+        "--json",
+        json.to_str().unwrap_or_default(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v = json_file(&json);
+    let timeouts = v["errors"]["timeout"].as_u64().unwrap_or(0);
+    assert!(timeouts >= 1, "{stdout}");
+    assert_eq!(v["requests_ok"], 0, "{stdout}");
+    // Every timed-out request is in the histogram with errors, at the timeout or more.
+    assert_eq!(v["response_with_errors_us"]["count"], timeouts, "{stdout}");
+    let least = v["response_with_errors_us"]["percentiles"][0]["value_us"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(least >= 299_000, "{least} µs: {stdout}");
+    assert!(stdout.contains("with errors"), "{stdout}");
+}
+
+#[test]
+fn an_idle_keep_alive_connection_the_target_closed_is_a_reconnect_not_an_error() {
+    let target = Target::start(Behaviour::CloseAfterEachAnswer);
+    let json = temp_path("close.json");
+    let out = loadgen_bounded(&[
+        "run",
+        "--url",
+        &target.url,
+        "--connections",
+        "1",
+        "--duration",
+        "300ms",
+        "--json",
+        json.to_str().unwrap_or_default(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let v = json_file(&json);
+    let ok = v["requests_ok"].as_u64().unwrap_or(0);
+    assert!(ok >= 1, "{stdout}");
+    assert_eq!(v["errors"]["io"], 0, "{stdout}");
+    // Every request after the first on a connection found it closed and reconnected.
+    assert!(v["reconnects"].as_u64().unwrap_or(0) >= ok, "{stdout}");
+}
+
+#[test]
+fn every_request_after_initialize_names_the_protocol_version_even_without_a_session() {
+    let target = Target::start(Behaviour::NoSession);
+    let out = loadgen_bounded(&[
+        "run",
+        "--url",
+        &target.url,
+        "--connections",
+        "1",
+        "--duration",
+        "200ms",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = target.seen();
+    // The probe's session and the connection's each begin with initialize.
+    let after: Vec<&Seen> = seen.iter().filter(|r| r.method() != "initialize").collect();
+    assert!(after.len() >= 4, "{seen:?}");
+    for request in after {
+        assert_eq!(
+            request.header("mcp-protocol-version"),
+            Some("2025-11-25"),
+            "{} without mcp-protocol-version",
+            request.method()
+        );
+        assert_eq!(request.header("mcp-session-id"), None);
+    }
+}
