@@ -32,6 +32,12 @@ pub const SESSION_CALLS_MAX: u64 = 1_000_000_000;
 /// Default length of an `--intervals` line.
 pub const INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 
+/// `--intervals` lines held back waiting for a connection that has not handed its part in
+/// (one stalled in a long exchange): each holds four histograms. Past this, the oldest
+/// line is written without that connection's part (`"incomplete": true`), and what it
+/// hands in later for a written line is counted in the next line's `late_dropped`.
+pub const SERIES_PENDING_MAX: usize = 1024;
+
 /// Shortest `--interval`: each one costs a merge of every connection's histogram.
 pub const INTERVAL_MIN: Duration = Duration::from_millis(10);
 

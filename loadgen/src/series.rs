@@ -31,6 +31,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use hdrhistogram::Histogram;
 use serde_json::{Map, Value, json};
 
+use crate::limits::SERIES_PENDING_MAX;
 use crate::record::{ErrorKind, Failure, Served, latency_histogram, nanos_to_us};
 use crate::schedule::Nanos;
 
@@ -49,6 +50,9 @@ struct Slot {
     response: Histogram<u64>,
     /// Their service times (µs), from the actual send.
     service: Histogram<u64>,
+    /// Response times (µs) of every request intended in the interval, a failed one at
+    /// its time to failure: a failing target's worst moments stay in the latencies.
+    with_errors: Histogram<u64>,
     /// The generator's delay (µs) before each send once it was due and possible.
     delay: Histogram<u64>,
     /// Failures of requests intended in the interval, by `ErrorKind::ALL` order.
@@ -64,6 +68,7 @@ impl Slot {
         Slot {
             response: latency_histogram(),
             service: latency_histogram(),
+            with_errors: latency_histogram(),
             delay: latency_histogram(),
             errors: [0; ErrorKind::ALL.len()],
             completed: 0,
@@ -75,6 +80,7 @@ impl Slot {
         // Same bounds on both sides (`latency_histogram`), so adding cannot fail.
         let _ = self.response.add(&other.response);
         let _ = self.service.add(&other.service);
+        let _ = self.with_errors.add(&other.with_errors);
         let _ = self.delay.add(&other.delay);
         for (mine, theirs) in self.errors.iter_mut().zip(other.errors) {
             *mine += theirs;
@@ -86,6 +92,7 @@ impl Slot {
     fn clear(&mut self) {
         self.response.reset();
         self.service.reset();
+        self.with_errors.reset();
         self.delay.reset();
         self.errors = [0; ErrorKind::ALL.len()];
         self.completed = 0;
@@ -105,6 +112,9 @@ struct Shared {
     out: BufWriter<File>,
     /// The first write error, reported at the end of the run.
     error: Option<std::io::Error>,
+    /// Requests handed in after their interval's line was forced out (see
+    /// `SERIES_PENDING_MAX`), not yet reported in a line.
+    late_dropped: u64,
 }
 
 /// The run's series: where every connection's intervals meet and become lines.
@@ -157,6 +167,7 @@ impl Series {
                 moved_past: vec![0; connections],
                 out,
                 error: None,
+                late_dropped: 0,
             }),
         }
     }
@@ -199,12 +210,18 @@ impl Series {
         let origin = *lock(&self.origin_unix);
         let mut shared = lock(&self.shared);
         let shared = &mut *shared;
-        let next = shared.next;
-        let mut merge = |k: u64, f: &dyn Fn(&mut Slot)| {
-            if k < next {
-                return; // already written (cannot happen: lines wait for every connection)
+        let mut merge = |k: u64, count: u64, f: &dyn Fn(&mut Slot)| {
+            // A connection far behind the others would make the pending lines grow without
+            // limit: past `SERIES_PENDING_MAX`, the oldest are written without its part.
+            while k >= shared.next && k - shared.next >= SERIES_PENDING_MAX as u64 {
+                self.write_next(shared, origin, true);
             }
-            let offset = usize::try_from(k - next).unwrap_or(usize::MAX);
+            if k < shared.next {
+                // Its line is written already (only when forced out above): counted.
+                shared.late_dropped += count;
+                return;
+            }
+            let offset = usize::try_from(k - shared.next).unwrap_or(usize::MAX);
             if offset >= shared.pending.len() {
                 shared
                     .pending
@@ -214,10 +231,10 @@ impl Series {
                 f(s);
             }
         };
-        merge(at, &|s: &mut Slot| s.add(slot));
+        merge(at, slot.with_errors.len(), &|s: &mut Slot| s.add(slot));
         let keep = completed.split_off(&moved_past);
         for (k, (n, ok)) in std::mem::replace(completed, keep) {
-            merge(k, &|s: &mut Slot| {
+            merge(k, 0, &|s: &mut Slot| {
                 s.completed += n;
                 s.completed_ok += ok;
             });
@@ -233,15 +250,23 @@ impl Series {
             everyone
         };
         while shared.next < last {
-            let slot = shared.pending.pop_front().unwrap_or_else(Slot::new);
-            let line = self.line(shared.next, &slot, origin);
-            if shared.error.is_none()
-                && let Err(e) = writeln!(shared.out, "{line}").and_then(|()| shared.out.flush())
-            {
-                shared.error = Some(e);
-            }
-            shared.next += 1;
+            self.write_next(shared, origin, false);
         }
+    }
+
+    /// Writes the line of interval `shared.next` and moves on; `incomplete` marks a line
+    /// written before every connection had handed its part in.
+    fn write_next(&self, shared: &mut Shared, origin: Option<f64>, incomplete: bool) {
+        let slot = shared.pending.pop_front().unwrap_or_else(Slot::new);
+        let mut line = self.line(shared.next, &slot, origin);
+        line["incomplete"] = json!(incomplete);
+        line["late_dropped"] = json!(std::mem::take(&mut shared.late_dropped));
+        if shared.error.is_none()
+            && let Err(e) = writeln!(shared.out, "{line}").and_then(|()| shared.out.flush())
+        {
+            shared.error = Some(e);
+        }
+        shared.next += 1;
     }
 
     /// The JSON line of interval `k`.
@@ -299,6 +324,16 @@ impl Series {
         } else {
             Value::Null
         };
+        let all = slot.with_errors.len();
+        for (key, value) in [
+            (
+                "with_errors_p99_us",
+                slot.with_errors.value_at_quantile(0.99),
+            ),
+            ("with_errors_max_us", slot.with_errors.max()),
+        ] {
+            v[key] = if all > 0 { json!(value) } else { Value::Null };
+        }
         v
     }
 
@@ -347,6 +382,9 @@ impl SeriesRec {
         self.slot
             .delay
             .saturating_record(nanos_to_us(sent.saturating_sub(ready)));
+        self.slot
+            .with_errors
+            .saturating_record(nanos_to_us(done.saturating_sub(intended)));
         match outcome {
             Ok(_) => {
                 let slot = &mut self.slot;
@@ -486,7 +524,38 @@ mod tests {
         assert_eq!(got[2]["completed_ok"], 0);
         assert_eq!(got[1]["completed_ok"], 2);
         assert_eq!(got[2]["p99_us"], Value::Null);
+        // The failed request is in the latencies with errors, at its time to failure.
+        assert_eq!(got[2]["with_errors_max_us"], 1000);
+        assert_eq!(got[0]["incomplete"], false);
         assert!(series.take_error().is_none());
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_stalled_connection_holds_back_at_most_the_bound_of_lines_and_late_data_is_counted() {
+        let path = temp("stall");
+        let series = Series::create(&path, MS, 0, 2).unwrap_or_else(|e| panic!("{e}"));
+        let mut fast = series.recorder(0);
+        let mut stalled = series.recorder(1);
+        let ok = Ok(Served::default());
+        // The stalled connection's one request is in interval 0 and it has not moved on;
+        // the other runs far past the bound.
+        stalled.on_complete(0, 0, 0, 1, &ok);
+        let far = SERIES_PENDING_MAX as u64 + 10;
+        for k in 0..=far {
+            fast.on_complete(k * MS, k * MS, k * MS, k * MS + 1, &ok);
+        }
+        let got = lines(&path);
+        assert!(!got.is_empty(), "the oldest lines were forced out");
+        assert!(got.len() as u64 <= far, "{}", got.len());
+        assert!(got.iter().all(|l| l["incomplete"] == true));
+        // The stalled connection's interval-0 part now arrives too late for its line.
+        stalled.finish();
+        fast.finish();
+        let got = lines(&path);
+        assert_eq!(got.len() as u64, far + 1);
+        let dropped: u64 = got.iter().filter_map(|l| l["late_dropped"].as_u64()).sum();
+        assert_eq!(dropped, 1);
         let _ = std::fs::remove_file(path);
     }
 
