@@ -562,7 +562,9 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
         headers: Vec::new(),
     });
     let mut headers = Vec::new();
-    let (mut url, mut rate, mut closed) = (None, None, false);
+    let (mut url, mut rate, mut closed) = (None, None, None);
+    // Flags whose value another flag would silently override or ignore.
+    let (mut params_bytes_given, mut interval_given) = (false, false);
     let mut flags = Flags {
         words: words.iter(),
     };
@@ -580,7 +582,7 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
                 })?;
             }
             "--rate" => rate = Some(flags.number::<u64>("--rate", RATE_MAX)?),
-            "--mode" => closed = parse_mode(flags.value("--mode")?)?,
+            "--mode" => closed = Some(parse_mode(flags.value("--mode")?)?),
             "--connections" => {
                 a.connections = flags.number("--connections", CONNECTIONS_MAX as u64)?
             }
@@ -590,7 +592,8 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
             "--warmup" => a.warmup = flags.duration("--warmup", RUN_DURATION_MAX)?,
             "--timeout" => a.timeout = flags.duration("--timeout", RUN_DURATION_MAX)?,
             "--params-bytes" => {
-                a.params_bytes = flags.number("--params-bytes", PARAMS_BYTES_MAX as u64)?
+                a.params_bytes = flags.number("--params-bytes", PARAMS_BYTES_MAX as u64)?;
+                params_bytes_given = true;
             }
             "--receive-time" => {
                 a.receive_time = parse_receive_time(flags.value("--receive-time")?)?
@@ -610,7 +613,10 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
                 a.session_calls = flags.number("--session-calls", SESSION_CALLS_MAX)?
             }
             "--intervals" => a.intervals = Some(PathBuf::from(flags.value("--intervals")?)),
-            "--interval" => a.interval = flags.duration("--interval", RUN_DURATION_MAX)?,
+            "--interval" => {
+                a.interval = flags.duration("--interval", RUN_DURATION_MAX)?;
+                interval_given = true;
+            }
             "--tls-ca" => a.tls_ca = Some(PathBuf::from(flags.value("--tls-ca")?)),
             "--tls-resumption" => {
                 let value = flags.value("--tls-resumption")?;
@@ -639,17 +645,21 @@ fn parse_run(words: &[String]) -> Result<RunArgs, ArgError> {
     }
     a.target = url.ok_or(ArgError::Required("--url"))?;
     a.target.headers = headers;
-    a.mode = match (rate, closed) {
-        (Some(0), _) | (None, _) => Mode::Closed,
-        (Some(rate), false) => Mode::Open { rate },
-        (Some(rate), true) => {
-            return Err(ArgError::Invalid {
-                flag: "--rate",
-                value: rate.to_string(),
-                expected: "0 or no --rate with --mode closed".into(),
-            });
-        }
-    };
+    a.mode = run_mode(rate, closed)?;
+    if params_bytes_given && a.args_json.is_some() {
+        return Err(ArgError::Invalid {
+            flag: "--params-bytes",
+            value: a.params_bytes.to_string(),
+            expected: "no --params-bytes with --args (--args gives the arguments whole)".into(),
+        });
+    }
+    if interval_given && a.intervals.is_none() {
+        return Err(ArgError::Invalid {
+            flag: "--interval",
+            value: format!("{:?}", a.interval),
+            expected: "--intervals FILE too (--interval is the length of its lines)".into(),
+        });
+    }
     check_run(&a)?;
     Ok(a)
 }
@@ -704,6 +714,26 @@ fn parse_header(value: &str) -> Result<(&'static str, String), ArgError> {
     // The head encoder takes `'static` names; a run parses at most HEADERS_MAX of them,
     // once, and they live as long as the run.
     Ok((Box::leak(name.into_boxed_str()), field.to_owned()))
+}
+
+/// The loop of `--rate` and `--mode` (`Some(true)`: closed). No rate or rate 0 is closed
+/// loop; `--mode open` then has no rate to keep, and a rate with `--mode closed` would be
+/// ignored: both are refused rather than silently run as something else.
+fn run_mode(rate: Option<u64>, closed: Option<bool>) -> Result<Mode, ArgError> {
+    match (rate, closed) {
+        (Some(0) | None, Some(false)) => Err(ArgError::Invalid {
+            flag: "--mode",
+            value: "open".into(),
+            expected: "a --rate above 0 with --mode open".into(),
+        }),
+        (Some(0) | None, _) => Ok(Mode::Closed),
+        (Some(rate), Some(true)) => Err(ArgError::Invalid {
+            flag: "--rate",
+            value: rate.to_string(),
+            expected: "0 or no --rate with --mode closed".into(),
+        }),
+        (Some(rate), _) => Ok(Mode::Open { rate }),
+    }
 }
 
 fn parse_mode(value: &str) -> Result<bool, ArgError> {
@@ -870,6 +900,30 @@ mod tests {
             };
             assert_eq!(a.mode, Mode::Closed, "{line}");
         }
+    }
+
+    #[test]
+    fn contradictory_flags_are_refused_not_silently_reinterpreted() {
+        for (line, flag) in [
+            ("run --url http://h:1/ --mode open", "--mode"),
+            ("run --url http://h:1/ --mode open --rate 0", "--mode"),
+            ("run --url http://h:1/ --mode closed --rate 5", "--rate"),
+            (
+                r#"run --url http://h:1/ --args {"a":1} --params-bytes 100"#,
+                "--params-bytes",
+            ),
+            ("run --url http://h:1/ --interval 5s", "--interval"),
+        ] {
+            match parse(&words(line)) {
+                Err(ArgError::Invalid { flag: got, .. }) => assert_eq!(got, flag, "{line}"),
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+        let Ok(Command::Run(a)) = parse(&words("run --url http://h:1/ --mode open --rate 5"))
+        else {
+            panic!("open with a rate");
+        };
+        assert_eq!(a.mode, Mode::Open { rate: 5 });
     }
 
     #[test]
