@@ -6,7 +6,7 @@
 //! target can misbehave becomes a [`Failure`] of the right kind.
 
 use std::io::{self, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -266,6 +266,20 @@ fn deadline_failure(timeout: Duration) -> Failure {
     )
 }
 
+/// Resolves `target`'s host to the address every connection of a run goes to: once, so a
+/// run's reconnects measure the target, not the resolver, and all go to the same place.
+pub fn resolve(target: &Target) -> Result<SocketAddr, Failure> {
+    let failure = |e: &dyn std::fmt::Display| {
+        Failure::new(ErrorKind::Connect, format!("{}: {e}", target.authority))
+    };
+    target
+        .authority
+        .to_socket_addrs()
+        .map_err(|e| failure(&e))?
+        .next()
+        .ok_or_else(|| failure(&"no address"))
+}
+
 /// A blocking keep-alive connection, plain or TLS, whose exchanges each have a deadline.
 #[derive(Debug)]
 pub struct Conn {
@@ -289,13 +303,15 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Connects to `target` within `timeout`; a refused or unreachable target is a
+    /// Connects to `target` at `addr` (resolved once per run, see [`resolve`]) within
+    /// `timeout`; a refused or unreachable target is a
     /// `Connect` failure. With `ReceiveTime::Kernel` the socket stamps what it receives
     /// (if the kernel refuses, responses are timed when read). With `tls` the TLS
     /// handshake runs here, within `timeout` in all; a refused handshake is a `Connect`
     /// failure too. Each later exchange gets `timeout` from its send to its end.
     pub fn open(
         target: &Target,
+        addr: SocketAddr,
         timeout: Duration,
         receive_time: ReceiveTime,
         tls: Option<&ClientTls>,
@@ -303,12 +319,6 @@ impl Conn {
         let connect_failure = |e: &dyn std::fmt::Display| {
             Failure::new(ErrorKind::Connect, format!("{}: {e}", target.authority))
         };
-        let addr = target
-            .authority
-            .to_socket_addrs()
-            .map_err(|e| connect_failure(&e))?
-            .next()
-            .ok_or_else(|| connect_failure(&"no address"))?;
         let stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| connect_failure(&e))?;
         stream.set_nodelay(true).map_err(|e| connect_failure(&e))?;
         stream
@@ -406,6 +416,11 @@ impl Conn {
             }
         }
         Ok(())
+    }
+
+    /// Shortens the deadline of the exchanges still to come to at most `timeout`.
+    pub fn limit_timeout(&mut self, timeout: Duration) {
+        self.timeout = self.timeout.min(timeout);
     }
 
     /// Ends the connection politely: close_notify on TLS (best effort), then the socket

@@ -73,6 +73,11 @@ pub const FANOUT_ROUND_PAUSE: Duration = Duration::from_millis(200);
 /// response's last byte; in `fanout`, the wait limit).
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
+/// After a run, each connection ends its session with a DELETE (best effort); the DELETE
+/// gets at most this long (or `--timeout`, if shorter), so a target that does not answer
+/// delays the report by at most this.
+pub const SESSION_END_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The open-loop pacer sleeps until this long before a request's intended send time and
 /// yield-spins the rest: `nanosleep` with a 1 ns timer slack wakes within a few tens of µs,
 /// so a 100 µs window absorbs its error at a CPU cost of at most rate x 100 µs per second.

@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::io::Write;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
@@ -20,7 +21,7 @@ use bytes::BytesMut;
 use crate::args::{Mode, ReceiveTime, RunArgs, Scenario, Target};
 use crate::arrival::lead;
 use crate::client::{Conn, Response, SendFailure};
-use crate::limits::{DRAIN_GRACE, PROGRESS_AFTER, PROGRESS_INTERVAL};
+use crate::limits::{DRAIN_GRACE, PROGRESS_AFTER, PROGRESS_INTERVAL, SESSION_END_TIMEOUT};
 use crate::mcp::{self, ToolsCall};
 use crate::record::{ErrorKind, Failure, Recorder, Served};
 use crate::schedule::{
@@ -79,6 +80,8 @@ impl std::error::Error for RunError {}
 pub struct Plan {
     /// The MCP endpoint.
     pub target: Target,
+    /// Its address, resolved once for the whole run.
+    pub addr: SocketAddr,
     /// The workload.
     pub scenario: Scenario,
     /// Connect and read timeout.
@@ -111,8 +114,14 @@ impl Plan {
         } else {
             None
         };
+        let addr = crate::client::resolve(&args.target).map_err(|failure| RunError::Probe {
+            doing: "resolving the target's host",
+            failure,
+            hint: "is the host name in --url right?",
+        })?;
         Ok(Plan {
             target: args.target.clone(),
+            addr,
             scenario: args.scenario,
             timeout: args.timeout,
             receive_time: args.receive_time,
@@ -140,19 +149,22 @@ pub struct Session {
     calls: u64,
     /// Keep-alive connections found closed by the target while idle, and reopened.
     pub reconnects: u64,
+    /// Connect timeout and exchange deadline: `--timeout`, shorter for the final DELETE.
+    timeout: Duration,
 }
 
 impl Session {
     /// Creates a client that connects lazily.
     pub fn new(plan: Arc<Plan>) -> Session {
         Session {
-            plan,
             conn: None,
             session: None,
             next_id: 1,
             body: BytesMut::new(),
             calls: 0,
             reconnects: 0,
+            timeout: plan.timeout,
+            plan,
         }
     }
 
@@ -189,7 +201,8 @@ impl Session {
             Some(conn) => conn,
             slot @ None => slot.insert(Conn::open(
                 &self.plan.target,
-                self.plan.timeout,
+                self.plan.addr,
+                self.timeout,
                 self.plan.receive_time,
                 self.plan.tls.as_ref(),
             )?),
@@ -245,6 +258,23 @@ impl Session {
             return Ok(());
         }
         mcp::expect_status(&response, 0, "DELETE")
+    }
+
+    /// Ends the session this client holds, if any (best effort: the run's figures are
+    /// taken, and a target that does not answer in `SESSION_END_TIMEOUT` is left to
+    /// expire it), so a run leaves no sessions behind on the target.
+    pub fn end(&mut self) {
+        let Some(Some(session)) = self.session.take() else {
+            return;
+        };
+        self.timeout = self.timeout.min(SESSION_END_TIMEOUT);
+        if let Some(conn) = &mut self.conn {
+            conn.limit_timeout(self.timeout);
+        }
+        let _ = self.close_session(&session);
+        if let Some(conn) = self.conn.take() {
+            conn.close();
+        }
     }
 
     /// Opens the session if there is none yet (setup before the clock starts); with
@@ -338,6 +368,7 @@ pub fn probe(plan: &Arc<Plan>) -> Result<(), RunError> {
     session
         .exchange()
         .map_err(|f| probe_error("the first request", f))?;
+    session.end();
     Ok(())
 }
 
@@ -462,6 +493,7 @@ impl Job {
             }
         }
         rec.reconnects = session.reconnects;
+        session.end();
         rec.finish_series();
         rec
     }

@@ -27,6 +27,8 @@ enum Behaviour {
     CloseAfterEachAnswer,
     /// Answers every request in full but gives no `mcp-session-id`.
     NoSession,
+    /// Answers every request in full, keep-alive, session `s1`.
+    Plain,
 }
 
 /// One request as the target saw it: the head's lines (lower-cased names) and the body.
@@ -300,7 +302,11 @@ fn every_request_after_initialize_names_the_protocol_version_even_without_a_sess
     let seen = target.seen();
     // The probe's session and the connection's each begin with initialize.
     let after: Vec<&Seen> = seen.iter().filter(|r| r.method() != "initialize").collect();
-    assert!(after.len() >= 4, "{seen:?}");
+    assert!(
+        after.len() >= 4,
+        "{} requests after initialize",
+        after.len()
+    );
     for request in after {
         assert_eq!(
             request.header("mcp-protocol-version"),
@@ -310,4 +316,39 @@ fn every_request_after_initialize_names_the_protocol_version_even_without_a_sess
         );
         assert_eq!(request.header("mcp-session-id"), None);
     }
+}
+
+#[test]
+fn a_run_ends_every_session_it_opened() {
+    let target = Target::start(Behaviour::Plain);
+    let out = loadgen_bounded(&[
+        "run",
+        "--url",
+        &target.url,
+        "--connections",
+        "2",
+        "--duration",
+        "200ms",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = target.seen();
+    let opened = seen.iter().filter(|r| r.method() == "initialize").count();
+    let deleted: Vec<&Seen> = seen.iter().filter(|r| r.method() == "DELETE").collect();
+    // The probe's session and one per connection.
+    assert_eq!(opened, 3, "initialize requests among {}", seen.len());
+    assert_eq!(
+        deleted.len(),
+        opened,
+        "DELETEs among {} requests",
+        seen.len()
+    );
+    assert!(
+        deleted
+            .iter()
+            .all(|r| r.header("mcp-session-id") == Some("s1"))
+    );
 }
