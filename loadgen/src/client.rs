@@ -12,10 +12,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use mcpyard::http::{BodyFraming, ResponseDecoder, ResponseEvent, encode_request_head};
+use mcpyard::jsonrpc::{Kind, parse_envelope};
+use mcpyard::sse::Decoder as SseDecoder;
 
 use crate::args::{ReceiveTime, Target};
 use crate::arrival::arrival;
-use crate::limits::{READ_CHUNK_BYTES, RESPONSE_BYTES_MAX};
+use crate::limits::{READ_CHUNK_BYTES, RESPONSE_BYTES_MAX, SSE_END_GRACE};
 use crate::record::{ErrorKind, Failure};
 use crate::tls::{ClientTls, Layer};
 
@@ -119,6 +121,14 @@ pub fn encode_request(
 pub struct Collector {
     decoder: ResponseDecoder,
     head: Option<(u16, BodyKind, Option<String>, bool)>,
+    /// An event-stream body's messages as they arrive (a copy of its bytes in `sse_buf`),
+    /// to see the JSON-RPC response before the stream ends: MCP lets a server keep the
+    /// stream open after it. `None` for other bodies, or once the stream would not decode
+    /// (the end of the body then decides, and the check after it reports the fault).
+    sse: Option<SseDecoder>,
+    sse_buf: BytesMut,
+    /// True once an event carrying a JSON-RPC response (or error) has arrived.
+    answered: bool,
     /// The first body piece, kept without copying: most bodies arrive in one.
     first: Option<Bytes>,
     /// The body so far once a second piece arrived.
@@ -137,8 +147,52 @@ impl Collector {
         Collector {
             decoder: ResponseDecoder::new(RESPONSE_BYTES_MAX),
             head: None,
+            sse: None,
+            sse_buf: BytesMut::new(),
+            answered: false,
             first: None,
             body: BytesMut::new(),
+        }
+    }
+
+    /// True once an event-stream body has carried a JSON-RPC response: the exchange's
+    /// answer is in, whether or not the server ends the stream.
+    pub fn answered(&self) -> bool {
+        self.answered
+    }
+
+    /// Finishes an answered event stream the server has not ended (see
+    /// [`Collector::answered`]): the body so far, and a connection that cannot carry
+    /// another request (the stream is still open on it).
+    pub fn finish_unended(&mut self) -> Result<Response, Failure> {
+        let mut response = self.finish()?;
+        response.keep_alive = false;
+        Ok(response)
+    }
+
+    /// Watches an event-stream body piece for the JSON-RPC response.
+    fn watch_sse(&mut self, data: &[u8]) {
+        let Some(decoder) = &mut self.sse else {
+            return;
+        };
+        self.sse_buf.extend_from_slice(data);
+        loop {
+            match decoder.decode(&mut self.sse_buf) {
+                Ok(Some(message)) => {
+                    let Some(data) = message.data else { continue };
+                    let kind = parse_envelope(&data).map(|e| e.kind);
+                    if matches!(kind, Ok(Kind::Response | Kind::ErrorResponse)) {
+                        self.answered = true;
+                        self.sse = None;
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(_) => {
+                    self.sse = None;
+                    return;
+                }
+            }
         }
     }
 
@@ -158,9 +212,15 @@ impl Collector {
                         .headers
                         .get("mcp-session-id")
                         .map(|v| String::from_utf8_lossy(v).into_owned());
+                    if kind == BodyKind::EventStream {
+                        self.sse = Some(SseDecoder::new());
+                    }
                     self.head = Some((head.status, kind, session, head.keep_alive()));
                 }
-                Some(ResponseEvent::Data(data)) => self.on_data(data),
+                Some(ResponseEvent::Data(data)) => {
+                    self.watch_sse(&data);
+                    self.on_data(data);
+                }
                 Some(ResponseEvent::End) => return Ok(Some(self.finish()?)),
             }
         }
@@ -470,30 +530,38 @@ impl Conn {
         }
         let mut collector = Collector::new();
         let mut arrived = None;
+        // When an event stream's JSON-RPC response arrived: the exchange ends there, and
+        // the stream's own end is awaited only until `until`.
+        let mut answered_at: Option<Instant> = None;
+        let mut until = deadline;
         loop {
             if let Some(mut response) = collector.feed(&mut self.read)? {
-                response.arrived = arrived;
+                response.arrived = answered_at.or(arrived);
                 self.exchanges += 1;
                 return Ok(response);
             }
-            self.arm(deadline)?;
-            let (n, stamp) =
-                match crate::sys::recv_stamped(self.stream.as_raw_fd(), &mut self.scratch) {
-                    Ok(read) => read,
-                    Err(e) if is_peer_close(&e) => {
-                        return Err(idle_closed(io_failure(&e, "read"), answered));
-                    }
-                    Err(e) if is_timeout(&e) => return Err(deadline_failure(self.timeout).into()),
-                    Err(e) => return Err(io_failure(&e, "read").into()),
-                };
+            if answered_at.is_none() && collector.answered() {
+                answered_at = Some(arrived.unwrap_or_else(Instant::now));
+                until = deadline.min(Instant::now() + SSE_END_GRACE);
+            }
+            let received = self
+                .arm(until)
+                .map_err(Received::Failed)
+                .and_then(|()| self.receive_stamped(&written));
+            let (n, read_arrived) = match received {
+                Ok(got) => got,
+                Err(_) if answered_at.is_some() => {
+                    // The server keeps the stream open after the response; this
+                    // connection cannot carry another request, and is dropped.
+                    let mut response = collector.finish_unended()?;
+                    response.arrived = answered_at;
+                    return Ok(response);
+                }
+                Err(Received::Closed(failure)) => return Err(idle_closed(failure, answered)),
+                Err(Received::Failed(failure)) => return Err(failure.into()),
+            };
             if self.stamped {
-                // The wall clock first, then the monotonic one: the age is then at most
-                // the few ns between the two reads too long.
-                let real_at = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .unwrap_or_default();
-                let read_at = Instant::now();
-                arrived = stamp.and_then(|stamp| arrival(read_at, real_at, stamp, written));
+                arrived = read_arrived;
             }
             // A TLS peer's close_notify is followed by the socket's end: n == 0 then.
             if n == 0 {
@@ -503,7 +571,7 @@ impl Conn {
                 );
                 return match collector.feed_eof(&mut self.read) {
                     Ok(Some(mut response)) => {
-                        response.arrived = arrived;
+                        response.arrived = answered_at.or(arrived);
                         Ok(response)
                     }
                     Ok(None) => Err(idle_closed(closed, answered)),
@@ -514,6 +582,35 @@ impl Conn {
             self.take_raw(n)?;
             answered |= self.read.len() > before;
         }
+    }
+
+    /// One socket read into `scratch`: the byte count and, if the socket stamps, when
+    /// the bytes arrived on the monotonic clock (`sent`: the request's send, the earliest
+    /// they can have).
+    fn receive_stamped(&mut self, sent: &Instant) -> Result<(usize, Option<Instant>), Received> {
+        let (n, stamp) = crate::sys::recv_stamped(self.stream.as_raw_fd(), &mut self.scratch)
+            .map_err(|e| {
+                if is_peer_close(&e) {
+                    Received::Closed(io_failure(&e, "read"))
+                } else if is_timeout(&e) {
+                    Received::Failed(deadline_failure(self.timeout))
+                } else {
+                    Received::Failed(io_failure(&e, "read"))
+                }
+            })?;
+        if !self.stamped {
+            return Ok((n, None));
+        }
+        // The wall clock first, then the monotonic one: the age is then at most the few ns
+        // between the two reads too long.
+        let real_at = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let read_at = Instant::now();
+        Ok((
+            n,
+            stamp.and_then(|stamp| arrival(read_at, real_at, stamp, *sent)),
+        ))
     }
 
     /// Writes the encoded request in `self.write`, through TLS if there is one. A write the
@@ -538,6 +635,15 @@ impl Conn {
             Err(e) => Err(io_failure(&e, "write").into()),
         }
     }
+}
+
+/// Why a socket read gave no bytes.
+#[derive(Debug)]
+enum Received {
+    /// The peer closed or reset the connection.
+    Closed(Failure),
+    /// A timeout or another failure.
+    Failed(Failure),
 }
 
 /// True for the errors a socket timeout produces.

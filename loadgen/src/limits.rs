@@ -73,6 +73,12 @@ pub const FANOUT_ROUND_PAUSE: Duration = Duration::from_millis(200);
 /// response's last byte; in `fanout`, the wait limit).
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
+/// A POST answered with an event stream is complete when the JSON-RPC response arrives
+/// (its latency ends there); the server may still hold the stream open (MCP allows it).
+/// The generator waits this long for the stream's end, to keep the connection; past it,
+/// the connection is dropped and the next request opens a new one.
+pub const SSE_END_GRACE: Duration = Duration::from_millis(100);
+
 /// After a run, each connection ends its session with a DELETE (best effort); the DELETE
 /// gets at most this long (or `--timeout`, if shorter), so a target that does not answer
 /// delays the report by at most this.

@@ -29,6 +29,9 @@ enum Behaviour {
     NoSession,
     /// Answers every request in full, keep-alive, session `s1`.
     Plain,
+    /// Answers tools/call with an event stream (chunked) carrying the result, then holds
+    /// the stream open until the client goes away.
+    SseHeldOpen,
 }
 
 /// One request as the target saw it: the head's lines (lower-cased names) and the body.
@@ -131,6 +134,10 @@ fn serve(mut stream: TcpStream, behaviour: Behaviour, seen: &Mutex<Vec<Seen>>, c
             trickle(&mut stream);
             return;
         }
+        if behaviour == Behaviour::SseHeldOpen && method == "tools/call" {
+            sse_held_open(&mut stream, &request);
+            return;
+        }
         if stream
             .write_all(answer(&request, behaviour).as_bytes())
             .is_err()
@@ -171,6 +178,27 @@ fn answer(request: &Seen, behaviour: Behaviour) -> String {
          content-length: {}\r\n\r\n{body}",
         body.len()
     )
+}
+
+/// The result of `request` as one event of a chunked event stream that never ends; waits
+/// (bounded) for the client to close.
+fn sse_held_open(stream: &mut TcpStream, request: &Seen) {
+    let v: serde_json::Value = serde_json::from_str(&request.body).unwrap_or_default();
+    let event = format!(
+        "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{\"content\":[]}}}}\n\n",
+        v["id"]
+    );
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n\
+         {:x}\r\n{event}\r\n",
+        event.len()
+    );
+    if stream.write_all(reply.as_bytes()).is_err() {
+        return;
+    }
+    let _ = stream.set_read_timeout(Some(RUN_BOUND));
+    let mut sink = [0u8; 1024];
+    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
 }
 
 /// A head announcing 1 MB, then a byte every 50 ms until the client goes away.
@@ -351,4 +379,32 @@ fn a_run_ends_every_session_it_opened() {
             .iter()
             .all(|r| r.header("mcp-session-id") == Some("s1"))
     );
+}
+
+#[test]
+fn an_event_stream_answer_completes_at_its_result_though_the_stream_stays_open() {
+    let target = Target::start(Behaviour::SseHeldOpen);
+    let json = temp_path("sse.json");
+    let out = loadgen_bounded(&[
+        "run",
+        "--url",
+        &target.url,
+        "--connections",
+        "1",
+        "--duration",
+        "500ms",
+        "--timeout",
+        "5s",
+        "--json",
+        json.to_str().unwrap_or_default(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let v = json_file(&json);
+    assert!(v["requests_ok"].as_u64().unwrap_or(0) >= 1, "{stdout}");
+    assert_eq!(v["errors"]["timeout"], 0, "{stdout}");
+    // Latency ends at the result, not at the 5 s timeout: the max is below it.
+    let max = v["response_us"]["max"].as_u64().unwrap_or(u64::MAX);
+    assert!(max < 5_000_000, "{max} µs: {stdout}");
 }
