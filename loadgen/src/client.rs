@@ -412,6 +412,7 @@ impl Conn {
 
     /// Runs the TLS handshake to its end by `deadline`: flights out, answers in.
     fn handshake(&mut self, deadline: Instant) -> Result<(), Failure> {
+        self.arm_write(deadline)?;
         loop {
             let Some(layer) = self.tls.as_deref_mut() else {
                 return Ok(());
@@ -424,7 +425,7 @@ impl Conn {
             if !handshaking {
                 return Ok(());
             }
-            self.arm(deadline)?;
+            self.arm_read(deadline)?;
             let (n, _) = crate::sys::recv_stamped(self.stream.as_raw_fd(), &mut self.scratch)
                 .map_err(|e| io_failure(&e, "read"))?;
             if n == 0 {
@@ -437,18 +438,33 @@ impl Conn {
         }
     }
 
-    /// Bounds the next socket read or write by what is left until `deadline`, so a target
-    /// that trickles its answer a byte at a time cannot stretch an exchange past it (a
-    /// per-read timeout alone would restart with every byte). A deadline already passed
-    /// is a timeout.
-    fn arm(&self, deadline: Instant) -> Result<(), Failure> {
+    /// What is left until `deadline`, or the timeout failure if nothing is.
+    ///
+    /// Each socket read and write is bounded by this, so a target that trickles its
+    /// answer a byte at a time cannot stretch an exchange past its deadline (a per-read
+    /// timeout alone would restart with every byte).
+    fn left(&self, deadline: Instant) -> Result<Duration, Failure> {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(deadline_failure(self.timeout));
         }
+        Ok(left)
+    }
+
+    /// Bounds the next socket read by what is left until `deadline`.
+    fn arm_read(&self, deadline: Instant) -> Result<(), Failure> {
+        let left = self.left(deadline)?;
         self.stream
             .set_read_timeout(Some(left))
-            .and_then(|()| self.stream.set_write_timeout(Some(left)))
+            .map_err(|e| io_failure(&e, "socket timeout"))
+    }
+
+    /// Bounds the socket writes to come (the request, and TLS records written while its
+    /// answer is read) by what is left until `deadline`.
+    fn arm_write(&self, deadline: Instant) -> Result<(), Failure> {
+        let left = self.left(deadline)?;
+        self.stream
+            .set_write_timeout(Some(left))
             .map_err(|e| io_failure(&e, "socket timeout"))
     }
 
@@ -514,18 +530,20 @@ impl Conn {
         let deadline = written + self.timeout;
         let reused = self.exchanges > 0;
         // Bytes left over from an earlier answer would be part of this one.
-        let mut answered = !self.read.is_empty();
-        let idle_closed = |failure: Failure, answered: bool| {
-            if reused && !answered {
+        let mut answer_began = !self.read.is_empty();
+        let idle_closed = |failure: Failure, answer_began: bool| {
+            if reused && !answer_began {
                 SendFailure::IdleClosed(failure)
             } else {
                 SendFailure::Failed(failure)
             }
         };
-        self.arm(deadline)?;
+        self.arm_write(deadline)?;
         match self.write_request() {
             Ok(()) => {}
-            Err(SendFailure::IdleClosed(failure)) => return Err(idle_closed(failure, answered)),
+            Err(SendFailure::IdleClosed(failure)) => {
+                return Err(idle_closed(failure, answer_began));
+            }
             Err(failed) => return Err(failed),
         }
         let mut collector = Collector::new();
@@ -545,7 +563,7 @@ impl Conn {
                 until = deadline.min(Instant::now() + SSE_END_GRACE);
             }
             let received = self
-                .arm(until)
+                .arm_read(until)
                 .map_err(Received::Failed)
                 .and_then(|()| self.receive_stamped(&written));
             let (n, read_arrived) = match received {
@@ -557,30 +575,38 @@ impl Conn {
                     response.arrived = answered_at;
                     return Ok(response);
                 }
-                Err(Received::Closed(failure)) => return Err(idle_closed(failure, answered)),
+                Err(Received::Closed(failure)) => return Err(idle_closed(failure, answer_began)),
                 Err(Received::Failed(failure)) => return Err(failure.into()),
             };
-            if self.stamped {
-                arrived = read_arrived;
-            }
+            arrived = read_arrived;
             // A TLS peer's close_notify is followed by the socket's end: n == 0 then.
             if n == 0 {
-                let closed = Failure::new(
-                    ErrorKind::Io,
-                    "the target closed the connection mid-response",
-                );
-                return match collector.feed_eof(&mut self.read) {
-                    Ok(Some(mut response)) => {
+                return match self.at_end(&mut collector, answered_at.is_some()) {
+                    Ok(mut response) => {
                         response.arrived = answered_at.or(arrived);
                         Ok(response)
                     }
-                    Ok(None) => Err(idle_closed(closed, answered)),
-                    Err(failure) => Err(idle_closed(failure, answered)),
+                    Err(failure) => Err(idle_closed(failure, answer_began)),
                 };
             }
             let before = self.read.len();
             self.take_raw(n)?;
-            answered |= self.read.len() > before;
+            answer_began |= self.read.len() > before;
+        }
+    }
+
+    /// The response when the target has closed the connection: one whose body ran to
+    /// the close, or an event stream that had carried its answer (`answered`); anything
+    /// else was cut off.
+    fn at_end(&mut self, collector: &mut Collector, answered: bool) -> Result<Response, Failure> {
+        match collector.feed_eof(&mut self.read) {
+            Ok(Some(response)) => Ok(response),
+            _ if answered => collector.finish_unended(),
+            Ok(None) => Err(Failure::new(
+                ErrorKind::Io,
+                "the target closed the connection mid-response",
+            )),
+            Err(failure) => Err(failure),
         }
     }
 
