@@ -25,6 +25,9 @@ enum Behaviour {
     Trickle,
     /// Answers every request in full, keep-alive, then closes the connection.
     CloseAfterEachAnswer,
+    /// Like `Trickle`'s first call, then every later tools/call gets half its answer and
+    /// a close.
+    CutMidAnswer,
     /// Answers every request in full but gives no `mcp-session-id`.
     NoSession,
     /// Answers every request in full, keep-alive, session `s1`.
@@ -132,6 +135,14 @@ fn serve(mut stream: TcpStream, behaviour: Behaviour, seen: &Mutex<Vec<Seen>>, c
             && calls.fetch_add(1, Ordering::Relaxed) > 0
         {
             trickle(&mut stream);
+            return;
+        }
+        if behaviour == Behaviour::CutMidAnswer
+            && method == "tools/call"
+            && calls.fetch_add(1, Ordering::Relaxed) > 0
+        {
+            let full = answer(&request, behaviour);
+            let _ = stream.write_all(full.get(..full.len() / 2).unwrap_or_default().as_bytes());
             return;
         }
         if behaviour == Behaviour::SseHeldOpen && method == "tools/call" {
@@ -407,4 +418,24 @@ fn an_event_stream_answer_completes_at_its_result_though_the_stream_stays_open()
     // Latency ends at the result, not at the 5 s timeout: the max is below it.
     let max = v["response_us"]["max"].as_u64().unwrap_or(u64::MAX);
     assert!(max < 5_000_000, "{max} µs: {stdout}");
+}
+
+#[test]
+fn a_close_in_the_middle_of_an_answer_is_still_an_io_error() {
+    let target = Target::start(Behaviour::CutMidAnswer);
+    let json = temp_path("cut.json");
+    let _ = loadgen_bounded(&[
+        "run",
+        "--url",
+        &target.url,
+        "--connections",
+        "1",
+        "--duration",
+        "300ms",
+        "--json",
+        json.to_str().unwrap_or_default(),
+    ]);
+    let v = json_file(&json);
+    assert!(v["errors"]["io"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert_eq!(v["requests_ok"], 0, "{v}");
 }
