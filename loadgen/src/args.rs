@@ -36,6 +36,8 @@ scenarios: initialize, tools-call (default), tools-call-progress, tools-list,
 durations: 10s, 500ms, 250us, 2m, or plain seconds (1.5)
 --no-initialize: no session (a stateless reference that answers every POST alike);
 --request-id N: every request carries id N (a reference answering fixed bytes matches it)
+--timeout D: deadline of each request, from its send to its answer's last byte (10s);
+       a request past it counts as a timeout and its connection is reopened
 --new-connection: a new connection (and TLS handshake) per request, closed after it
 --session-calls N: end each session (DELETE) after N requests; the next request opens a
        new one (initialize + initialized), inside its own latency (session churn)
@@ -302,7 +304,8 @@ pub struct RunArgs {
     pub duration: Duration,
     /// Unrecorded time at the start.
     pub warmup: Duration,
-    /// Per-request timeout.
+    /// Per-request deadline: from a request's send to its response's last byte (and the
+    /// connect timeout).
     pub timeout: Duration,
     /// Where a response's latency ends (request scenarios).
     pub receive_time: ReceiveTime,

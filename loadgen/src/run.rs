@@ -84,7 +84,7 @@ pub struct Plan {
     pub addr: SocketAddr,
     /// The workload.
     pub scenario: Scenario,
-    /// Connect and read timeout.
+    /// Connect timeout and the deadline of each exchange (send to response complete).
     pub timeout: Duration,
     /// Where a response's latency ends.
     pub receive_time: ReceiveTime,
