@@ -363,12 +363,12 @@ pub fn probe(plan: &Arc<Plan>) -> Result<(), RunError> {
         .ensure_session()
         .map_err(|f| probe_error("initialize", f))?;
     if matches!(plan.scenario, Scenario::IdleSessions | Scenario::Fanout) {
+        session.end();
         return Ok(());
     }
-    session
-        .exchange()
-        .map_err(|f| probe_error("the first request", f))?;
+    let first = session.exchange();
     session.end();
+    first.map_err(|f| probe_error("the first request", f))?;
     Ok(())
 }
 
