@@ -15,6 +15,7 @@
 //! streams on one thread they include the generator's own dispatch order.
 
 use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -28,7 +29,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::args::{RunArgs, Scenario, Target};
-use crate::client::{BodyKind, Collector, Response, body_kind, encode_request, io_failure};
+use crate::client::{
+    BodyKind, Collector, Response, body_kind, encode_request, io_failure, resolve,
+};
 use crate::limits::{
     FANOUT_ROUND_PAUSE, READ_CHUNK_BYTES, RESPONSE_BYTES_MAX, SESSION_SETUP_CONCURRENCY,
 };
@@ -76,6 +79,9 @@ pub struct Outcome {
 /// The state the session tasks and the driver share (one thread, so `Cell`s).
 struct Ctx {
     target: Target,
+    /// The target's address and the trigger's, each resolved once for the whole run.
+    addr: SocketAddr,
+    trigger_addr: Option<SocketAddr>,
     timeout: Duration,
     setup: Semaphore,
     /// Tasks that finished setup, either way.
@@ -134,18 +140,33 @@ impl Ctx {
 
 /// Runs `idle-sessions` or `fanout`.
 pub fn run(args: &RunArgs) -> Result<Outcome, RunError> {
-    crate::run::probe(&std::sync::Arc::new(crate::run::Plan::new(args)?))?;
+    let plan = std::sync::Arc::new(crate::run::Plan::new(args)?);
+    crate::run::probe(&plan)?;
+    let trigger_addr = match &args.trigger {
+        Some(trigger) => Some(resolve(trigger).map_err(|failure| RunError::Probe {
+            doing: "resolving the trigger's host",
+            failure,
+            hint: "is the host name in --trigger right?",
+        })?),
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| RunError::Thread(format!("runtime: {e}")))?;
     let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, drive(args))
+    local.block_on(&runtime, drive(args, plan.addr, trigger_addr))
 }
 
-async fn drive(args: &RunArgs) -> Result<Outcome, RunError> {
+async fn drive(
+    args: &RunArgs,
+    addr: SocketAddr,
+    trigger_addr: Option<SocketAddr>,
+) -> Result<Outcome, RunError> {
     let ctx = Rc::new(Ctx {
         target: args.target.clone(),
+        addr,
+        trigger_addr,
         timeout: args.timeout,
         setup: Semaphore::new(SESSION_SETUP_CONCURRENCY),
         settled: Cell::new(0),
@@ -224,7 +245,7 @@ async fn fan_round(ctx: &Ctx, trigger: &Target, timeout: Duration) -> Result<Rou
         fan.last_at = None;
         fan.trigger_at = Some(trigger_at);
     }
-    let response = post_trigger(trigger, timeout)
+    let response = post_trigger(trigger, ctx.trigger_addr, timeout)
         .await
         .map_err(|failure| RunError::Probe {
             doing: "the fan-out trigger",
@@ -257,8 +278,13 @@ async fn fan_round(ctx: &Ctx, trigger: &Target, timeout: Duration) -> Result<Rou
     })
 }
 
-async fn post_trigger(trigger: &Target, timeout: Duration) -> Result<Response, Failure> {
-    let mut stream = connect(trigger, timeout).await?;
+async fn post_trigger(
+    trigger: &Target,
+    addr: Option<SocketAddr>,
+    timeout: Duration,
+) -> Result<Response, Failure> {
+    let addr = addr.ok_or_else(|| Failure::new(ErrorKind::Connect, "no --trigger address"))?;
+    let mut stream = connect(trigger, addr, timeout).await?;
     let mut read = BytesMut::new();
     let response = exchange(
         &mut stream,
@@ -324,7 +350,7 @@ async fn session_task(index: usize, ctx: Rc<Ctx>) {
 /// bytes read past the stream's head, and the decoder positioned in its body.
 async fn open_stream(ctx: &Ctx) -> Result<(TcpStream, BytesMut, ResponseDecoder), Failure> {
     let (target, timeout) = (&ctx.target, ctx.timeout);
-    let mut stream = connect(target, timeout).await?;
+    let mut stream = connect(target, ctx.addr, timeout).await?;
     let mut read = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut body = BytesMut::new();
     mcp::initialize(0, &mut body);
@@ -387,8 +413,13 @@ async fn read_head(
     }
 }
 
-async fn connect(target: &Target, timeout: Duration) -> Result<TcpStream, Failure> {
-    let connecting = TcpStream::connect(target.authority.as_str());
+/// Connects to `target` at `addr` (resolved once per run) within `timeout`.
+async fn connect(
+    target: &Target,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<TcpStream, Failure> {
+    let connecting = TcpStream::connect(addr);
     let stream = tokio::time::timeout(timeout, connecting)
         .await
         .map_err(|_| {
