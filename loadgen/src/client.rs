@@ -5,6 +5,7 @@
 //! blocking [`Conn`] and the async clients in `streams.rs` both feed it. Every way the
 //! target can misbehave becomes a [`Failure`] of the right kind.
 
+use std::cell::Cell;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -17,7 +18,9 @@ use mcpyard::sse::Decoder as SseDecoder;
 
 use crate::args::{ReceiveTime, Target};
 use crate::arrival::arrival;
-use crate::limits::{READ_CHUNK_BYTES, RESPONSE_BYTES_MAX, SSE_END_GRACE};
+use crate::limits::{
+    ARM_SLACK_DIVISOR, ARM_SLACK_MIN, READ_CHUNK_BYTES, RESPONSE_BYTES_MAX, SSE_END_GRACE,
+};
 use crate::record::{ErrorKind, Failure};
 use crate::tls::{ClientTls, Layer};
 
@@ -360,6 +363,8 @@ pub struct Conn {
     write: BytesMut,
     /// Where each socket read lands before it is appended to `read`.
     scratch: Box<[u8]>,
+    /// The socket's read and write timeouts as last set (see [`Conn::arm`]).
+    armed: Cell<(Duration, Duration)>,
 }
 
 impl Conn {
@@ -399,6 +404,7 @@ impl Conn {
             read: BytesMut::with_capacity(READ_CHUNK_BYTES),
             write: BytesMut::with_capacity(READ_CHUNK_BYTES),
             scratch: vec![0; READ_CHUNK_BYTES].into_boxed_slice(),
+            armed: Cell::new((timeout, timeout)),
         };
         if let Some(tls) = tls {
             let layer = tls.session().map_err(|e| connect_failure(&e))?;
@@ -453,19 +459,42 @@ impl Conn {
 
     /// Bounds the next socket read by what is left until `deadline`.
     fn arm_read(&self, deadline: Instant) -> Result<(), Failure> {
-        let left = self.left(deadline)?;
-        self.stream
-            .set_read_timeout(Some(left))
-            .map_err(|e| io_failure(&e, "socket timeout"))
+        self.arm(deadline, true)
     }
 
     /// Bounds the socket writes to come (the request, and TLS records written while its
     /// answer is read) by what is left until `deadline`.
     fn arm_write(&self, deadline: Instant) -> Result<(), Failure> {
+        self.arm(deadline, false)
+    }
+
+    /// Sets the socket's read (or write) timeout to what is left until `deadline`, give
+    /// or take a slack of a sixteenth of the timeout: the system call is made only when
+    /// the timeout set would end a wait early or late by more than that. A generator
+    /// that set it at every read and write would pay two system calls per request for
+    /// nothing while its target answers in time; this way it pays them only while an
+    /// answer is slow, and a wait overruns its deadline by at most the slack.
+    fn arm(&self, deadline: Instant, read: bool) -> Result<(), Failure> {
         let left = self.left(deadline)?;
-        self.stream
-            .set_write_timeout(Some(left))
-            .map_err(|e| io_failure(&e, "socket timeout"))
+        let slack = (self.timeout / ARM_SLACK_DIVISOR).max(ARM_SLACK_MIN);
+        let (read_set, write_set) = self.armed.get();
+        let set = if read { read_set } else { write_set };
+        if set >= left && set <= left + slack {
+            return Ok(());
+        }
+        let want = left + slack / 2;
+        let done = if read {
+            self.stream.set_read_timeout(Some(want))
+        } else {
+            self.stream.set_write_timeout(Some(want))
+        };
+        done.map_err(|e| io_failure(&e, "socket timeout"))?;
+        self.armed.set(if read {
+            (want, write_set)
+        } else {
+            (read_set, want)
+        });
+        Ok(())
     }
 
     /// Writes the sealed records waiting in `self.sealed`.

@@ -14,6 +14,12 @@ pub const REQUEST_BYTES_MAX: usize = mcpyard::limits::MESSAGE_BYTES_MAX;
 /// Read buffer reserved per connection read; grows only as far as a message needs.
 pub const READ_CHUNK_BYTES: usize = 16 * 1024;
 
+/// How far a socket wait may overrun its request's deadline, as a fraction of the timeout
+/// (1/16), and at least [`ARM_SLACK_MIN`]: within it, the socket's timeout is not set
+/// again (one system call per read and write saved while answers come in time).
+pub const ARM_SLACK_DIVISOR: u32 = 16;
+pub const ARM_SLACK_MIN: Duration = Duration::from_millis(1);
+
 /// Keep-alive connections of one `run`: each is a thread with one request in flight.
 pub const CONNECTIONS_MAX: usize = 1024;
 
