@@ -118,7 +118,7 @@ impl Headers {
         Headers { head, fields }
     }
 
-    fn slice(&self, start: u32, end: u32) -> &[u8] {
+    pub(super) fn slice(&self, start: u32, end: u32) -> &[u8] {
         self.head
             .get(start as usize..end as usize)
             .unwrap_or_default()

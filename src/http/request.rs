@@ -84,20 +84,33 @@ impl RequestHead {
     /// its scheme and authority (`/` when the path is empty).
     pub fn path(&self) -> &str {
         let target = self.target();
-        let target = absolute_form(target).map_or(target, |(_, path)| path);
-        match target.split_once('?').map_or(target, |(path, _)| path) {
-            "" => "/",
-            path => path,
-        }
+        // The origin form every agent sends starts with `/`; the absolute form is decided
+        // out of line, so the common path stays a byte compare and a scan for `?`.
+        let target = if self.origin_form() {
+            target
+        } else {
+            absolute_path(target)
+        };
+        target.split_once('?').map_or(target, |(path, _)| path)
     }
 
     /// The host the request is for: the authority of an absolute-form target, which
     /// RFC 9112 §3.2.2 puts before any `Host` field, or else the `Host` field.
     pub fn host(&self) -> Option<&[u8]> {
+        if self.origin_form() {
+            return self.headers.get("host");
+        }
         match absolute_form(self.target()) {
             Some((authority, _)) => Some(authority.as_bytes()),
             None => self.headers.get("host"),
         }
+    }
+
+    /// True for a target in origin form (`/path?query`), the one agents send: read from the
+    /// head's bytes, without the UTF-8 check of [`RequestHead::target`] (both run on every
+    /// request).
+    fn origin_form(&self) -> bool {
+        self.headers.slice(self.target.0, self.target.1).first() == Some(&b'/')
     }
 
     /// Returns true if the connection stays open after this request (RFC 9112 §9.3):
@@ -296,6 +309,8 @@ fn parse_head(scan: &[u8]) -> Result<Option<ParsedHead>, HttpError> {
 
 /// The authority and the rest (path and query) of an absolute-form target: `http://` or
 /// `https://` (either case), the authority up to the first `/` or `?`, then the rest.
+#[cold]
+#[inline(never)]
 fn absolute_form(target: &str) -> Option<(&str, &str)> {
     let (scheme, rest) = target.split_once("://")?;
     if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
@@ -303,6 +318,20 @@ fn absolute_form(target: &str) -> Option<(&str, &str)> {
     }
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     rest.split_at_checked(end)
+}
+
+/// The path and query of a target that is not in origin form: of an absolute-form target,
+/// what follows its authority (`/` when nothing does, RFC 9112 §3.2.2); any other target
+/// (`*`, a form we do not serve) as it is.
+#[cold]
+#[inline(never)]
+fn absolute_path(target: &str) -> &str {
+    match absolute_form(target) {
+        Some((_, "")) => "/",
+        Some((_, rest)) if rest.starts_with('?') => "/",
+        Some((_, rest)) => rest,
+        None => target,
+    }
 }
 
 /// Maps an httparse error on a request head to the error we answer with.

@@ -64,14 +64,28 @@ pub struct StoreError {
     /// The operation may have been done all the same: it went out and its answer did not
     /// come (a timeout, a connection lost under it). False when it surely was not done.
     pub maybe_done: bool,
+    /// The store answered, and the same operation will fail the same way again: the value
+    /// under the key cannot be read as one of ours (planted by someone else, of another
+    /// type, larger than we read), or the answer made no sense. False when the store could
+    /// not be reached or did not answer in time, or said it is busy: trying again helps.
+    pub lasting: bool,
 }
 
 impl StoreError {
-    /// An operation that was surely not done.
+    /// An operation that was surely not done, and may work when tried again.
     pub fn new(message: String) -> StoreError {
         StoreError {
             message,
             maybe_done: false,
+            lasting: false,
+        }
+    }
+
+    /// An operation that was surely not done, and will fail again (see `lasting`).
+    pub fn lasting(message: String) -> StoreError {
+        StoreError {
+            lasting: true,
+            ..StoreError::new(message)
         }
     }
 }

@@ -79,6 +79,14 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
 /// not `<version> <key>`, so every node's watches ignore it.
 const HEARTBEAT: &str = "heartbeat";
 
+/// The text of the error a read of a value longer than the store reads gets (a macro, so
+/// the script and the check of its answer share it).
+macro_rules! too_large_to_read {
+    () => {
+        "value larger than mcpyard reads"
+    };
+}
+
 /// Longest version prefix: `u64::MAX` has 20 digits.
 const VERSION_DIGITS_MAX: usize = 20;
 
@@ -149,12 +157,19 @@ return 1
 
 /// Reads a value, unless it is longer than the store reads (checked before it is sent).
 /// KEYS: the value's key. ARGV: the longest value read, version prefix included.
-const GET_SCRIPT: &str = r"
+const GET_SCRIPT: &str = concat!(
+    r"
 if redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[1]) then
-  return redis.error_reply('value larger than mcpyard reads')
+  return redis.error_reply('",
+    too_large_to_read!(),
+    r"')
 end
 return redis.call('GET', KEYS[1])
-";
+"
+);
+
+/// The error [`GET_SCRIPT`] answers for a value longer than the store reads.
+const TOO_LARGE_TO_READ: &str = too_large_to_read!();
 
 /// Removes a value (or a tombstone) and, if there was one, tells of it with a new
 /// version. KEYS: the value's key, the counter. ARGV: the channel, the key as named.
@@ -235,8 +250,11 @@ struct Request {
 
 /// Why an operation failed, before it becomes a [`StoreError`].
 enum Failure {
-    /// Redis answered with an error, or the reply made no sense.
+    /// Redis answered with an error that may pass (busy, loading, out of memory).
     Error(String),
+    /// Redis answered with an error that will come again for the same operation (a key of
+    /// another type, a value larger than we read), or the reply made no sense.
+    Refused(String),
     /// The connection failed under the operation: the store reconnects.
     Connection(String),
     /// No answer in time.
@@ -280,6 +298,15 @@ impl Shared {
 
     fn error(&self, what: &str) -> StoreError {
         StoreError::new(format!("redis store {}: {what}", self.name))
+    }
+
+    /// As [`Shared::error`], for an error that will come again (see
+    /// [`StoreError::lasting`]).
+    fn refusal(&self, what: &str) -> StoreError {
+        StoreError {
+            lasting: true,
+            ..self.error(what)
+        }
     }
 
     /// As [`Shared::error`], for an operation that went out and got no answer: it may
@@ -350,7 +377,7 @@ impl RedisStore {
         over: Option<Over>,
     ) -> StoreFuture<'a, Put> {
         if bytes.len() > REDIS_VALUE_BYTES_MAX {
-            let error = self.shared.error(&format!(
+            let error = self.shared.refusal(&format!(
                 "a value of {} bytes, over {REDIS_VALUE_BYTES_MAX}",
                 bytes.len()
             ));
@@ -360,7 +387,7 @@ impl RedisStore {
         Box::pin(async move {
             match call.await? {
                 Reply::Put(put) => Ok(put),
-                _ => Err(self.shared.error("mismatched reply")),
+                _ => Err(self.shared.refusal("mismatched reply")),
             }
         })
     }
@@ -452,7 +479,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             match call.await? {
                 Reply::Value(v) => Ok(v),
-                _ => Err(self.shared.error("mismatched reply")),
+                _ => Err(self.shared.refusal("mismatched reply")),
             }
         })
     }
@@ -462,7 +489,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             match write.await? {
                 Put::Written(version) => Ok(version),
-                _ => Err(self.shared.error("mismatched reply")),
+                _ => Err(self.shared.refusal("mismatched reply")),
             }
         })
     }
@@ -489,7 +516,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             match call.await? {
                 Reply::Done(d) => Ok(d),
-                _ => Err(self.shared.error("mismatched reply")),
+                _ => Err(self.shared.refusal("mismatched reply")),
             }
         })
     }
@@ -499,7 +526,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             match call.await? {
                 Reply::Done(d) => Ok(d),
-                _ => Err(self.shared.error("mismatched reply")),
+                _ => Err(self.shared.refusal("mismatched reply")),
             }
         })
     }
@@ -513,7 +540,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             match call.await? {
                 Reply::Lease(t) => Ok(t),
-                _ => Err(self.shared.error("mismatched reply")),
+                _ => Err(self.shared.refusal("mismatched reply")),
             }
         })
     }
@@ -523,7 +550,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             match call.await? {
                 Reply::Done(d) => Ok(d),
-                _ => Err(self.shared.error("mismatched reply")),
+                _ => Err(self.shared.refusal("mismatched reply")),
             }
         })
     }
@@ -533,7 +560,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             match call.await? {
                 Reply::Done(d) => Ok(d),
-                _ => Err(self.shared.error("mismatched reply")),
+                _ => Err(self.shared.refusal("mismatched reply")),
             }
         })
     }
@@ -684,7 +711,10 @@ async fn execute(
     let which = connection.as_ref().map_or(0, |(n, _)| *n);
     let result = match connection {
         None => Err(Failure::Unavailable("not connected")),
-        Some(_) if started >= request.deadline => Err(Failure::Timeout),
+        // Never sent, so never done (a lock is not lost): its time ran out in the queue.
+        Some(_) if started >= request.deadline => {
+            Err(Failure::Unavailable("no time left when its turn came"))
+        }
         Some((_, mut connection)) => {
             let work = run(&mut connection, scripts, shared, request.op, &request.key);
             match tokio::time::timeout_at(request.deadline.into(), work).await {
@@ -698,6 +728,7 @@ async fn execute(
     let (outcome, answer) = match result {
         Ok(reply) => (StoreOutcome::Ok, Ok(reply)),
         Err(Failure::Error(why)) => (StoreOutcome::Error, Err(shared.error(&why))),
+        Err(Failure::Refused(why)) => (StoreOutcome::Error, Err(shared.refusal(&why))),
         Err(Failure::Connection(why)) => {
             let error = shared.maybe_done(&format!("connection failed: {why}"));
             link.fail(which, why);
@@ -752,6 +783,8 @@ fn failure(e: &redis::RedisError) -> Failure {
         Failure::Timeout
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         Failure::Connection(text)
+    } else if e.code() == Some("WRONGTYPE") || text.contains(TOO_LARGE_TO_READ) {
+        Failure::Refused(text)
     } else {
         Failure::Error(text)
     }
@@ -869,7 +902,7 @@ async fn run(
             }
             redis::Value::BulkString(stored) => decode_value(stored)
                 .map(|v| Reply::Value(Some(v)))
-                .map_err(|e| Failure::Error(e.message)),
+                .map_err(|e| Failure::Refused(e.message)),
             other => Err(unexpected(&other)),
         },
         Op::Put(..) => match reply {
@@ -884,7 +917,7 @@ async fn run(
             redis::Value::Int(1) => Ok(Reply::Done(true)),
             other => Err(unexpected(&other)),
         },
-        Op::Lock(..) => Err(Failure::Error("unreachable: lock answered above".into())),
+        Op::Lock(..) => Err(Failure::Refused("unreachable: lock answered above".into())),
     }
 }
 
@@ -899,13 +932,13 @@ fn unexpected(reply: &redis::Value) -> Failure {
         redis::Value::ServerError(_) => "an error",
         _ => "another type",
     };
-    Failure::Error(format!("unexpected reply: {kind}"))
+    Failure::Refused(format!("unexpected reply: {kind}"))
 }
 
 /// A stored value: `<version>:<bytes>`. The bytes are a slice of what Redis sent (no copy).
 pub(crate) fn decode_value(stored: Vec<u8>) -> Result<Value, StoreError> {
     let version = parse_version(&stored).ok_or_else(|| {
-        StoreError::new("a stored value without a valid version in front".to_owned())
+        StoreError::lasting("a stored value without a valid version in front".to_owned())
     })?;
     let (version, header) = version;
     Ok(Value {

@@ -253,6 +253,8 @@ fn hostile_stored_values_are_store_errors() {
         for key in ["nover", "zero", "hash", "huge"] {
             let e = store.get(key).await.expect_err(key);
             assert!(e.message.starts_with("redis store h: "), "{e}");
+            // Reading it again would fail the same way (the cache takes it for nothing).
+            assert!(e.lasting, "{key}: {e}");
         }
         // A wrong-type key under a lease name: the script's error comes back as one.
         server.raw(&["HSET", "h:lease:l", "f", "v"]);
@@ -451,7 +453,8 @@ fn a_store_that_never_reached_redis_answers_errors_at_once() {
         };
         let store = RedisStore::start("nowhere", &config).unwrap();
         let started = Instant::now();
-        assert!(store.get("k").await.is_err());
+        let e = store.get("k").await.expect_err("no redis");
+        assert!(!e.lasting, "a store that is down may come back: {e}");
         assert!(store.put("k", Bytes::new()).await.is_err());
         assert!(store.watch("k").is_ok(), "watching needs no connection");
         assert!(started.elapsed() < Duration::from_secs(3));

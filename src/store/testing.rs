@@ -17,6 +17,9 @@ pub struct Hooked {
     pub renew_errors: AtomicU32,
     /// The next this many reads (`get`) fail, as with a store that is down.
     pub read_errors: AtomicU32,
+    /// The next this many reads fail for good ([`StoreError::lasting`]), as with a value
+    /// planted under the key that is not one of ours.
+    pub unreadable: AtomicU32,
     /// The next this many writes (`put_for`, `delete`) fail without writing, as with a
     /// store that is down.
     pub write_errors: AtomicU32,
@@ -40,8 +43,8 @@ fn take_one(n: &AtomicU32) -> bool {
 /// A failed operation: surely not done, or (`maybe_done`) done without an answer.
 fn refused<'a, T: 'a>(message: &str, maybe_done: bool) -> StoreFuture<'a, T> {
     let error = StoreError {
-        message: message.to_owned(),
         maybe_done,
+        ..StoreError::new(message.to_owned())
     };
     Box::pin(std::future::ready(Err(error)))
 }
@@ -88,6 +91,10 @@ impl Store for Hooked {
         if take_one(&self.read_errors) {
             return refused("not connected", false);
         }
+        if take_one(&self.unreadable) {
+            let error = StoreError::lasting("a value of another type".to_owned());
+            return Box::pin(std::future::ready(Err(error)));
+        }
         self.inner.get(key)
     }
     fn put<'a>(&'a self, key: &'a str, bytes: Bytes) -> StoreFuture<'a, u64> {
@@ -126,8 +133,8 @@ impl Store for Hooked {
             .is_ok();
         if failing {
             let error = StoreError {
-                message: "no answer in time".to_owned(),
                 maybe_done: true,
+                ..StoreError::new("no answer in time".to_owned())
             };
             return Box::pin(std::future::ready(Err(error)));
         }

@@ -145,7 +145,11 @@ pub struct Incoming {
 pub enum BadBody {
     TooLarge,
     Sse(String),
+    /// A JSON-RPC message that cannot be what it says (a response without a result, a
+    /// request without an id).
     NotJsonRpc,
+    /// Data that is not a JSON-RPC message at all.
+    NotAMessage,
 }
 
 impl BadBody {
@@ -153,7 +157,9 @@ impl BadBody {
         match self {
             BadBody::TooLarge => format!("Upstream message larger than {MESSAGE_BYTES_MAX} bytes"),
             BadBody::Sse(e) => format!("Upstream sent a malformed event stream: {e}"),
-            BadBody::NotJsonRpc => "Upstream sent a response that is not JSON-RPC".to_owned(),
+            BadBody::NotJsonRpc | BadBody::NotAMessage => {
+                "Upstream sent a response that is not JSON-RPC".to_owned()
+            }
         }
     }
 }
@@ -301,9 +307,10 @@ pub enum Upward {
 }
 
 /// Sorts one message; `expect` is the raw id lexeme of our request (responses to other ids
-/// are ignored). Fails if the message is not valid JSON-RPC.
+/// are ignored). Fails if the data is not a JSON-RPC message ([`BadBody::NotAMessage`]) or
+/// is one that cannot be what it says ([`BadBody::NotJsonRpc`]).
 pub fn classify(data: &Bytes, expect: Option<&str>) -> Result<Upward, BadBody> {
-    let envelope = jsonrpc::parse_envelope(data).map_err(|_| BadBody::NotJsonRpc)?;
+    let envelope = jsonrpc::parse_envelope(data).map_err(|_| BadBody::NotAMessage)?;
     let slice = |raw: Raw<'_>| data.slice_ref(raw.get().as_bytes());
     let ours = |id: Option<&str>| match (id, expect) {
         (Some(id), Some(expect)) => id == expect,

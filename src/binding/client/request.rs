@@ -476,12 +476,17 @@ impl Exchange<'_> {
                 last_event = Some(id).filter(|id| super::session::resendable(id));
             }
             let Some(data) = incoming.data else { continue };
-            let Ok(upward) = exchange::classify(&data, Some(self.id.as_str())) else {
-                // No answer to this request: skipped and counted, as on the session's GET
-                // stream. (Had it been the answer, a malformed one, the stream ends or the
-                // deadline comes without one, and that is the agent's error.)
-                client_metrics::with(|m| m.malformed += 1);
-                continue;
+            let upward = match exchange::classify(&data, Some(self.id.as_str())) {
+                Ok(upward) => upward,
+                // Not a message at all, so no answer to this request: skipped and counted,
+                // as on the session's GET stream.
+                Err(exchange::BadBody::NotAMessage) => {
+                    count_malformed();
+                    continue;
+                }
+                // A message that cannot be what it says (this request's response without
+                // a result): the agent gets the error now, not at the deadline.
+                Err(e) => return Err(UpErr::Exchange(exchange::Failure::Body(e))),
             };
             match upward {
                 Upward::Result(result) => {
@@ -652,4 +657,12 @@ impl Exchange<'_> {
         }
         Ok(response)
     }
+}
+
+/// Counts an upstream event that was not a JSON-RPC message (skipped). Out of line: a
+/// rare branch inside the request path's loop.
+#[cold]
+#[inline(never)]
+fn count_malformed() {
+    client_metrics::with(|m| m.malformed += 1);
 }

@@ -703,12 +703,14 @@ async fn initialize(client: &Client, session: &UpSession) -> Result<Initialized,
 }
 
 /// True for an upstream event id this session may resume from: at most
-/// [`EXIT_EVENT_ID_BYTES_MAX`] bytes, and read back unchanged from a `Last-Event-ID`
-/// header.
+/// [`EXIT_EVENT_ID_BYTES_MAX`] bytes, read back unchanged from a `Last-Event-ID` header,
+/// and without U+FFFD: the event stream decoder puts that in place of bytes that are not
+/// UTF-8, so such an id may not be the one the upstream sent.
 pub(super) fn resendable(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= EXIT_EVENT_ID_BYTES_MAX
         && crate::http::field_value_round_trips(id.as_bytes())
+        && !id.contains(char::REPLACEMENT_CHARACTER)
 }
 
 /// A protocol version we may send back in `MCP-Protocol-Version`: MCP's are dates
@@ -1144,6 +1146,21 @@ mod tests {
         let written = crate::http::encode_request_head("POST", "/mcp", &headers, framing, &mut out);
         assert!(written.is_ok());
         out
+    }
+
+    #[test]
+    fn ids_the_decoder_may_have_changed_are_no_place_to_resume_from() {
+        assert!(resendable("42"));
+        assert!(resendable("caf\u{e9}"));
+        assert!(!resendable(""));
+        assert!(!resendable("a\u{fffd}b"), "bytes the decoder replaced");
+        assert!(!resendable(&"x".repeat(EXIT_EVENT_ID_BYTES_MAX + 1)));
+        // The decoder's replacement of a byte that is not UTF-8 is refused end to end.
+        let mut decoder = crate::sse::Decoder::new();
+        let mut buf = bytes::BytesMut::from(&b"id: a\xffb\ndata: x\n\n"[..]);
+        let message = decoder.decode(&mut buf).ok().flatten();
+        let id = message.and_then(|m| m.id).unwrap_or_default();
+        assert!(!resendable(&id), "{id:?}");
     }
 
     #[test]

@@ -637,13 +637,21 @@ async fn load_fragments(proxy: &Proxy, cache: &Cache) -> Option<Fragments> {
 }
 
 /// One stored fragment, tried [`CACHE_FRAGMENT_READ_TRIES`] times (waits doubling from
-/// [`CACHE_RETRY_MIN`]) before its store error is final.
+/// [`CACHE_RETRY_MIN`]) before its store error is final. A value that will never read
+/// (planted by someone else, of another type: [`StoreError::lasting`]) is no fragment,
+/// logged: giving the lease up for it would stop every node's hydration for good.
 async fn read_fragment(store: &dyn Store, key: &str) -> Result<Option<Bytes>, StoreError> {
     let mut wait = CACHE_RETRY_MIN;
     let mut tries = 1;
     loop {
         match store.get(key).await {
             Ok(value) => return Ok(value.map(|v| v.bytes)),
+            Err(e) if e.lasting => {
+                log::warn(format_args!(
+                    "cache: {key} cannot be read ({e}); hydrating as if it were not there"
+                ));
+                return Ok(None);
+            }
             Err(e) if tries >= CACHE_FRAGMENT_READ_TRIES => return Err(e),
             Err(_) => {
                 tokio::time::sleep(wait).await;
@@ -874,7 +882,7 @@ mod unit {
     }
 
     #[test]
-    fn a_fragment_that_cannot_be_read_is_an_error_not_an_empty_fragment() {
+    fn a_fragment_the_store_cannot_give_now_is_an_error_and_one_it_never_can_is_none() {
         crate::testing::run_local(async {
             let store = Hooked::default();
             let stored = Bytes::from_static(br#"{"name":"a"}"#);
@@ -888,6 +896,12 @@ mod unit {
             assert!(read_fragment(&store, "f").await.is_err());
             let left = 1000 - CACHE_FRAGMENT_READ_TRIES;
             assert_eq!(store.read_errors.load(Ordering::Acquire), left);
+            // A value that will never read is no fragment, at once: giving the lease up
+            // for it would stop hydration on every node for good.
+            store.read_errors.store(0, Ordering::Release);
+            store.unreadable.store(1, Ordering::Release);
+            assert_eq!(read_fragment(&store, "f").await, Ok(None));
+            assert_eq!(store.unreadable.load(Ordering::Acquire), 0);
         });
     }
 
