@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::limits::{
-    CONNECTIONS_MAX, FANOUT_ROUNDS_MAX, FIXTURE_DELAY_MAX, FIXTURE_PAGE_SIZE_MAX,
+    CONNECTIONS_MAX, DRAIN_GRACE, FANOUT_ROUNDS_MAX, FIXTURE_DELAY_MAX, FIXTURE_PAGE_SIZE_MAX,
     FIXTURE_PROGRESS_MAX, FIXTURE_RESULT_BYTES_MAX, FIXTURE_TOOLS_MAX, FIXTURE_WORKERS_MAX,
     INTERVAL_DEFAULT, INTERVAL_MIN, PARAMS_BYTES_MAX, RATE_MAX, REQUEST_ID_MAX,
-    REQUEST_TIMEOUT_DEFAULT, RUN_DURATION_MAX, SESSION_CALLS_MAX, SESSIONS_MAX,
+    REQUEST_TIMEOUT_DEFAULT, RUN_DURATION_MAX, SERIES_PENDING_MAX, SESSION_CALLS_MAX, SESSIONS_MAX,
 };
 use crate::tls::Resumption;
 
@@ -861,6 +861,23 @@ fn check_run(a: &RunArgs) -> Result<(), ArgError> {
             flag: "--interval",
             value: format!("{:?}", a.interval),
             expected: format!("at least {} ms", INTERVAL_MIN.as_millis()),
+        });
+    }
+    // The lines held for a connection in a slow exchange must cover the longest one (a
+    // request and its one resend, each up to --timeout, and the drain at the end), or an
+    // ordinary timeout would write lines without that connection's part.
+    let longest = a.timeout * 2 + DRAIN_GRACE;
+    let held = u32::try_from(SERIES_PENDING_MAX).unwrap_or(u32::MAX);
+    if a.intervals.is_some() && a.interval.saturating_mul(held) < longest {
+        return Err(ArgError::Invalid {
+            flag: "--interval",
+            value: format!("{:?}", a.interval),
+            expected: format!(
+                "at least {} ms with --timeout {:?} ({SERIES_PENDING_MAX} lines cover twice \
+                 the timeout and the drain)",
+                (longest / held).as_millis() + 1,
+                a.timeout
+            ),
         });
     }
     Ok(())

@@ -19,7 +19,8 @@ use mcpyard::sse::Decoder as SseDecoder;
 use crate::args::{ReceiveTime, Target};
 use crate::arrival::arrival;
 use crate::limits::{
-    ARM_SLACK_DIVISOR, ARM_SLACK_MIN, READ_CHUNK_BYTES, RESPONSE_BYTES_MAX, SSE_END_GRACE,
+    ARM_SLACK_DIVISOR, ARM_SLACK_MIN, IDLE_CLOSE_WINDOW, READ_CHUNK_BYTES, RESPONSE_BYTES_MAX,
+    SSE_END_GRACE,
 };
 use crate::record::{ErrorKind, Failure};
 use crate::tls::{ClientTls, Layer};
@@ -365,6 +366,8 @@ pub struct Conn {
     scratch: Box<[u8]>,
     /// The socket's read and write timeouts as last set (see [`Conn::arm`]).
     armed: Cell<(Duration, Duration)>,
+    /// The deadline of the exchange (or handshake) under way: every write is bounded by it.
+    deadline: Cell<Instant>,
 }
 
 impl Conn {
@@ -405,6 +408,7 @@ impl Conn {
             write: BytesMut::with_capacity(READ_CHUNK_BYTES),
             scratch: vec![0; READ_CHUNK_BYTES].into_boxed_slice(),
             armed: Cell::new((timeout, timeout)),
+            deadline: Cell::new(Instant::now() + timeout),
         };
         if let Some(tls) = tls {
             let layer = tls.session().map_err(|e| connect_failure(&e))?;
@@ -418,7 +422,7 @@ impl Conn {
 
     /// Runs the TLS handshake to its end by `deadline`: flights out, answers in.
     fn handshake(&mut self, deadline: Instant) -> Result<(), Failure> {
-        self.arm_write(deadline)?;
+        self.deadline.set(deadline);
         loop {
             let Some(layer) = self.tls.as_deref_mut() else {
                 return Ok(());
@@ -462,10 +466,23 @@ impl Conn {
         self.arm(deadline, true)
     }
 
-    /// Bounds the socket writes to come (the request, and TLS records written while its
-    /// answer is read) by what is left until `deadline`.
-    fn arm_write(&self, deadline: Instant) -> Result<(), Failure> {
-        self.arm(deadline, false)
+    /// Writes all of `bytes` by the deadline of the exchange under way: the socket's
+    /// write timeout is armed before each write (a target that takes a request a few
+    /// bytes at a time must not get the whole timeout again for each part).
+    fn write_by_deadline(&self, bytes: &[u8]) -> io::Result<()> {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            if self.arm(self.deadline.get(), false).is_err() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            match (&self.stream).write(rest) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => rest = rest.get(n..).unwrap_or_default(),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Sets the socket's read (or write) timeout to what is left until `deadline`, give
@@ -476,7 +493,10 @@ impl Conn {
     /// answer is slow, and a wait overruns its deadline by at most the slack.
     fn arm(&self, deadline: Instant, read: bool) -> Result<(), Failure> {
         let left = self.left(deadline)?;
-        let slack = (self.timeout / ARM_SLACK_DIVISOR).max(ARM_SLACK_MIN);
+        // A short wait (an event stream's grace after its answer) gets a slack of its size.
+        let slack = (self.timeout / ARM_SLACK_DIVISOR)
+            .min(left / 4)
+            .max(ARM_SLACK_MIN);
         let (read_set, write_set) = self.armed.get();
         let set = if read { read_set } else { write_set };
         if set >= left && set <= left + slack {
@@ -500,7 +520,7 @@ impl Conn {
     /// Writes the sealed records waiting in `self.sealed`.
     fn flush_sealed(&mut self) -> Result<(), Failure> {
         if !self.sealed.is_empty() {
-            let written = self.stream.write_all(&self.sealed);
+            let written = self.write_by_deadline(&self.sealed);
             self.sealed.clear();
             written.map_err(|e| io_failure(&e, "write"))?;
         }
@@ -528,12 +548,18 @@ impl Conn {
         self.timeout = self.timeout.min(timeout);
     }
 
+    /// Sets the deadline of the exchanges still to come.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
     /// Ends the connection politely: close_notify on TLS (best effort), then the socket
     /// closes when `self` drops.
     pub fn close(mut self) {
         if let Some(layer) = self.tls.as_deref_mut()
             && layer.close(&mut self.sealed).is_ok()
         {
+            self.deadline.set(Instant::now() + self.timeout);
             let _ = self.flush_sealed();
         }
     }
@@ -544,7 +570,8 @@ impl Conn {
     ///
     /// A deadline passed is a `Timeout` failure (the caller drops the connection: the
     /// answer may still be on its way). A reused connection found closed before any byte
-    /// of the answer is [`SendFailure::IdleClosed`].
+    /// of the answer, within [`IDLE_CLOSE_WINDOW`] of the send, is
+    /// [`SendFailure::IdleClosed`].
     pub fn send(
         &mut self,
         method: &str,
@@ -560,14 +587,17 @@ impl Conn {
         let reused = self.exchanges > 0;
         // Bytes left over from an earlier answer would be part of this one.
         let mut answer_began = !self.read.is_empty();
+        // A close that crossed the request on the wire (the target's idle timer fired as
+        // it was sent) shows at once; one that comes later is the target failing the
+        // request it took, and a failure.
         let idle_closed = |failure: Failure, answer_began: bool| {
-            if reused && !answer_began {
+            if reused && !answer_began && written.elapsed() <= IDLE_CLOSE_WINDOW {
                 SendFailure::IdleClosed(failure)
             } else {
                 SendFailure::Failed(failure)
             }
         };
-        self.arm_write(deadline)?;
+        self.deadline.set(deadline);
         match self.write_request() {
             Ok(()) => {}
             Err(SendFailure::IdleClosed(failure)) => {
@@ -673,12 +703,12 @@ impl Conn {
     /// call).
     fn write_request(&mut self) -> Result<(), SendFailure> {
         let written = match self.tls.as_deref_mut() {
-            None => self.stream.write_all(&self.write),
+            None => self.write_by_deadline(&self.write),
             Some(layer) => {
                 layer
                     .seal(&self.write, &mut self.sealed)
                     .map_err(|e| io_failure(&e, "TLS"))?;
-                let sealed = self.stream.write_all(&self.sealed);
+                let sealed = self.write_by_deadline(&self.sealed);
                 self.sealed.clear();
                 sealed
             }

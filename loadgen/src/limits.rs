@@ -14,6 +14,13 @@ pub const REQUEST_BYTES_MAX: usize = mcpyard::limits::MESSAGE_BYTES_MAX;
 /// Read buffer reserved per connection read; grows only as far as a message needs.
 pub const READ_CHUNK_BYTES: usize = 16 * 1024;
 
+/// A reused keep-alive connection found closed before any byte of its answer, at most
+/// this long after the request was written, was closed by the target while idle (the
+/// close crossed the request on the wire): the request is sent once more on a new
+/// connection, within what is left of its deadline, and counted as a reconnect. A close
+/// seen later is the target failing a request it took, and counts as an error.
+pub const IDLE_CLOSE_WINDOW: Duration = Duration::from_millis(100);
+
 /// How far a socket wait may overrun its request's deadline, as a fraction of the timeout
 /// (1/16), and at least [`ARM_SLACK_MIN`]: within it, the socket's timeout is not set
 /// again (one system call per read and write saved while answers come in time).

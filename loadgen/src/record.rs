@@ -187,8 +187,8 @@ pub struct Recorder {
     /// Recorded requests whose response time exceeded `LATENCY_US_MAX` and was recorded
     /// as that maximum: when non-zero, the histograms' max is a clamp.
     pub clamped: u64,
-    /// When the last recorded request finished, on the run's clock: the measured window
-    /// ends here (or at the scheduled end, if later).
+    /// When the last recorded successful request finished, on the run's clock: an
+    /// open-loop run's measured window ends here (or at the scheduled end, if later).
     pub last_done: Nanos,
     /// Keep-alive connections the target closed while idle, reopened and the request sent
     /// again (warm-up included): normal HTTP, not errors.
@@ -269,9 +269,9 @@ impl Recorder {
             self.clamped += 1;
         }
         self.response_all.saturating_record(response);
-        self.last_done = self.last_done.max(done);
         match outcome {
             Ok(served) => {
+                self.last_done = self.last_done.max(done);
                 let service = nanos_to_us(done.saturating_sub(sent));
                 self.response.saturating_record(response);
                 self.service.saturating_record(service);

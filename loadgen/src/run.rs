@@ -173,18 +173,32 @@ impl Session {
     /// itself (every later request carries `mcp-protocol-version`).
     ///
     /// A keep-alive connection the target closed while it sat idle is no failure: it is
-    /// counted in `reconnects` and the request is sent once more on a new connection.
+    /// counted in `reconnects` and the request is sent once more on a new connection,
+    /// within what is left of its deadline.
     fn send(
         &mut self,
         method: &str,
         session: Option<&str>,
         initialized: bool,
     ) -> Result<Response, Failure> {
+        let started = Instant::now();
         match self.send_once(method, session, initialized) {
-            Err(SendFailure::IdleClosed(_)) => {
+            Err(SendFailure::IdleClosed(failure)) => {
                 self.reconnects += 1;
-                self.send_once(method, session, initialized)
-                    .map_err(SendFailure::into_failure)
+                let full = self.timeout;
+                let left = full.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    return Err(failure);
+                }
+                // The new connection and the request on it get what is left; the
+                // exchanges after it the whole timeout again.
+                self.timeout = left;
+                let again = self.send_once(method, session, initialized);
+                self.timeout = full;
+                if let Some(conn) = &mut self.conn {
+                    conn.set_timeout(full);
+                }
+                again.map_err(SendFailure::into_failure)
             }
             other => other.map_err(SendFailure::into_failure),
         }

@@ -28,10 +28,11 @@ pub const ACHIEVED_RATE_MIN: f64 = 0.99;
 /// The headline numbers of a request run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Figures {
-    /// The measured window in seconds: from the end of warm-up to the last recorded
-    /// completion, or to the scheduled end if that is later. A lagging open-loop run keeps
-    /// finishing requests past `--duration`; dividing those by `--duration` would overstate
-    /// what the target achieved.
+    /// The measured window in seconds: `--duration` for a closed loop; for an open loop,
+    /// from the end of warm-up to the last successful completion, or to the scheduled end
+    /// if that is later. A lagging open-loop run keeps finishing requests past
+    /// `--duration`; dividing those by `--duration` would overstate what the target
+    /// achieved.
     pub measured_secs: f64,
     /// Successful recorded requests per second of the measured window.
     pub throughput: f64,
@@ -47,14 +48,19 @@ pub struct Figures {
 impl Figures {
     /// Computes the figures of `rec` for a run of `args`.
     pub fn of(args: &RunArgs, rec: &Recorder) -> Figures {
-        let ran_past = rec.last_done.saturating_sub(nanos(args.warmup));
-        let secs = (ran_past as f64 / 1e9)
-            .max(args.duration.as_secs_f64())
-            .max(1e-9);
         let target_rate = match args.mode {
             Mode::Open { rate } => Some(rate),
             Mode::Closed => None,
         };
+        // A closed loop sends nothing past the scheduled end: the requests still in
+        // flight then (one slow one can take --timeout) finish outside the window.
+        let ran_past = match args.mode {
+            Mode::Open { .. } => rec.last_done.saturating_sub(nanos(args.warmup)),
+            Mode::Closed => 0,
+        };
+        let secs = (ran_past as f64 / 1e9)
+            .max(args.duration.as_secs_f64())
+            .max(1e-9);
         let connection_busy = target_rate
             .filter(|_| rec.ok_count() > 0)
             .map(|rate| rec.service.mean() * 1e-6 * rate as f64 / args.connections.max(1) as f64);
