@@ -264,25 +264,45 @@ fn json_file(path: &PathBuf) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {path:?}: {e}"))
 }
 
+/// What one bounded `mcpyard-loadgen run` against a target gave.
+struct Ran {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    /// Its `--json` report.
+    report: serde_json::Value,
+}
+
+/// Runs `mcpyard-loadgen run --url <target> <extra> --json <temp file>`, bounded in time.
+fn run_against(target: &Target, name: &str, extra: &[&str]) -> Ran {
+    let json = temp_path(name);
+    let path = json.to_str().unwrap_or_default().to_owned();
+    let mut args = vec!["run", "--url", &target.url];
+    args.extend_from_slice(extra);
+    args.extend(["--json", &path]);
+    let out = loadgen_bounded(&args);
+    Ran {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        report: json_file(&json),
+    }
+}
+
 #[test]
 fn a_target_that_trickles_its_answer_times_out_at_the_deadline_and_is_recorded() {
     let target = Target::start(Behaviour::Trickle);
-    let json = temp_path("trickle.json");
-    let out = loadgen_bounded(&[
-        "run",
-        "--url",
-        &target.url,
+    let extra = [
         "--connections",
         "1",
         "--duration",
         "1s",
         "--timeout",
         "300ms",
-        "--json",
-        json.to_str().unwrap_or_default(),
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let v = json_file(&json);
+    ];
+    let Ran {
+        stdout, report: v, ..
+    } = run_against(&target, "trickle.json", &extra);
     let timeouts = v["errors"]["timeout"].as_u64().unwrap_or(0);
     assert!(timeouts >= 1, "{stdout}");
     assert_eq!(v["requests_ok"], 0, "{stdout}");
@@ -298,22 +318,10 @@ fn a_target_that_trickles_its_answer_times_out_at_the_deadline_and_is_recorded()
 #[test]
 fn an_idle_keep_alive_connection_the_target_closed_is_a_reconnect_not_an_error() {
     let target = Target::start(Behaviour::CloseAfterEachAnswer);
-    let json = temp_path("close.json");
-    let out = loadgen_bounded(&[
-        "run",
-        "--url",
-        &target.url,
-        "--connections",
-        "1",
-        "--duration",
-        "300ms",
-        "--json",
-        json.to_str().unwrap_or_default(),
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}{stderr}");
-    let v = json_file(&json);
+    let extra = ["--connections", "1", "--duration", "300ms"];
+    let ran = run_against(&target, "close.json", &extra);
+    let (stdout, v) = (&ran.stdout, &ran.report);
+    assert!(ran.ok, "{stdout}{}", ran.stderr);
     let ok = v["requests_ok"].as_u64().unwrap_or(0);
     assert!(ok >= 1, "{stdout}");
     assert_eq!(v["errors"]["io"], 0, "{stdout}");
@@ -324,20 +332,9 @@ fn an_idle_keep_alive_connection_the_target_closed_is_a_reconnect_not_an_error()
 #[test]
 fn every_request_after_initialize_names_the_protocol_version_even_without_a_session() {
     let target = Target::start(Behaviour::NoSession);
-    let out = loadgen_bounded(&[
-        "run",
-        "--url",
-        &target.url,
-        "--connections",
-        "1",
-        "--duration",
-        "200ms",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let extra = ["--connections", "1", "--duration", "200ms"];
+    let ran = run_against(&target, "version.json", &extra);
+    assert!(ran.ok, "{}", ran.stderr);
     let seen = target.seen();
     // The probe's session and the connection's each begin with initialize.
     let after: Vec<&Seen> = seen.iter().filter(|r| r.method() != "initialize").collect();
@@ -360,20 +357,9 @@ fn every_request_after_initialize_names_the_protocol_version_even_without_a_sess
 #[test]
 fn a_run_ends_every_session_it_opened() {
     let target = Target::start(Behaviour::Plain);
-    let out = loadgen_bounded(&[
-        "run",
-        "--url",
-        &target.url,
-        "--connections",
-        "2",
-        "--duration",
-        "200ms",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let extra = ["--connections", "2", "--duration", "200ms"];
+    let ran = run_against(&target, "sessions.json", &extra);
+    assert!(ran.ok, "{}", ran.stderr);
     let seen = target.seen();
     let opened = seen.iter().filter(|r| r.method() == "initialize").count();
     let deleted: Vec<&Seen> = seen.iter().filter(|r| r.method() == "DELETE").collect();
@@ -395,24 +381,17 @@ fn a_run_ends_every_session_it_opened() {
 #[test]
 fn an_event_stream_answer_completes_at_its_result_though_the_stream_stays_open() {
     let target = Target::start(Behaviour::SseHeldOpen);
-    let json = temp_path("sse.json");
-    let out = loadgen_bounded(&[
-        "run",
-        "--url",
-        &target.url,
+    let extra = [
         "--connections",
         "1",
         "--duration",
         "500ms",
         "--timeout",
         "5s",
-        "--json",
-        json.to_str().unwrap_or_default(),
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}{stderr}");
-    let v = json_file(&json);
+    ];
+    let ran = run_against(&target, "sse.json", &extra);
+    let (stdout, v) = (&ran.stdout, &ran.report);
+    assert!(ran.ok, "{stdout}{}", ran.stderr);
     assert!(v["requests_ok"].as_u64().unwrap_or(0) >= 1, "{stdout}");
     assert_eq!(v["errors"]["timeout"], 0, "{stdout}");
     // Latency ends at the result, not at the 5 s timeout: the max is below it.
@@ -423,19 +402,8 @@ fn an_event_stream_answer_completes_at_its_result_though_the_stream_stays_open()
 #[test]
 fn a_close_in_the_middle_of_an_answer_is_still_an_io_error() {
     let target = Target::start(Behaviour::CutMidAnswer);
-    let json = temp_path("cut.json");
-    let _ = loadgen_bounded(&[
-        "run",
-        "--url",
-        &target.url,
-        "--connections",
-        "1",
-        "--duration",
-        "300ms",
-        "--json",
-        json.to_str().unwrap_or_default(),
-    ]);
-    let v = json_file(&json);
+    let extra = ["--connections", "1", "--duration", "300ms"];
+    let v = run_against(&target, "cut.json", &extra).report;
     assert!(v["errors"]["io"].as_u64().unwrap_or(0) >= 1, "{v}");
     assert_eq!(v["requests_ok"], 0, "{v}");
 }

@@ -79,11 +79,11 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
 /// not `<version> <key>`, so every node's watches ignore it.
 const HEARTBEAT: &str = "heartbeat";
 
-/// The text of the error a read of a value longer than the store reads gets (a macro, so
-/// the script and the check of its answer share it).
+/// The error a read of a value longer than the store reads gets: its code (the first
+/// word, which redis-rs hands back as the error's code), then the text.
 macro_rules! too_large_to_read {
     () => {
-        "value larger than mcpyard reads"
+        "TOOLARGE value larger than mcpyard reads"
     };
 }
 
@@ -168,8 +168,8 @@ return redis.call('GET', KEYS[1])
 "
 );
 
-/// The error [`GET_SCRIPT`] answers for a value longer than the store reads.
-const TOO_LARGE_TO_READ: &str = too_large_to_read!();
+/// The code of the error [`GET_SCRIPT`] answers for a value longer than the store reads.
+const TOO_LARGE_TO_READ: &str = "TOOLARGE";
 
 /// Removes a value (or a tombstone) and, if there was one, tells of it with a new
 /// version. KEYS: the value's key, the counter. ARGV: the channel, the key as named.
@@ -783,7 +783,7 @@ fn failure(e: &redis::RedisError) -> Failure {
         Failure::Timeout
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         Failure::Connection(text)
-    } else if e.code() == Some("WRONGTYPE") || text.contains(TOO_LARGE_TO_READ) {
+    } else if matches!(e.code(), Some("WRONGTYPE" | TOO_LARGE_TO_READ)) {
         Failure::Refused(text)
     } else {
         Failure::Error(text)
