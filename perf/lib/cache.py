@@ -42,6 +42,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perfkit import drop_percentiles as perfkit_drop_percentiles  # noqa: E402
 from perfkit import rerender as perfkit_rerender  # noqa: E402
 from perfkit import errs  # noqa: E402,F401
 from perfkit import (  # noqa: E402
@@ -735,8 +736,7 @@ def strip(data):
         for phase in ("max", "at50"):
             for s in li[phase].values():
                 for r in s["rounds"]:
-                    for k in ("response_us", "service_us"):
-                        r.get(k, {}).pop("percentiles", None)
+                    perfkit_drop_percentiles(r)
     for r in d.get("fanout", {}).get("runs", []):
         r.pop("logs", None)
     d.get("machine", {}).pop("t0", None)

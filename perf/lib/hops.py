@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perfkit import drop_percentiles as perfkit_drop_percentiles  # noqa: E402
 from perfkit import rerender as perfkit_rerender  # noqa: E402
 from perfkit import errs  # noqa: E402,F401
 from perfkit import (  # noqa: E402
@@ -203,8 +204,7 @@ def strip(data):
     runs = [x for s in d["max"].values() for x in s["rounds"]]
     runs += [x for per in d["at"].values() for s in per.values() for x in s["rounds"]]
     for r in runs:
-        for k in ("response_us", "service_us"):
-            r.get(k, {}).pop("percentiles", None)
+        perfkit_drop_percentiles(r)
     return d
 
 

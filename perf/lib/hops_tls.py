@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perfkit import drop_percentiles as perfkit_drop_percentiles  # noqa: E402
 from perfkit import rerender as perfkit_rerender  # noqa: E402
 from perfkit import errs  # noqa: E402,F401
 from perfkit import (  # noqa: E402
@@ -134,8 +135,7 @@ def strip(data):
     for g in groups:
         for s in g.values():
             for r in s["rounds"]:
-                for k in ("response_us", "service_us"):
-                    r.get(k, {}).pop("percentiles", None)
+                perfkit_drop_percentiles(r)
     return d
 
 

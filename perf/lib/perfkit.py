@@ -793,6 +793,17 @@ def median(xs):
     return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
 
 
+# The latency histograms of a loadgen `--json` report; their full percentile steps stay in
+# raw/, the committed summaries keep the quantiles only.
+HISTOGRAM_KEYS = ("response_us", "service_us", "response_with_errors_us")
+
+
+def drop_percentiles(run):
+    """Removes the percentile steps of every latency histogram of one loadgen report."""
+    for k in HISTOGRAM_KEYS:
+        (run.get(k) or {}).pop("percentiles", None)
+
+
 def summarize(rs):
     """Median over rounds of every figure (each percentile on its own), plus the spread."""
     out = {"rounds": rs}

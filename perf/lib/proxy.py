@@ -25,6 +25,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perfkit import drop_percentiles as perfkit_drop_percentiles  # noqa: E402
 from perfkit import rerender as perfkit_rerender  # noqa: E402
 from perfkit import errs  # noqa: E402,F401
 from perfkit import (  # noqa: E402
@@ -466,8 +467,7 @@ def strip(data):
         for phase in ("max", "at50", "at50p"):
             for s in d[ph].get(phase, {}).values():
                 for r in s["rounds"]:
-                    for k in ("response_us", "service_us"):
-                        r.get(k, {}).pop("percentiles", None)
+                    perfkit_drop_percentiles(r)
     d.get("machine", {}).pop("t0", None)
     return d
 

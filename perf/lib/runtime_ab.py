@@ -25,6 +25,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perfkit import drop_percentiles as perfkit_drop_percentiles  # noqa: E402
 from perfkit import rerender as perfkit_rerender  # noqa: E402
 from perfkit import (  # noqa: E402
     PERF, RAW, Fail, Fixture, Gateway, Nginx, add_quiet_args, apt_install, binaries, fmt, group_pids,
@@ -327,8 +328,7 @@ def strip(data):
         for phase in ("max", "at"):
             for s in per[phase].values():
                 for r in s["rounds"]:
-                    for k in ("response_us", "service_us"):
-                        r.get(k, {}).pop("percentiles", None)
+                    perfkit_drop_percentiles(r)
     return d
 
 

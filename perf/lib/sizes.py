@@ -14,6 +14,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perfkit import drop_percentiles as perfkit_drop_percentiles  # noqa: E402
 from perfkit import (  # noqa: E402
     Fixture, Gateway, Sampler, add_quiet_args, binaries, fmt, loadgen, loadgen_cmd, log,
     machine_info, machine_line, main_guard, rss_kib, set_quiet, table, write_report,
@@ -139,8 +140,7 @@ def run(procs):
     data = {"machine": info, "io": a.io, "connections": a.connections, "cases": cases}
     for c in cases.values():
         for run_ in (c["max"], c["run"]):
-            for k in ("response_us", "service_us"):
-                run_.get(k, {}).pop("percentiles", None)
+            perfkit_drop_percentiles(run_)
     write_report(NAME, report(data, a), data)
 
 
