@@ -333,15 +333,17 @@ fn deadline_failure(timeout: Duration) -> Failure {
 /// Resolves `target`'s host to the address every connection of a run goes to: once, so a
 /// run's reconnects measure the target, not the resolver, and all go to the same place.
 pub fn resolve(target: &Target) -> Result<SocketAddr, Failure> {
-    let failure = |e: &dyn std::fmt::Display| {
-        Failure::new(ErrorKind::Connect, format!("{}: {e}", target.authority))
-    };
     target
         .authority
         .to_socket_addrs()
-        .map_err(|e| failure(&e))?
+        .map_err(|e| connect_failure(target, &e))?
         .next()
-        .ok_or_else(|| failure(&"no address"))
+        .ok_or_else(|| connect_failure(target, &"no address"))
+}
+
+/// A `Connect` failure for `target`: resolving it, connecting or its TLS handshake.
+fn connect_failure(target: &Target, e: &dyn std::fmt::Display) -> Failure {
+    Failure::new(ErrorKind::Connect, format!("{}: {e}", target.authority))
 }
 
 /// A blocking keep-alive connection, plain or TLS, whose exchanges each have a deadline.
@@ -384,17 +386,15 @@ impl Conn {
         receive_time: ReceiveTime,
         tls: Option<&ClientTls>,
     ) -> Result<Conn, Failure> {
-        let connect_failure = |e: &dyn std::fmt::Display| {
-            Failure::new(ErrorKind::Connect, format!("{}: {e}", target.authority))
-        };
-        let stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| connect_failure(&e))?;
-        stream.set_nodelay(true).map_err(|e| connect_failure(&e))?;
+        let failed = |e: &dyn std::fmt::Display| connect_failure(target, e);
+        let stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| failed(&e))?;
+        stream.set_nodelay(true).map_err(|e| failed(&e))?;
         stream
             .set_read_timeout(Some(timeout))
-            .map_err(|e| connect_failure(&e))?;
+            .map_err(|e| failed(&e))?;
         stream
             .set_write_timeout(Some(timeout))
-            .map_err(|e| connect_failure(&e))?;
+            .map_err(|e| failed(&e))?;
         let stamped = receive_time == ReceiveTime::Kernel
             && crate::sys::enable_receive_timestamps(stream.as_raw_fd()).is_ok();
         let mut conn = Conn {
@@ -411,11 +411,11 @@ impl Conn {
             deadline: Cell::new(Instant::now() + timeout),
         };
         if let Some(tls) = tls {
-            let layer = tls.session().map_err(|e| connect_failure(&e))?;
+            let layer = tls.session().map_err(|e| failed(&e))?;
             conn.tls = Some(Box::new(layer));
             let deadline = Instant::now() + timeout;
             conn.handshake(deadline)
-                .map_err(|f| connect_failure(&format!("TLS handshake: {f}")))?;
+                .map_err(|f| failed(&format!("TLS handshake: {f}")))?;
         }
         Ok(conn)
     }
@@ -541,11 +541,6 @@ impl Conn {
             }
         }
         Ok(())
-    }
-
-    /// Shortens the deadline of the exchanges still to come to at most `timeout`.
-    pub fn limit_timeout(&mut self, timeout: Duration) {
-        self.timeout = self.timeout.min(timeout);
     }
 
     /// Sets the deadline of the exchanges still to come.

@@ -283,7 +283,7 @@ impl Session {
         };
         self.timeout = self.timeout.min(SESSION_END_TIMEOUT);
         if let Some(conn) = &mut self.conn {
-            conn.limit_timeout(self.timeout);
+            conn.set_timeout(self.timeout);
         }
         let _ = self.close_session(&session);
         if let Some(conn) = self.conn.take() {

@@ -79,11 +79,12 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
 /// not `<version> <key>`, so every node's watches ignore it.
 const HEARTBEAT: &str = "heartbeat";
 
-/// The error a read of a value longer than the store reads gets: its code (the first
-/// word, which redis-rs hands back as the error's code), then the text.
-macro_rules! too_large_to_read {
+/// The code of the error a read of a value longer than the store reads gets (the first
+/// word of the script's error, which redis-rs hands back as the error's code); a macro, so
+/// the script's text and the check of its answer share it.
+macro_rules! too_large_code {
     () => {
-        "TOOLARGE value larger than mcpyard reads"
+        "TOOLARGE"
     };
 }
 
@@ -161,15 +162,15 @@ const GET_SCRIPT: &str = concat!(
     r"
 if redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[1]) then
   return redis.error_reply('",
-    too_large_to_read!(),
-    r"')
+    too_large_code!(),
+    r" value larger than mcpyard reads')
 end
 return redis.call('GET', KEYS[1])
 "
 );
 
 /// The code of the error [`GET_SCRIPT`] answers for a value longer than the store reads.
-const TOO_LARGE_TO_READ: &str = "TOOLARGE";
+const TOO_LARGE_TO_READ: &str = too_large_code!();
 
 /// Removes a value (or a tombstone) and, if there was one, tells of it with a new
 /// version. KEYS: the value's key, the counter. ARGV: the channel, the key as named.

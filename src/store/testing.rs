@@ -127,16 +127,8 @@ impl Store for Hooked {
         self.inner.lock(key, ttl)
     }
     fn renew<'a>(&'a self, key: &'a str, token: &'a Token, ttl: Duration) -> StoreFuture<'a, bool> {
-        let failing = self
-            .renew_errors
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok();
-        if failing {
-            let error = StoreError {
-                maybe_done: true,
-                ..StoreError::new("no answer in time".to_owned())
-            };
-            return Box::pin(std::future::ready(Err(error)));
+        if take_one(&self.renew_errors) {
+            return refused("no answer in time", true);
         }
         self.inner.renew(key, token, ttl)
     }

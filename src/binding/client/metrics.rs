@@ -231,3 +231,12 @@ impl UpstreamMetrics {
 }
 
 metrics::per_worker!(UpstreamMetrics, "upstream");
+
+/// Counts an upstream event-stream message that was not JSON-RPC (skipped), on a session's
+/// GET stream or a call's answer stream. Out of line: a rare branch inside the loops that
+/// read those streams, one of them on the request path.
+#[cold]
+#[inline(never)]
+pub fn count_malformed() {
+    with(|m| m.malformed += 1);
+}

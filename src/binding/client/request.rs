@@ -481,7 +481,7 @@ impl Exchange<'_> {
                 // Not a message at all, so no answer to this request: skipped and counted,
                 // as on the session's GET stream.
                 Err(exchange::BadBody::NotAMessage) => {
-                    count_malformed();
+                    client_metrics::count_malformed();
                     continue;
                 }
                 // A message that cannot be what it says (this request's response without
@@ -657,12 +657,4 @@ impl Exchange<'_> {
         }
         Ok(response)
     }
-}
-
-/// Counts an upstream event that was not a JSON-RPC message (skipped). Out of line: a
-/// rare branch inside the request path's loop.
-#[cold]
-#[inline(never)]
-fn count_malformed() {
-    client_metrics::with(|m| m.malformed += 1);
 }

@@ -1103,7 +1103,7 @@ async fn follow(session: &UpSession, response: &mut exchange::Response) -> Follo
             Ok(Upward::Event(event)) => event,
             Ok(_) => continue,
             Err(_) => {
-                client_metrics::with(|m| m.malformed += 1);
+                client_metrics::count_malformed();
                 continue;
             }
         };
